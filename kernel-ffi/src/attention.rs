@@ -1,0 +1,409 @@
+//! The CUDA side: loads the fatbins `cargo xtask build` wrote, validates every
+//! launch, and launches. Never spawns processes.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{
+    CudaContext as Ctx, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::{CudaContext, Error, Result, invalid};
+use crate::manifest::{Launch, Manifest};
+use crate::params::{CombineParams, FlashParams, ReferenceParams};
+use crate::planner::{self, Plan};
+use crate::schema::DeviceInfo;
+use crate::tensor::{self, Arg, Desc, Dtype, Problem};
+
+/// Dynamic shared memory above this needs an explicit opt-in per function.
+const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
+
+/// A device tensor of 16-bit elements (f16 or bf16 bits).
+pub struct Tensor {
+    pub data: CudaSlice<u16>,
+    pub dtype: Dtype,
+    pub desc: Desc,
+}
+
+impl Tensor {
+    fn arg<'a>(&self, name: &'a str) -> Arg<'a> {
+        Arg { name, dtype: self.dtype, desc: self.desc, len: self.data.len() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Splits {
+    /// Let the planner choose from SM count, shape and occupancy.
+    Auto,
+    /// Exactly this many (clamped so no split is empty).
+    Fixed(u32),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub causal: bool,
+    /// Defaults to 1/sqrt(head_dim).
+    pub scale: Option<f32>,
+    pub splits: Splits,
+}
+
+/// What a forward call launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launched {
+    pub num_splits: u32,
+    /// CTAs of the attention kernel (0 when nothing was launched).
+    pub ctas: u64,
+}
+
+struct Kernel {
+    func: CudaFunction,
+    dynamic_smem: u32,
+    launch: Launch,
+}
+
+pub struct Attention {
+    stream: Arc<CudaStream>,
+    device: DeviceInfo,
+    kernels: HashMap<String, Kernel>,
+    _modules: Vec<Arc<CudaModule>>,
+}
+
+/// `FA_KERNEL_DIR`, else `<exe dir>/../kernels` (target/release → target/kernels).
+pub fn default_kernel_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FA_KERNEL_DIR") {
+        return dir.into();
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().and_then(Path::parent).map(|d| d.join("kernels")))
+        .unwrap_or_else(|| PathBuf::from("target/kernels"))
+}
+
+/// The manifest arch whose code runs on compute capability `major.minor`: the
+/// `a` variant only on an exact match, else the highest minor of the same major.
+pub fn pick_arch<'a>(archs: impl IntoIterator<Item = &'a String>, major: i32, minor: i32) -> Option<String> {
+    let exact_a = format!("sm_{major}{minor}a");
+    let mut best: Option<(i32, &String)> = None;
+    for arch in archs {
+        if *arch == exact_a {
+            return Some(arch.clone());
+        }
+        let Some(digits) = arch.strip_prefix("sm_") else { continue };
+        let Ok(n) = digits.parse::<i32>() else { continue };
+        if n / 10 == major && n % 10 <= minor && best.is_none_or(|(b, _)| n > b) {
+            best = Some((n, arch));
+        }
+    }
+    best.map(|(_, a)| a.clone())
+}
+
+impl Attention {
+    pub fn new(ordinal: usize) -> Result<Attention> {
+        Attention::with_kernel_dir(ordinal, &default_kernel_dir())
+    }
+
+    pub fn with_kernel_dir(ordinal: usize, dir: &Path) -> Result<Attention> {
+        let manifest_path = dir.join("manifest.json");
+        if !manifest_path.is_file() {
+            return Err(Error::MissingKernels(format!(
+                "{} does not exist; run `cargo xtask build` (or set FA_KERNEL_DIR to its target/kernels)",
+                manifest_path.display()
+            )));
+        }
+        let manifest = Manifest::load(&manifest_path).map_err(|e| Error::MissingKernels(format!("{e:#}")))?;
+        let ctx = Ctx::new(ordinal).cuda(format!("creating a context on GPU {ordinal}"))?;
+        // One stream, launches in order: per-buffer event tracking is pure overhead.
+        // SAFETY: every buffer is used on `stream` only, so stream order is the only order needed.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().cuda("reading the compute capability")?;
+        let device = DeviceInfo {
+            name: ctx.name().cuda("reading the device name")?,
+            compute_capability: format!("{major}.{minor}"),
+            sm_count: ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).cuda("reading the SM count")? as u32,
+            driver: driver_version(),
+        };
+        let arch = pick_arch(manifest.archs.keys(), major, minor).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "{} is sm_{major}{minor}; the manifest builds for {}; add a matching arch to kernels/manifest.json",
+                device.name,
+                manifest.archs.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let stream = ctx.default_stream();
+        let mut kernels = HashMap::new();
+        let mut modules = Vec::new();
+        for src in manifest.sources.iter().filter(|s| s.archs.contains(&arch)) {
+            let stem = Path::new(&src.file).file_stem().and_then(|s| s.to_str()).unwrap_or(&src.file);
+            let path = dir.join(format!("{stem}.{arch}.fatbin"));
+            let image = std::fs::read(&path).map_err(|e| {
+                Error::MissingKernels(format!("{}: {e}; run `cargo xtask build`", path.display()))
+            })?;
+            let module = ctx.load_module(Ptx::from_binary(image)).cuda(format!("loading {}", path.display()))?;
+            for k in &src.kernels {
+                let func = module.load_function(&k.entry).cuda(format!("finding {} in {}", k.entry, path.display()))?;
+                if k.dynamic_smem > DEFAULT_SMEM_LIMIT {
+                    func.set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        k.dynamic_smem as i32,
+                    )
+                    .cuda(format!("raising {}'s shared memory to {} bytes", k.entry, k.dynamic_smem))?;
+                }
+                let launch = k.launch.ok_or_else(|| {
+                    Error::MissingKernels(format!("{} has no \"launch\" geometry in the manifest", k.entry))
+                })?;
+                kernels.insert(k.entry.clone(), Kernel { func, dynamic_smem: k.dynamic_smem, launch });
+            }
+            modules.push(module);
+        }
+        Ok(Attention { stream, device, kernels, _modules: modules })
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn kernel(&self, name: &str) -> Result<&Kernel> {
+        self.kernels
+            .get(name)
+            .ok_or_else(|| Error::MissingKernels(format!("entry {name} is not in the loaded fatbins")))
+    }
+
+    /// Copies host bits to a new device tensor.
+    pub fn upload(&self, dtype: Dtype, desc: Desc, bits: &[u16]) -> Result<Tensor> {
+        if bits.len() < desc.span() {
+            invalid!("host data has {} elements; dims {:?} with strides {:?} need {}", bits.len(), desc.dims, desc.strides, desc.span());
+        }
+        let data = self.stream.clone_htod(bits).cuda("copying a tensor to the device")?;
+        Ok(Tensor { data, dtype, desc })
+    }
+
+    /// A new device tensor filled with NaN (outputs start poisoned).
+    pub fn alloc_poisoned(&self, dtype: Dtype, desc: Desc) -> Result<Tensor> {
+        self.upload(dtype, desc, &vec![dtype.nan(); desc.span()])
+    }
+
+    pub fn download(&self, t: &Tensor) -> Result<Vec<u16>> {
+        self.stream.clone_dtoh(&t.data).cuda("copying a tensor to the host")
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().cuda("waiting for the stream (a kernel failed)")
+    }
+
+    fn fwd_name(dtype: Dtype, head_dim: usize, causal: bool) -> String {
+        format!("flash_fwd_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" })
+    }
+
+    /// The split plan `forward` would use for this problem.
+    pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
+        let k = self.kernel(&Self::fwd_name(dtype, p.head_dim, opts.causal))?;
+        let block_n = k.launch.block_n;
+        let n_blocks = (p.seqlen_k as u32).div_ceil(block_n).max(1);
+        let plan = match opts.splits {
+            Splits::Fixed(0) => invalid!("a fixed split count must be at least 1"),
+            Splits::Fixed(n) => {
+                let per = n_blocks.div_ceil(n.min(planner::MAX_SPLITS));
+                Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n }
+            }
+            Splits::Auto => {
+                let per_sm = k
+                    .func
+                    .occupancy_max_active_blocks_per_multiprocessor(k.launch.threads, k.dynamic_smem as usize, None)
+                    .cuda("querying occupancy")?;
+                let work = (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(k.launch.block_m));
+                planner::plan(self.device.sm_count, per_sm, work, p.seqlen_k as u32, block_n)
+            }
+        };
+        Ok(plan)
+    }
+
+    /// out = softmax(q·kᵀ·scale [+ causal mask]) · v, and optionally the per-row
+    /// log-sum-exp into `lse` ([B, H, Sq] fp32). Enqueued on the stream; errors in
+    /// the kernel surface at the next synchronising call.
+    pub fn forward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &mut Tensor,
+        lse: Option<&mut CudaSlice<f32>>,
+        opts: &Options,
+    ) -> Result<Launched> {
+        let p = tensor::validate(q.arg("q"), k.arg("k"), v.arg("v"), out.arg("out"), opts.scale)?;
+        let rows = p.batch * p.heads * p.seqlen_q;
+        if let Some(l) = &lse {
+            if l.len() < rows {
+                invalid!("lse holds {} floats but batch × heads × seqlen_q = {rows}", l.len());
+            }
+        }
+        if rows == 0 {
+            return Ok(Launched { num_splits: 0, ctas: 0 }); // empty result: nothing to launch
+        }
+        let plan = self.plan(&p, q.dtype, opts)?;
+        let name = Self::fwd_name(q.dtype, p.head_dim, opts.causal);
+        let kern = self.kernel(&name)?;
+        let m_blocks = (p.seqlen_q as u32).div_ceil(kern.launch.block_m);
+        let splits = plan.num_splits;
+        let (mut o_part, mut lse_part) = if splits > 1 {
+            let n = splits as usize * rows;
+            // SAFETY: every element is written by the forward kernel before the combine reads it
+            // (each split writes all its rows, including those that saw no key).
+            let o = unsafe { self.stream.alloc::<f32>(n * p.head_dim) }.cuda("allocating split partials")?;
+            let l = unsafe { self.stream.alloc::<f32>(n) }.cuda("allocating split LSEs")?;
+            (Some(o), Some(l))
+        } else {
+            (None, None)
+        };
+        let s = &self.stream;
+        let ptr = |t: &Tensor| device_ptr(&t.data, s);
+        let lse_ptr = lse.as_ref().map_or(0, |l| device_ptr(*l, s));
+        for (name, t) in [("q", q), ("k", k), ("v", v), ("out", &*out)] {
+            if ptr(t) % 16 != 0 {
+                invalid!("{name} device pointer {:#x} is not 16-byte aligned", ptr(t));
+            }
+        }
+        let strides = |d: &Desc| d.strides.map(|x| x as i64);
+        let params = FlashParams {
+            q: ptr(q),
+            k: ptr(k),
+            v: ptr(v),
+            o: ptr(out),
+            lse: lse_ptr,
+            o_partial: o_part.as_ref().map_or(0, |b| device_ptr(b, s)),
+            lse_partial: lse_part.as_ref().map_or(0, |b| device_ptr(b, s)),
+            q_strides: strides(&q.desc),
+            k_strides: strides(&k.desc),
+            v_strides: strides(&v.desc),
+            o_strides: strides(&out.desc),
+            batch: p.batch as i32,
+            heads: p.heads as i32,
+            kv_heads: p.kv_heads as i32,
+            seqlen_q: p.seqlen_q as i32,
+            seqlen_k: p.seqlen_k as i32,
+            num_splits: splits as i32,
+            keys_per_split: plan.keys_per_split as i32,
+            scale_log2: p.scale * std::f32::consts::LOG2_E,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (m_blocks, (p.batch * p.heads) as u32, splits),
+            block_dim: (kern.launch.threads, 1, 1),
+            shared_mem_bytes: kern.dynamic_smem,
+        };
+        // SAFETY: matches `flash_fwd_<dtype>_d<D>[_causal](const FlashParams p)` in
+        // kernels/flash_fwd_<dtype>.cu. validate() proved every (b, h, s) row of q/k/v/out
+        // lies inside its buffer, strides are 16-byte multiples and pointers 16-byte
+        // aligned; lse (if any) holds B·H·Sq floats; the partials hold splits·B·H·Sq(·D).
+        // The buffers outlive the launch because the stream frees in order.
+        unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;
+
+        if let (Some(o_part), Some(lse_part)) = (o_part.as_mut(), lse_part.as_mut()) {
+            let cname = format!("flash_combine_{}_d{}", q.dtype.name(), p.head_dim);
+            let comb = self.kernel(&cname)?;
+            let rows_per_block = comb.launch.threads / 32;
+            let cparams = CombineParams {
+                o_partial: device_ptr(o_part, s),
+                lse_partial: device_ptr(lse_part, s),
+                o: ptr(out),
+                lse: lse_ptr,
+                o_strides: strides(&out.desc),
+                batch: p.batch as i32,
+                heads: p.heads as i32,
+                seqlen_q: p.seqlen_q as i32,
+                num_splits: splits as i32,
+            };
+            let cfg = LaunchConfig {
+                grid_dim: ((rows as u32).div_ceil(rows_per_block), 1, 1),
+                block_dim: (comb.launch.threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matches `flash_combine_<dtype>_d<D>(const CombineParams p)`; it reads
+            // splits·rows(·D) partials written above and writes `out` rows validated above.
+            unsafe { s.launch_builder(&comb.func).arg(&cparams).launch(cfg) }.cuda(format!("launching {cname}"))?;
+        }
+        Ok(Launched { num_splits: splits, ctas: u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits) })
+    }
+
+    /// The fp32 GPU reference: returns (out [B, H, Sq, D], lse [B, H, Sq]) on the host.
+    pub fn reference(&self, q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) -> Result<(Vec<f32>, Vec<f32>)> {
+        let p = tensor::validate(q.arg("q"), k.arg("k"), v.arg("v"), q.arg("q (as out)"), scale)?;
+        let name = format!("reference_attention_{}", q.dtype.name());
+        let kern = self.kernel(&name)?;
+        let max_keys = kern.dynamic_smem as usize / 4;
+        if p.seqlen_k > max_keys {
+            invalid!("the GPU reference holds {max_keys} keys per row in shared memory; seqlen_k is {}", p.seqlen_k);
+        }
+        let rows = p.batch * p.heads * p.seqlen_q;
+        if rows == 0 {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let s = &self.stream;
+        let o = s.alloc_zeros::<f32>(rows * p.head_dim).cuda("allocating the reference output")?;
+        let l = s.alloc_zeros::<f32>(rows).cuda("allocating the reference LSE")?;
+        let strides = |d: &Desc| d.strides.map(|x| x as i64);
+        let params = ReferenceParams {
+            q: device_ptr(&q.data, s),
+            k: device_ptr(&k.data, s),
+            v: device_ptr(&v.data, s),
+            o: device_ptr(&o, s),
+            lse: device_ptr(&l, s),
+            q_strides: strides(&q.desc),
+            k_strides: strides(&k.desc),
+            v_strides: strides(&v.desc),
+            batch: p.batch as i32,
+            heads: p.heads as i32,
+            kv_heads: p.kv_heads as i32,
+            seqlen_q: p.seqlen_q as i32,
+            seqlen_k: p.seqlen_k as i32,
+            head_dim: p.head_dim as i32,
+            causal: causal.into(),
+            scale: p.scale,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (p.seqlen_q as u32, (p.batch * p.heads) as u32, 1),
+            block_dim: (kern.launch.threads, 1, 1),
+            shared_mem_bytes: (p.seqlen_k * 4) as u32,
+        };
+        // SAFETY: matches `reference_attention_<dtype>(const ReferenceParams p)` in
+        // kernels/reference.cu; inputs validated as in `forward`, o/lse sized rows·D and
+        // rows, dynamic smem holds seqlen_k floats (≤ the manifest's allotment).
+        unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;
+        let o = s.clone_dtoh(&o).cuda("copying the reference output")?;
+        let l = s.clone_dtoh(&l).cuda("copying the reference LSE")?;
+        Ok((o, l))
+    }
+}
+
+fn device_ptr<T>(buf: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    let (ptr, _sync) = buf.device_ptr(stream);
+    ptr
+}
+
+fn driver_version() -> Option<String> {
+    let mut v = 0;
+    // SAFETY: cuDriverGetVersion writes one int; the driver is loaded by Ctx::new.
+    let ok = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    (ok == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_arch;
+
+    #[test]
+    fn arch_selection() {
+        let archs: Vec<String> = ["sm_89", "sm_90", "sm_90a"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(pick_arch(&archs, 9, 0).as_deref(), Some("sm_90a"));
+        assert_eq!(pick_arch(&archs, 8, 9).as_deref(), Some("sm_89"));
+        assert_eq!(pick_arch(&archs[..2], 9, 0).as_deref(), Some("sm_90"));
+        assert_eq!(pick_arch(&archs, 8, 0), None, "sm_89 code does not run on sm_80");
+        assert_eq!(pick_arch(&archs, 10, 0), None);
+        assert_eq!(pick_arch(&archs[..1], 8, 9).as_deref(), Some("sm_89"));
+    }
+}

@@ -1,0 +1,330 @@
+//! Correctness driver: runs the kernels over the feature matrix on fresh random
+//! inputs and compares with the f64 CPU reference (small shapes) or the fp32 GPU
+//! reference (large ones). Writes JSON for `cargo xtask test`.
+
+use std::time::{Instant, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use kernel_ffi::check::{compare, compare_lse, tolerances};
+use kernel_ffi::reference::{self, HostTensor};
+use kernel_ffi::schema::{TestCase, TestRun};
+use kernel_ffi::{Attention, Desc, Dtype, Layout, Options, Problem, Splits};
+
+#[derive(Debug, Clone)]
+struct Case {
+    dtype: Dtype,
+    head_dim: usize,
+    causal: bool,
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+    layout: Layout,
+    splits: Splits,
+    lse: bool,
+    scale: Option<f32>,
+    gpu_reference: bool,
+}
+
+impl Case {
+    fn name(&self) -> String {
+        let splits = match self.splits {
+            Splits::Auto => "auto".to_string(),
+            Splits::Fixed(n) => n.to_string(),
+        };
+        format!(
+            "{}-d{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}",
+            self.dtype.name(),
+            self.head_dim,
+            if self.causal { "-causal" } else { "" },
+            self.batch,
+            self.heads,
+            self.kv_heads,
+            self.seqlen_q,
+            self.seqlen_k,
+            match self.layout {
+                Layout::Bshd => "bshd",
+                Layout::Bhsd => "bhsd",
+            },
+            splits,
+            if self.lse { "-lse" } else { "" },
+            if self.scale.is_some() { "-scaled" } else { "" },
+        )
+    }
+}
+
+/// Every dtype × head dim × causal × split mode, each over all lengths; layout,
+/// GQA shape, batch, LSE and explicit scale rotate so each meets every length.
+fn matrix() -> Vec<Case> {
+    // Odd and even, below/at/above a 64 tile, Sq ≠ Sk both ways (causal rows with no key), 1 and 0.
+    let lengths = [(1, 1), (1, 77), (63, 63), (64, 64), (65, 130), (128, 97), (200, 513), (130, 64), (0, 10), (10, 0)];
+    let gqa = [(2, 2), (4, 1), (6, 2)];
+    let mut cases = Vec::new();
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        for head_dim in [64, 128] {
+            for causal in [false, true] {
+                for (si, splits) in [Splits::Fixed(1), Splits::Fixed(3), Splits::Auto].into_iter().enumerate() {
+                    for (i, &(seqlen_q, seqlen_k)) in lengths.iter().enumerate() {
+                        let (heads, kv_heads) = gqa[(i + si) % 3];
+                        cases.push(Case {
+                            dtype,
+                            head_dim,
+                            causal,
+                            batch: 1 + (i + si) % 2,
+                            heads,
+                            kv_heads,
+                            seqlen_q,
+                            seqlen_k,
+                            layout: if (i + si) % 2 == 0 { Layout::Bshd } else { Layout::Bhsd },
+                            splits,
+                            lse: (i + si + usize::from(causal)) % 2 == 0,
+                            scale: (i % 3 == 0).then_some(0.3),
+                            gpu_reference: false,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let seed = |dtype, s, b, h| Case {
+        dtype,
+        head_dim: 64,
+        causal: false,
+        batch: b,
+        heads: h,
+        kv_heads: h,
+        seqlen_q: s,
+        seqlen_k: s,
+        layout: Layout::Bhsd,
+        splits: Splits::Auto,
+        lse: true,
+        scale: None,
+        gpu_reference: false,
+    };
+    // The seed problems, as the planner sees them.
+    cases.extend([seed(Dtype::F16, 128, 1, 1), seed(Dtype::F16, 512, 1, 1), seed(Dtype::Bf16, 512, 2, 8)]);
+    // Large shapes against the fp32 GPU reference.
+    let large = |dtype, head_dim, causal, b, h, kv, sq, sk, layout, splits| Case {
+        dtype,
+        head_dim,
+        causal,
+        batch: b,
+        heads: h,
+        kv_heads: kv,
+        seqlen_q: sq,
+        seqlen_k: sk,
+        layout,
+        splits,
+        lse: true,
+        scale: None,
+        gpu_reference: true,
+    };
+    cases.extend([
+        large(Dtype::F16, 64, true, 2, 8, 8, 1024, 1024, Layout::Bshd, Splits::Auto),
+        large(Dtype::Bf16, 128, false, 1, 16, 4, 2048, 2048, Layout::Bhsd, Splits::Auto),
+        large(Dtype::F16, 128, true, 2, 4, 2, 1000, 3000, Layout::Bshd, Splits::Fixed(4)),
+        large(Dtype::Bf16, 64, true, 1, 2, 1, 4096, 4096, Layout::Bhsd, Splits::Auto),
+        large(Dtype::F16, 128, false, 1, 4, 4, 3000, 1001, Layout::Bhsd, Splits::Fixed(2)),
+    ]);
+    cases
+}
+
+/// SplitMix64: fresh, reproducible inputs from one seed.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+/// Random bits for a tensor, and the same values as f32 after rounding to dtype.
+fn random(rng: &mut Rng, dtype: Dtype, desc: &Desc, lo: f32, hi: f32) -> (Vec<u16>, Vec<f32>) {
+    let bits: Vec<u16> = (0..desc.span()).map(|_| dtype.from_f32(rng.uniform(lo, hi))).collect();
+    let vals = bits.iter().map(|&b| dtype.to_f32(b)).collect();
+    (bits, vals)
+}
+
+fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
+    let Case { dtype, head_dim: d, batch: b, heads: h, kv_heads: hkv, seqlen_q: sq, seqlen_k: sk, .. } = *case;
+    let qd = Desc::new([b, h, sq, d], case.layout);
+    let kd = Desc::new([b, hkv, sk, d], case.layout);
+    let (qb, qv) = random(rng, dtype, &qd, -1.5, 1.5);
+    let (kb, kv) = random(rng, dtype, &kd, -1.5, 1.5);
+    // Offset V so the output mean is not zero.
+    let (vb, vv) = random(rng, dtype, &kd, -0.5, 1.5);
+    let q = att.upload(dtype, qd, &qb)?;
+    let k = att.upload(dtype, kd, &kb)?;
+    let v = att.upload(dtype, kd, &vb)?;
+    let mut out = att.alloc_poisoned(dtype, qd)?;
+    let rows = b * h * sq;
+    let mut lse = if case.lse { Some(att.stream().clone_htod(&vec![f32::NAN; rows.max(1)])?) } else { None };
+    let opts = Options { causal: case.causal, scale: case.scale, splits: case.splits };
+    let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
+    att.synchronize()?;
+    let got_bits = att.download(&out)?;
+    let got_lse: Option<Vec<f32>> = match &lse {
+        Some(l) => Some(att.stream().clone_dtoh(l)?[..rows].to_vec()),
+        None => None,
+    };
+
+    let problem = Problem {
+        batch: b,
+        heads: h,
+        kv_heads: hkv,
+        seqlen_q: sq,
+        seqlen_k: sk,
+        head_dim: d,
+        scale: case.scale.unwrap_or(1.0 / (d as f32).sqrt()),
+    };
+    let (want, want_lse) = if case.gpu_reference {
+        let (o, l) = att.reference(&q, &k, &v, case.causal, case.scale)?;
+        (o.into_iter().map(f64::from).collect::<Vec<_>>(), l.into_iter().map(f64::from).collect::<Vec<_>>())
+    } else {
+        reference::attention(
+            &HostTensor { desc: qd, data: &qv },
+            &HostTensor { desc: kd, data: &kv },
+            &HostTensor { desc: kd, data: &vv },
+            &problem,
+            case.causal,
+        )
+    };
+    // The output in logical [B, H, Sq, D] order, whatever its layout.
+    let mut got = Vec::with_capacity(rows * d);
+    for bi in 0..b {
+        for hi in 0..h {
+            for si in 0..sq {
+                let off = qd.offset(bi, hi, si);
+                got.extend(got_bits[off..off + d].iter().map(|&x| f64::from(dtype.to_f32(x))));
+            }
+        }
+    }
+    let errs = compare(got, &want);
+    let (lse_max_abs, lse_bad) = match &got_lse {
+        Some(g) => compare_lse(g, &want_lse),
+        None => (0.0, 0),
+    };
+    let (tol_rel_l2, tol_max_abs, tol_lse) = tolerances(dtype);
+    let passed = errs.non_finite == 0
+        && lse_bad == 0
+        && errs.rel_l2 <= tol_rel_l2
+        && errs.max_abs <= tol_max_abs
+        && lse_max_abs <= tol_lse;
+    Ok(TestCase {
+        name: case.name(),
+        dtype: dtype.name().into(),
+        batch: b,
+        heads: h,
+        kv_heads: hkv,
+        seqlen_q: sq,
+        seqlen_k: sk,
+        head_dim: d,
+        causal: case.causal,
+        layout: format!("{:?}", case.layout).to_lowercase(),
+        splits: match case.splits {
+            Splits::Auto => "auto".into(),
+            Splits::Fixed(n) => n.to_string(),
+        },
+        num_splits: launched.num_splits,
+        lse: case.lse,
+        reference: if case.gpu_reference { "gpu-f32" } else { "cpu-f64" }.into(),
+        rel_l2: errs.rel_l2,
+        max_abs: errs.max_abs,
+        lse_max_abs,
+        tol_rel_l2,
+        tol_max_abs,
+        tol_lse,
+        non_finite: errs.non_finite + lse_bad,
+        passed,
+        error: None,
+    })
+}
+
+fn main() -> Result<()> {
+    let mut json = None;
+    let mut filter = None;
+    let mut seed = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--json" => json = Some(args.next().context("--json needs a path")?),
+            "--filter" => filter = Some(args.next().context("--filter needs a text")?),
+            "--seed" => seed = Some(args.next().context("--seed needs a number")?.parse::<u64>()?),
+            "--list" => {
+                matrix().iter().for_each(|c| println!("{}", c.name()));
+                return Ok(());
+            }
+            other => bail!("unknown argument {other}; usage: fa-test [--json PATH] [--filter TEXT] [--seed N] [--list]"),
+        }
+    }
+    let seed = seed.unwrap_or_else(|| {
+        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    let att = Attention::new(0).context("setting up the kernels")?;
+    let cases: Vec<Case> =
+        matrix().into_iter().filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str()))).collect();
+    eprintln!("fa-test: {} cases on {} (sm count {}), seed {seed}", cases.len(), att.device().name, att.device().sm_count);
+    let mut rng = Rng(seed);
+    let mut results = Vec::new();
+    let start = Instant::now();
+    for (i, case) in cases.iter().enumerate() {
+        let result = run_case(&att, case, &mut rng).unwrap_or_else(|e| TestCase {
+            name: case.name(),
+            dtype: case.dtype.name().into(),
+            batch: case.batch,
+            heads: case.heads,
+            kv_heads: case.kv_heads,
+            seqlen_q: case.seqlen_q,
+            seqlen_k: case.seqlen_k,
+            head_dim: case.head_dim,
+            causal: case.causal,
+            layout: format!("{:?}", case.layout).to_lowercase(),
+            splits: format!("{:?}", case.splits),
+            num_splits: 0,
+            lse: case.lse,
+            reference: String::new(),
+            rel_l2: f64::NAN,
+            max_abs: f64::NAN,
+            lse_max_abs: f64::NAN,
+            tol_rel_l2: 0.0,
+            tol_max_abs: 0.0,
+            tol_lse: 0.0,
+            non_finite: 0,
+            passed: false,
+            error: Some(format!("{e:#}")),
+        });
+        let verdict = if result.passed { "ok" } else { "FAIL" };
+        eprintln!(
+            "[{}/{}] {verdict} {} rel_l2 {:.2e} max_abs {:.2e}{}",
+            i + 1,
+            cases.len(),
+            result.name,
+            result.rel_l2,
+            result.max_abs,
+            result.error.as_deref().map(|e| format!(" error: {e}")).unwrap_or_default()
+        );
+        let fatal = result.error.as_deref().is_some_and(|e| e.contains("CUDA error"));
+        results.push(result);
+        if fatal {
+            // A kernel fault poisons the context: later cases would only repeat it.
+            eprintln!("fa-test: stopping after a CUDA error");
+            break;
+        }
+    }
+    eprintln!("fa-test: {:.1} s", start.elapsed().as_secs_f64());
+    let run = TestRun { device: att.device().clone(), seed, cases: results };
+    let text = serde_json::to_string_pretty(&run)?;
+    match json {
+        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {path}"))?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}

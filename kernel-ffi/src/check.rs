@@ -1,0 +1,88 @@
+//! Comparing a kernel's output with a reference: pure numerics shared by the
+//! correctness driver and the `run` tool's users.
+
+/// Tolerances per dtype: relative L2 error of the output, max abs error of the
+/// output, max abs error of the LSE.
+pub fn tolerances(dtype: crate::Dtype) -> (f64, f64, f64) {
+    match dtype {
+        // fp16: 11-bit mantissa, output and P rounded to fp16.
+        crate::Dtype::F16 => (2e-3, 5e-3, 1e-3),
+        // bf16: 8-bit mantissa, so ~8x the fp16 rounding.
+        crate::Dtype::Bf16 => (1.2e-2, 4e-2, 1e-3),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Errors {
+    pub rel_l2: f64,
+    pub max_abs: f64,
+    pub non_finite: usize,
+}
+
+/// ‖got − want‖₂ / ‖want‖₂ (or ‖got‖₂ when want is all zeros) and max |got − want|.
+/// Non-finite values in `got` are counted and make both errors infinite.
+pub fn compare(got: impl IntoIterator<Item = f64>, want: &[f64]) -> Errors {
+    let (mut diff2, mut ref2, mut max_abs, mut non_finite) = (0.0, 0.0, 0.0f64, 0);
+    let mut n = 0;
+    for (g, &w) in got.into_iter().zip(want) {
+        n += 1;
+        if !g.is_finite() {
+            non_finite += 1;
+            continue;
+        }
+        let d = g - w;
+        diff2 += d * d;
+        ref2 += w * w;
+        max_abs = max_abs.max(d.abs());
+    }
+    assert_eq!(n, want.len(), "compare: got has fewer elements than want");
+    if non_finite > 0 {
+        return Errors { rel_l2: f64::INFINITY, max_abs: f64::INFINITY, non_finite };
+    }
+    let rel_l2 = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
+    Errors { rel_l2, max_abs, non_finite }
+}
+
+/// Max |got − want| over rows; −inf must match −inf exactly, NaN never passes.
+pub fn compare_lse(got: &[f32], want: &[f64]) -> (f64, usize) {
+    let mut worst = 0.0f64;
+    let mut bad = 0;
+    for (&g, &w) in got.iter().zip(want) {
+        let g = f64::from(g);
+        if w == f64::NEG_INFINITY {
+            if g != f64::NEG_INFINITY {
+                bad += 1;
+            }
+        } else if !g.is_finite() {
+            bad += 1;
+        } else {
+            worst = worst.max((g - w).abs());
+        }
+    }
+    (worst, bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_never_passes() {
+        let e = compare([1.0, f64::NAN], &[1.0, 2.0]);
+        assert_eq!(e.non_finite, 1);
+        assert!(e.rel_l2.is_infinite() && e.max_abs.is_infinite());
+        assert_eq!(compare_lse(&[f32::NAN], &[0.0]).1, 1);
+        assert_eq!(compare_lse(&[0.0], &[f64::NEG_INFINITY]).1, 1);
+        assert_eq!(compare_lse(&[f32::NEG_INFINITY], &[f64::NEG_INFINITY]), (0.0, 0));
+    }
+
+    #[test]
+    fn relative_and_max_errors() {
+        let e = compare([3.0, 4.5], &[3.0, 4.0]);
+        assert!((e.rel_l2 - 0.1).abs() < 1e-12);
+        assert_eq!(e.max_abs, 0.5);
+        // All-zero reference (rows that see no key): absolute L2.
+        assert_eq!(compare([0.0, 0.0], &[0.0, 0.0]).rel_l2, 0.0);
+        assert!(compare([0.1], &[0.0]).rel_l2 > 0.0);
+    }
+}

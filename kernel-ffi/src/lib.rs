@@ -1,0 +1,17 @@
+//! Safe, validated launches of the FlashAttention forward kernels compiled by
+//! `cargo xtask build`, plus the pure pieces (validation, split planner, CPU
+//! reference) that are tested without a GPU.
+
+pub mod attention;
+pub mod check;
+pub mod error;
+pub mod manifest;
+pub mod params;
+pub mod planner;
+pub mod reference;
+pub mod schema;
+pub mod tensor;
+
+pub use attention::{Attention, Launched, Options, Splits, Tensor};
+pub use error::{Error, Result};
+pub use tensor::{Desc, Dtype, Layout, Problem};

@@ -1,0 +1,128 @@
+//! The committed kernel manifest, `kernels/manifest.json`: sources, entry points,
+//! target archs, resource budgets and launch geometry. xtask compiles and budgets
+//! from it and copies it beside the fatbins; kernel-ffi launches from that copy,
+//! so build and launch cannot drift apart. Shared by both crates (xtask includes
+//! this file by path); pure serde, no IO beyond `load`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Largest static `__shared__` allocation a kernel may declare (48 KB on sm_80+).
+    pub static_smem_limit: u32,
+    pub archs: BTreeMap<String, Arch>,
+    pub sources: Vec<Source>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Arch {
+    /// The `-gencode` value, e.g. `arch=compute_90a,code=sm_90a`.
+    pub gencode: String,
+    /// Opt-in shared memory per block (static + dynamic) in bytes.
+    pub smem_optin_limit: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Source {
+    /// Path relative to `kernels/`.
+    pub file: String,
+    pub archs: Vec<String>,
+    #[serde(default)]
+    pub defines: Vec<String>,
+    pub kernels: Vec<Kernel>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Kernel {
+    pub entry: String,
+    pub max_registers: u32,
+    /// Dynamic shared memory the launcher requests, in bytes.
+    #[serde(default)]
+    pub dynamic_smem: u32,
+    #[serde(default)]
+    pub allow_spills: bool,
+    #[serde(default)]
+    pub allow_stack: bool,
+    /// Launch geometry the kernel was compiled for; kernel-ffi launches with it.
+    #[serde(default)]
+    pub launch: Option<Launch>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Launch {
+    pub threads: u32,
+    /// Query rows per CTA (tiled kernels).
+    #[serde(default)]
+    pub block_m: u32,
+    /// Keys per tile (tiled kernels).
+    #[serde(default)]
+    pub block_n: u32,
+}
+
+impl Manifest {
+    pub fn load(path: &Path) -> Result<Manifest> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading kernel manifest {}", path.display()))?;
+        let manifest = Manifest::parse(&text)
+            .with_context(|| format!("in kernel manifest {}", path.display()))?;
+        Ok(manifest)
+    }
+
+    pub fn parse(text: &str) -> Result<Manifest> {
+        let manifest: Manifest = serde_json::from_str(text)?;
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    fn validate(&self) -> Result<()> {
+        for src in &self.sources {
+            for arch in &src.archs {
+                if !self.archs.contains_key(arch) {
+                    bail!(
+                        "source {} lists arch `{arch}`, which is not under \"archs\" (known: {})",
+                        src.file,
+                        self.archs.keys().cloned().collect::<Vec<_>>().join(", ")
+                    );
+                }
+            }
+            if src.kernels.is_empty() {
+                bail!("source {} lists no kernels; every entry point needs a budget", src.file);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn kernel(&self, entry: &str) -> Option<&Kernel> {
+        self.sources.iter().flat_map(|s| &s.kernels).find(|k| k.entry == entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn committed_manifest_parses() {
+        let m = Manifest::parse(include_str!("../../kernels/manifest.json")).unwrap();
+        for arch in ["sm_89", "sm_90", "sm_90a"] {
+            assert!(m.archs.contains_key(arch), "{arch} missing");
+        }
+    }
+
+    #[test]
+    fn unknown_arch_is_named() {
+        let text = r#"{"static_smem_limit": 49152, "archs": {},
+            "sources": [{"file": "a.cu", "archs": ["sm_70"], "kernels": [{"entry": "k", "max_registers": 64}]}]}"#;
+        let err = format!("{:#}", Manifest::parse(text).unwrap_err());
+        assert!(err.contains("sm_70"), "{err}");
+    }
+}

@@ -1,0 +1,115 @@
+//! Split-KV planner: how many key splits make a small problem fill the GPU.
+//! A pure function of the device and the shape, so it is tested without a GPU.
+
+/// Most splits the planner will choose (the combine kernel loops over them).
+pub const MAX_SPLITS: u32 = 128;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub num_splits: u32,
+    /// Keys per split, a multiple of the kernel's key tile.
+    pub keys_per_split: u32,
+}
+
+/// Cost of one CTA beyond its key blocks (Q load, epilogue), in key-block units.
+const CTA_OVERHEAD: f64 = 0.5;
+/// Cost of the combine pass, in key-block units.
+const COMBINE_COST: f64 = 0.5;
+
+/// `work_ctas` = batch × heads × query blocks; `ctas_per_sm` from the occupancy
+/// calculator. A problem that already fills ≥ 80% of one wave runs unsplit.
+/// Otherwise each candidate split count is costed as waves × (key blocks per CTA
+/// + CTA overhead) + combine, and the cheapest wins, fewer splits on a tie.
+pub fn plan(sm_count: u32, ctas_per_sm: u32, work_ctas: u64, seqlen_k: u32, block_n: u32) -> Plan {
+    let block_n = block_n.max(1);
+    let n_blocks = seqlen_k.div_ceil(block_n).max(1);
+    let slots = u64::from(sm_count.max(1)) * u64::from(ctas_per_sm.max(1));
+    let unsplit = Plan { num_splits: 1, keys_per_split: n_blocks * block_n };
+    if work_ctas == 0 || work_ctas * 5 >= slots * 4 || n_blocks == 1 {
+        return unsplit;
+    }
+    let cost = |splits: u32, blocks_per_split: u32| {
+        let waves = (work_ctas * u64::from(splits)).div_ceil(slots) as f64;
+        let combine = if splits > 1 { COMBINE_COST } else { 0.0 };
+        waves * (f64::from(blocks_per_split) + CTA_OVERHEAD) + combine
+    };
+    // Candidates: every whole number of key blocks per split, so none is empty.
+    let mut best = (cost(1, n_blocks), unsplit);
+    for blocks_per_split in (1..n_blocks).rev() {
+        let splits = n_blocks.div_ceil(blocks_per_split);
+        if splits > MAX_SPLITS {
+            break;
+        }
+        let c = cost(splits, blocks_per_split);
+        if c < best.0 - 1e-9 {
+            best = (c, Plan { num_splits: splits, keys_per_split: blocks_per_split * block_n });
+        }
+    }
+    best.1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H200_SMS: u32 = 132;
+    const L4_SMS: u32 = 58;
+
+    fn ctas(b: u64, h: u64, sq: u64) -> u64 {
+        b * h * sq.div_ceil(64)
+    }
+
+    #[test]
+    fn large_problems_stay_unsplit() {
+        let p = plan(H200_SMS, 3, ctas(4, 16, 2048), 2048, 64);
+        assert_eq!(p, Plan { num_splits: 1, keys_per_split: 2048 });
+        assert_eq!(plan(L4_SMS, 3, ctas(8, 32, 1024), 1024, 64).num_splits, 1);
+    }
+
+    #[test]
+    fn seed_cases_fill_the_gpu() {
+        for sms in [H200_SMS, L4_SMS] {
+            for s in [128u32, 256, 512] {
+                let work = ctas(1, 1, s.into());
+                let p = plan(sms, 3, work, s, 64);
+                let n_blocks = s.div_ceil(64);
+                // Small: every key block becomes its own split.
+                assert_eq!(p.num_splits, n_blocks, "S={s} on {sms} SMs: {p:?}");
+                assert_eq!(p.keys_per_split, 64);
+            }
+            // B=2 H=8 S=512: 128 CTAs unsplit.
+            let p = plan(sms, 3, ctas(2, 8, 512), 512, 64);
+            let launched = ctas(2, 8, 512) * u64::from(p.num_splits);
+            assert!(p.num_splits > 1, "{p:?}");
+            assert!(launched >= u64::from(sms), "{launched} CTAs on {sms} SMs");
+        }
+    }
+
+    #[test]
+    fn l4_seed_problem_is_no_longer_two_ctas() {
+        // The seed: B=1 H=1 S=128 launched 2 CTAs on a 58-SM L4.
+        let p = plan(L4_SMS, 3, ctas(1, 1, 128), 128, 64);
+        assert_eq!(ctas(1, 1, 128) * u64::from(p.num_splits), 4);
+        assert_eq!(p.num_splits, 2, "all the keys there are: two 64-key blocks");
+    }
+
+    #[test]
+    fn splits_cover_all_keys_without_empty_splits() {
+        for sk in [1u32, 63, 64, 65, 200, 513, 4096, 100_000] {
+            for work in [1u64, 7, 100, 500] {
+                let p = plan(L4_SMS, 2, work, sk, 64);
+                assert!(p.num_splits >= 1 && p.num_splits <= MAX_SPLITS);
+                assert_eq!(p.keys_per_split % 64, 0);
+                let covered = u64::from(p.num_splits) * u64::from(p.keys_per_split);
+                assert!(covered >= u64::from(sk), "{p:?} misses keys of {sk}");
+                assert!(u64::from(p.num_splits - 1) * u64::from(p.keys_per_split) < u64::from(sk.max(1)), "{p:?} has an empty split for {sk}");
+            }
+        }
+    }
+
+    #[test]
+    fn degenerate_inputs_do_not_panic() {
+        assert_eq!(plan(0, 0, 0, 0, 0).num_splits, 1);
+        assert_eq!(plan(132, 1, 1, 0, 64).num_splits, 1);
+    }
+}

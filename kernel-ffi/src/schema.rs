@@ -1,0 +1,54 @@
+//! JSON the kernel-ffi binaries write and xtask reads. Pure serde; xtask
+//! includes this file by path, so writer and reader share one definition.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub compute_capability: String,
+    pub sm_count: u32,
+    pub driver: Option<String>,
+}
+
+/// Output of `fa-test`: one correctness case each.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TestRun {
+    pub device: DeviceInfo,
+    /// Seed of the run's random inputs, to reproduce it (`fa-test --seed`).
+    pub seed: u64,
+    pub cases: Vec<TestCase>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TestCase {
+    pub name: String,
+    pub dtype: String,
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub layout: String,
+    /// Requested: `auto` or a fixed count.
+    pub splits: String,
+    /// Launched.
+    pub num_splits: u32,
+    pub lse: bool,
+    /// `cpu-f64` or `gpu-f32`.
+    pub reference: String,
+    pub rel_l2: f64,
+    pub max_abs: f64,
+    /// Largest LSE difference over rows with a finite reference LSE.
+    pub lse_max_abs: f64,
+    pub tol_rel_l2: f64,
+    pub tol_max_abs: f64,
+    pub tol_lse: f64,
+    /// Elements that came back NaN/Inf (poison not overwritten, or a blow-up).
+    pub non_finite: usize,
+    pub passed: bool,
+    /// Set when the case could not run at all (launch or validation error).
+    pub error: Option<String>,
+}

@@ -1,0 +1,263 @@
+//! Shapes, strides and the validation rules of the launch API. Pure: no CUDA.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, invalid};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F16,
+    Bf16,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+
+    pub fn to_f32(self, bits: u16) -> f32 {
+        match self {
+            Dtype::F16 => half::f16::from_bits(bits).to_f32(),
+            Dtype::Bf16 => half::bf16::from_bits(bits).to_f32(),
+        }
+    }
+
+    pub fn from_f32(self, x: f32) -> u16 {
+        match self {
+            Dtype::F16 => half::f16::from_f32(x).to_bits(),
+            Dtype::Bf16 => half::bf16::from_f32(x).to_bits(),
+        }
+    }
+
+    /// A quiet NaN, used to poison outputs before a launch.
+    pub fn nan(self) -> u16 {
+        match self {
+            Dtype::F16 => 0x7e00,
+            Dtype::Bf16 => 0x7fc0,
+        }
+    }
+}
+
+/// Memory order of a 4-D attention tensor; the head dim is always innermost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// [batch, seq, heads, head_dim]: what most frameworks hold.
+    Bshd,
+    /// [batch, heads, seq, head_dim]: what SDPA takes.
+    Bhsd,
+}
+
+/// Logical dims `[batch, heads, seq, head_dim]` and element strides of batch, head
+/// and seq; the head-dim stride is 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Desc {
+    pub dims: [usize; 4],
+    pub strides: [usize; 3],
+}
+
+impl Desc {
+    pub fn new(dims: [usize; 4], layout: Layout) -> Desc {
+        let [_, h, s, d] = dims;
+        let strides = match layout {
+            Layout::Bshd => [s * h * d, d, h * d],
+            Layout::Bhsd => [h * s * d, s * d, d],
+        };
+        Desc { dims, strides }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Elements a buffer needs: the largest offset plus one.
+    pub fn span(&self) -> usize {
+        if self.numel() == 0 {
+            return 0;
+        }
+        let [b, h, s, d] = self.dims;
+        (b - 1) * self.strides[0] + (h - 1) * self.strides[1] + (s - 1) * self.strides[2] + d
+    }
+
+    /// Offset of element (b, h, s, 0).
+    pub fn offset(&self, b: usize, h: usize, s: usize) -> usize {
+        b * self.strides[0] + h * self.strides[1] + s * self.strides[2]
+    }
+}
+
+/// A validated problem, in the units the kernels take.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Problem {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// The head dims the kernels are compiled for.
+pub const HEAD_DIMS: [usize; 2] = [64, 128];
+/// Grid y is batch × heads, and gridDim.y is at most 65535.
+pub const MAX_BATCH_HEADS: usize = 65_535;
+
+/// One tensor argument as the validator sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Arg<'a> {
+    pub name: &'a str,
+    pub dtype: Dtype,
+    pub desc: Desc,
+    /// Elements in the buffer behind it.
+    pub len: usize,
+}
+
+/// Checks q, k, v and o against each other and against the kernels' rules.
+pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Problem> {
+    let [batch, heads, seqlen_q, head_dim] = q.desc.dims;
+    let [_, kv_heads, seqlen_k, _] = k.desc.dims;
+    if !HEAD_DIMS.contains(&head_dim) {
+        invalid!("q head dim is {head_dim}; the kernels support head dims {HEAD_DIMS:?}");
+    }
+    for t in [&k, &v, &o] {
+        if t.dtype != q.dtype {
+            invalid!("{} is {} but q is {}; all tensors must share one dtype", t.name, t.dtype.name(), q.dtype.name());
+        }
+        if t.desc.dims[0] != batch {
+            invalid!("{} has batch {} but q has batch {batch}", t.name, t.desc.dims[0]);
+        }
+        if t.desc.dims[3] != head_dim {
+            invalid!("{} head dim is {} but q's is {head_dim}; they must match", t.name, t.desc.dims[3]);
+        }
+    }
+    if v.desc.dims != k.desc.dims {
+        invalid!("v dims {:?} differ from k dims {:?}; k and v must have the same shape", v.desc.dims, k.desc.dims);
+    }
+    if o.desc.dims != q.desc.dims {
+        invalid!("out dims {:?} differ from q dims {:?}; the output has q's shape", o.desc.dims, q.desc.dims);
+    }
+    if kv_heads == 0 && heads > 0 {
+        invalid!("k/v have 0 heads but q has {heads}");
+    }
+    if kv_heads > 0 && heads % kv_heads != 0 {
+        invalid!("q heads ({heads}) must be a multiple of k/v heads ({kv_heads}) for GQA");
+    }
+    if batch * heads > MAX_BATCH_HEADS {
+        invalid!("batch × heads = {} exceeds {MAX_BATCH_HEADS} (the grid's y dimension)", batch * heads);
+    }
+    for (what, n) in [("q sequence length", seqlen_q), ("k/v sequence length", seqlen_k)] {
+        if n > i32::MAX as usize / 2 {
+            invalid!("{what} {n} exceeds {}", i32::MAX / 2);
+        }
+    }
+    for t in [&q, &k, &v, &o] {
+        for (axis, stride) in ["batch", "head", "row"].iter().zip(t.desc.strides) {
+            if stride % 8 != 0 {
+                invalid!(
+                    "{} {axis} stride is {stride} elements; strides must be multiples of 8 \
+                     (16-byte rows for cp.async)",
+                    t.name
+                );
+            }
+        }
+        if t.desc.span() > t.len {
+            invalid!(
+                "{} needs {} elements for dims {:?} and strides {:?}, but its buffer holds {}",
+                t.name,
+                t.desc.span(),
+                t.desc.dims,
+                t.desc.strides,
+                t.len
+            );
+        }
+    }
+    if seqlen_q > 1 && o.desc.strides[2] < head_dim {
+        invalid!("out row stride {} is below the head dim {head_dim}; output rows would overlap", o.desc.strides[2]);
+    }
+    let scale = scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
+    if !(scale.is_finite() && scale > 0.0) {
+        invalid!("softmax scale {scale} must be finite and positive");
+    }
+    Ok(Problem { batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, scale })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arg(name: &str, dims: [usize; 4]) -> Arg<'_> {
+        let desc = Desc::new(dims, Layout::Bshd);
+        Arg { name, dtype: Dtype::F16, desc, len: desc.span() }
+    }
+
+    fn check(q: Arg, k: Arg, v: Arg, o: Arg) -> String {
+        match validate(q, k, v, o, None) {
+            Ok(p) => format!("ok {p:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn accepts_gqa_and_both_layouts() {
+        let q = arg("q", [2, 8, 100, 64]);
+        let k = arg("k", [2, 2, 37, 64]);
+        let mut v = arg("v", [2, 2, 37, 64]);
+        v.desc = Desc::new([2, 2, 37, 64], Layout::Bhsd);
+        let p = validate(q, k, v, arg("out", [2, 8, 100, 64]), None).unwrap();
+        assert_eq!((p.heads, p.kv_heads, p.seqlen_k), (8, 2, 37));
+        assert!((p.scale - 0.125).abs() < 1e-7);
+    }
+
+    #[test]
+    fn errors_name_value_and_rule() {
+        let o = arg("out", [1, 4, 16, 64]);
+        let e = check(arg("q", [1, 4, 16, 96]), arg("k", [1, 4, 16, 96]), arg("v", [1, 4, 16, 96]), arg("out", [1, 4, 16, 96]));
+        assert!(e.contains("head dim is 96") && e.contains("[64, 128]"), "{e}");
+        let e = check(arg("q", [1, 4, 16, 64]), arg("k", [1, 3, 16, 64]), arg("v", [1, 3, 16, 64]), o);
+        assert!(e.contains("q heads (4) must be a multiple of k/v heads (3)"), "{e}");
+        let e = check(arg("q", [1, 4, 16, 64]), arg("k", [1, 4, 16, 64]), arg("v", [1, 4, 17, 64]), o);
+        assert!(e.contains("v dims [1, 4, 17, 64] differ from k dims [1, 4, 16, 64]"), "{e}");
+        let e = check(arg("q", [1, 4, 16, 64]), arg("k", [2, 4, 16, 64]), arg("v", [2, 4, 16, 64]), o);
+        assert!(e.contains("k has batch 2 but q has batch 1"), "{e}");
+        let e = check(arg("q", [1, 4, 16, 64]), arg("k", [1, 4, 16, 128]), arg("v", [1, 4, 16, 128]), o);
+        assert!(e.contains("k head dim is 128 but q's is 64"), "{e}");
+        let e = check(arg("q", [1, 4, 16, 64]), arg("k", [1, 4, 16, 64]), arg("v", [1, 4, 16, 64]), arg("out", [1, 4, 15, 64]));
+        assert!(e.contains("out dims"), "{e}");
+    }
+
+    #[test]
+    fn strides_buffers_and_scale() {
+        let mut q = arg("q", [1, 1, 4, 64]);
+        q.desc.strides[2] = 68;
+        q.len = 10_000;
+        let e = check(q, arg("k", [1, 1, 4, 64]), arg("v", [1, 1, 4, 64]), arg("out", [1, 1, 4, 64]));
+        assert!(e.contains("q row stride is 68 elements") && e.contains("multiples of 8"), "{e}");
+        let mut k = arg("k", [1, 1, 4, 64]);
+        k.len -= 1;
+        let e = check(arg("q", [1, 1, 4, 64]), k, arg("v", [1, 1, 4, 64]), arg("out", [1, 1, 4, 64]));
+        assert!(e.contains("k needs 256 elements") && e.contains("holds 255"), "{e}");
+        let a = arg("q", [1, 1, 4, 64]);
+        let e = validate(a, a, a, a, Some(f32::NAN)).unwrap_err().to_string();
+        assert!(e.contains("softmax scale NaN must be finite and positive"), "{e}");
+        let e = validate(a, a, a, a, Some(-1.0)).unwrap_err().to_string();
+        assert!(e.contains("scale -1"), "{e}");
+        let mut o = arg("out", [1, 1, 4, 64]);
+        o.dtype = Dtype::Bf16;
+        let e = validate(a, a, a, o, None).unwrap_err().to_string();
+        assert!(e.contains("out is bf16 but q is f16"), "{e}");
+    }
+
+    #[test]
+    fn grid_limit_and_empty_shapes() {
+        let big = arg("q", [65_536, 1, 1, 64]);
+        let e = validate(big, big, big, big, None).unwrap_err().to_string();
+        assert!(e.contains("batch × heads = 65536 exceeds 65535"), "{e}");
+        let empty = arg("q", [1, 2, 0, 64]);
+        assert!(validate(empty, empty, empty, empty, None).is_ok());
+        assert_eq!(empty.desc.span(), 0);
+    }
+}

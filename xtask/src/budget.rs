@@ -1,0 +1,218 @@
+//! Resource budgets: pure checks of ptxas records against the manifest.
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::{Arch, Kernel, Manifest};
+use crate::ptxas::KernelResources;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Breach {
+    pub kernel: String,
+    pub arch: String,
+    pub what: String,
+    pub value: u64,
+    pub budget: u64,
+    /// What to do about it.
+    pub hint: String,
+}
+
+/// Checks one record against its kernel's budget and its arch's limits.
+pub fn check(
+    res: &KernelResources,
+    kernel: &Kernel,
+    arch: &Arch,
+    static_smem_limit: u32,
+) -> Vec<Breach> {
+    let mut out = Vec::new();
+    let mut breach = |what: &str, value: u32, budget: u32, hint: &str| {
+        out.push(Breach {
+            kernel: res.name.clone(),
+            arch: res.arch.clone(),
+            what: what.to_string(),
+            value: value.into(),
+            budget: budget.into(),
+            hint: hint.to_string(),
+        })
+    };
+    if res.spill_bytes() > 0 && !kernel.allow_spills {
+        breach(
+            "spill bytes",
+            res.spill_bytes(),
+            0,
+            "cut live registers (smaller tiles, fewer accumulators) or set allow_spills",
+        );
+    }
+    if res.stack_frame > 0 && !kernel.allow_stack {
+        breach(
+            "stack frame bytes",
+            res.stack_frame,
+            0,
+            "index register arrays only with compile-time constants, or set allow_stack",
+        );
+    }
+    if res.registers > kernel.max_registers {
+        breach(
+            "registers/thread",
+            res.registers,
+            kernel.max_registers,
+            "lower register pressure or raise max_registers (check occupancy first)",
+        );
+    }
+    if res.smem_static > static_smem_limit {
+        breach(
+            "static smem bytes",
+            res.smem_static,
+            static_smem_limit,
+            "move the buffer to dynamic shared memory",
+        );
+    }
+    let total = res.smem_static.saturating_add(kernel.dynamic_smem);
+    if total > arch.smem_optin_limit {
+        breach(
+            "static+dynamic smem bytes",
+            total,
+            arch.smem_optin_limit,
+            "shrink tiles or pipeline stages for this arch",
+        );
+    }
+    out
+}
+
+/// Checks every record, and that the report and the manifest name the same
+/// entries: an entry without a budget, or a budgeted entry ptxas never compiled,
+/// is a breach too.
+pub fn check_all(manifest: &Manifest, records: &[KernelResources]) -> Vec<Breach> {
+    let mut out = Vec::new();
+    for res in records {
+        let arch = manifest.archs.get(&res.arch);
+        match (manifest.kernel(&res.name), arch) {
+            (Some(kernel), Some(arch)) => {
+                out.extend(check(res, kernel, arch, manifest.static_smem_limit))
+            }
+            (None, _) => out.push(Breach {
+                kernel: res.name.clone(),
+                arch: res.arch.clone(),
+                what: "entry without a budget".into(),
+                value: 0,
+                budget: 0,
+                hint: "add it to kernels/manifest.json".into(),
+            }),
+            (_, None) => out.push(Breach {
+                kernel: res.name.clone(),
+                arch: res.arch.clone(),
+                what: "arch not in manifest".into(),
+                value: 0,
+                budget: 0,
+                hint: "add the arch under \"archs\"".into(),
+            }),
+        }
+    }
+    for src in &manifest.sources {
+        for arch in &src.archs {
+            for k in &src.kernels {
+                if !records.iter().any(|r| r.name == k.entry && &r.arch == arch) {
+                    out.push(Breach {
+                        kernel: k.entry.clone(),
+                        arch: arch.clone(),
+                        what: "entry missing from ptxas report".into(),
+                        value: 0,
+                        budget: 0,
+                        hint: format!("is `{}` an extern \"C\" __global__ in {}?", k.entry, src.file),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ptxas;
+
+    fn manifest() -> Manifest {
+        Manifest::parse(
+            r#"{"static_smem_limit": 49152,
+            "archs": {"sm_89": {"gencode": "arch=compute_89,code=sm_89", "smem_optin_limit": 101376},
+                      "sm_90": {"gencode": "arch=compute_90,code=sm_90", "smem_optin_limit": 232448},
+                      "sm_90a": {"gencode": "arch=compute_90a,code=sm_90a", "smem_optin_limit": 232448}},
+            "sources": [{"file": "f.cu", "archs": ["sm_89", "sm_90", "sm_90a"], "kernels": [
+                {"entry": "_Z5templILi64EEvPKfPf", "max_registers": 32},
+                {"entry": "tiles", "max_registers": 32, "dynamic_smem": 1024},
+                {"entry": "spilly", "max_registers": 64}]}]}"#,
+        )
+        .unwrap()
+    }
+
+    fn fixture() -> Vec<KernelResources> {
+        ptxas::parse(include_str!("../tests/data/ptxas-verbose-sm89-sm90-sm90a.txt")).kernels
+    }
+
+    #[test]
+    fn stack_frame_in_fixture_is_a_breach_per_arch() {
+        let breaches = check_all(&manifest(), &fixture());
+        assert_eq!(breaches.len(), 3, "{breaches:#?}");
+        assert!(breaches.iter().all(|b| b.kernel == "spilly" && b.what == "stack frame bytes"));
+        assert!(breaches.iter().all(|b| b.value == 1024 && b.budget == 0));
+    }
+
+    #[test]
+    fn allowed_stack_passes() {
+        let mut m = manifest();
+        m.sources[0].kernels[2].allow_stack = true;
+        assert!(check_all(&m, &fixture()).is_empty());
+    }
+
+    #[test]
+    fn planted_spill_registers_and_smem_breaches() {
+        let m = manifest();
+        let planted = KernelResources {
+            name: "tiles".into(),
+            arch: "sm_89".into(),
+            registers: 40,
+            smem_static: 100_000,
+            spill_stores: 8,
+            ..Default::default()
+        };
+        let what: Vec<_> = check_all(&m, std::slice::from_ref(&planted))
+            .into_iter()
+            .filter(|b| b.kernel == "tiles" && b.arch == "sm_89")
+            .map(|b| (b.what, b.value, b.budget))
+            .collect();
+        // 100_000 static + 1024 dynamic stays under sm_89's 101_376 opt-in limit.
+        let expected: Vec<(String, u64, u64)> = vec![
+            ("spill bytes".into(), 8, 0),
+            ("registers/thread".into(), 40, 32),
+            ("static smem bytes".into(), 100_000, 49152),
+        ];
+        assert_eq!(what, expected);
+    }
+
+    #[test]
+    fn dynamic_smem_over_optin_limit() {
+        let mut m = manifest();
+        m.sources[0].kernels[1].dynamic_smem = 100 * 1024;
+        let b = check_all(&m, &fixture());
+        let smem: Vec<_> = b.iter().filter(|b| b.what == "static+dynamic smem bytes").collect();
+        // 9216 static + 102400 dynamic exceeds 99 KB on sm_89 only.
+        assert_eq!(smem.len(), 1);
+        assert_eq!((smem[0].arch.as_str(), smem[0].value), ("sm_89", 9216 + 102_400));
+    }
+
+    #[test]
+    fn unbudgeted_and_missing_entries() {
+        let mut m = manifest();
+        m.sources[0].kernels.retain(|k| k.entry != "tiles");
+        m.sources[0].kernels.push(Kernel {
+            entry: "ghost".into(),
+            max_registers: 1,
+            dynamic_smem: 0,
+            allow_spills: false,
+            allow_stack: true,
+        });
+        let b = check_all(&m, &fixture());
+        assert_eq!(b.iter().filter(|b| b.what == "entry without a budget").count(), 3);
+        assert_eq!(b.iter().filter(|b| b.what == "entry missing from ptxas report").count(), 3);
+    }
+}

@@ -1,0 +1,298 @@
+//! `cargo xtask build`: compile every kernel source for every manifest arch with
+//! `-Xptxas=-v`, parse the resource report, enforce budgets, write `build.json`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::budget::{self, Breach};
+use crate::manifest::Manifest;
+use crate::paths::{Paths, stem};
+use crate::process::{Cmd, write_file};
+use crate::ptxas::{self, KernelResources};
+use crate::report::{Envelope, Toolchain};
+use crate::toolchain::{self, Nvcc};
+use crate::{CheckFailed, table};
+
+pub struct Options {
+    pub timeout: Duration,
+    /// Another manifest (tests plant breaches with one); its sources are relative to it.
+    pub manifest: Option<PathBuf>,
+    pub jobs: usize,
+}
+
+/// Flags common to every unit; the arch's `-gencode` is added per unit.
+const FLAGS: &[&str] = &["-fatbin", "-O3", "-lineinfo", "-std=c++17", "-Xptxas=-v"];
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuildPayload {
+    pub nvcc_version: String,
+    pub flags: Vec<String>,
+    pub units: Vec<Unit>,
+    pub kernels: Vec<KernelResources>,
+    pub breaches: Vec<Breach>,
+    pub ptxas_warnings: Vec<String>,
+}
+
+/// One nvcc invocation: one source for one arch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Unit {
+    pub source: String,
+    pub arch: String,
+    pub output: PathBuf,
+    pub hash: String,
+    pub cached: bool,
+    pub seconds: f64,
+}
+
+/// Stored beside each output, so an unchanged unit reuses its ptxas report.
+#[derive(Serialize, Deserialize)]
+struct Stamp {
+    hash: String,
+    ptxas: String,
+}
+
+pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    let manifest_path = opts.manifest.clone().unwrap_or_else(|| paths.manifest());
+    let manifest = Manifest::load(&manifest_path)?;
+    let src_dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let nvcc = toolchain::nvcc(&paths.cuda_wheels())?;
+    let out_dir = paths.kernels_out();
+    let headers = header_digest(&src_dir)?;
+
+    let mut jobs = Vec::new();
+    for src in &manifest.sources {
+        let source_path = src_dir.join(&src.file);
+        let text = std::fs::read(&source_path)
+            .with_context(|| format!("reading kernel source {}", source_path.display()))?;
+        for arch in &src.archs {
+            let gencode = &manifest.archs[arch].gencode;
+            let mut args: Vec<String> = FLAGS.iter().map(|s| s.to_string()).collect();
+            args.extend([format!("-gencode={gencode}"), format!("-I{}", src_dir.display())]);
+            args.extend(src.defines.iter().map(|d| format!("-D{d}")));
+            let mut h = Sha256::new();
+            for part in [nvcc.version.as_bytes(), args.join(" ").as_bytes(), &text, &headers] {
+                h.update((part.len() as u64).to_le_bytes());
+                h.update(part);
+            }
+            let output = out_dir.join(format!("{}.{arch}.fatbin", stem(&src.file)));
+            jobs.push(Job {
+                source: src.file.clone(),
+                source_path: source_path.clone(),
+                arch: arch.clone(),
+                args,
+                hash: hex(&h.finalize()),
+                output,
+            });
+        }
+    }
+
+    // kernel-ffi launches from this copy, so fatbins and launch geometry travel together.
+    write_file(&out_dir.join("manifest.json"), serde_json::to_string_pretty(&manifest)? + "\n")?;
+    let total = jobs.len();
+    let started = Instant::now();
+    let results = run_jobs(&nvcc, jobs, opts, total)?;
+    let fresh = results.iter().filter(|(u, _)| !u.cached).count();
+    eprintln!(
+        "xtask build: {total} units ({fresh} compiled, {} cached) in {:.1} s",
+        total - fresh,
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut kernels = Vec::new();
+    let mut warnings = Vec::new();
+    let mut units = Vec::new();
+    for (unit, log) in results {
+        let report = ptxas::parse(&log);
+        kernels.extend(report.kernels);
+        warnings.extend(report.warnings.into_iter().map(|w| format!("{} {}: {w}", unit.source, unit.arch)));
+        units.push(unit);
+    }
+    kernels.sort_by(|a, b| (&a.name, &a.arch).cmp(&(&b.name, &b.arch)));
+    let breaches = budget::check_all(&manifest, &kernels);
+    let payload = BuildPayload {
+        nvcc_version: nvcc.version.clone(),
+        flags: FLAGS.iter().map(|s| s.to_string()).collect(),
+        units,
+        kernels,
+        breaches,
+        ptxas_warnings: warnings,
+    };
+    let toolchain = Toolchain {
+        nvcc: Some(nvcc.version.clone()),
+        nvcc_path: Some(nvcc.path.display().to_string()),
+        driver: None,
+    };
+    let report_path = paths.report("build");
+    Envelope::new("build", toolchain, None, &payload).write(&report_path)?;
+
+    println!("{}", resource_table(&payload.kernels, &manifest));
+    for w in &payload.ptxas_warnings {
+        println!("ptxas warning: {w}");
+    }
+    if !payload.breaches.is_empty() {
+        println!("\nBUDGET BREACHES\n{}", breach_table(&payload.breaches));
+        return Err(CheckFailed(format!(
+            "{} resource budget breach(es); see the table above and {}",
+            payload.breaches.len(),
+            report_path.display()
+        ))
+        .into());
+    }
+    println!("report: {}", report_path.display());
+    Ok(())
+}
+
+struct Job {
+    source: String,
+    source_path: PathBuf,
+    arch: String,
+    args: Vec<String>,
+    hash: String,
+    output: PathBuf,
+}
+
+/// Runs units on `opts.jobs` workers; returns each unit with its ptxas text, in input order.
+fn run_jobs(nvcc: &Nvcc, jobs: Vec<Job>, opts: &Options, total: usize) -> Result<Vec<(Unit, String)>> {
+    let queue = Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
+    let done = Mutex::new(Vec::new());
+    let failures = Mutex::new(Vec::new());
+    let finished = Mutex::new(0usize);
+    std::thread::scope(|s| {
+        for _ in 0..opts.jobs.max(1) {
+            s.spawn(|| {
+                loop {
+                    let Some((idx, job)) = queue.lock().unwrap().pop() else { break };
+                    let result = compile(nvcc, &job, opts.timeout);
+                    let mut n = finished.lock().unwrap();
+                    *n += 1;
+                    match result {
+                        Ok((unit, log)) => {
+                            let how = if unit.cached { "cached".to_string() } else { format!("{:.1} s", unit.seconds) };
+                            eprintln!("[{}/{total}] {} {}: {how}", *n, job.source, job.arch);
+                            done.lock().unwrap().push((idx, unit, log));
+                        }
+                        Err(e) => {
+                            eprintln!("[{}/{total}] {} {}: FAILED", *n, job.source, job.arch);
+                            failures.lock().unwrap().push(format!("{} for {}: {e:#}", job.source, job.arch));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    if !failures.is_empty() {
+        bail!("kernel compilation failed:\n{}", failures.join("\n\n"));
+    }
+    let mut done = done.into_inner().unwrap();
+    done.sort_by_key(|(idx, ..)| *idx);
+    Ok(done.into_iter().map(|(_, u, l)| (u, l)).collect())
+}
+
+fn compile(nvcc: &Nvcc, job: &Job, timeout: Duration) -> Result<(Unit, String)> {
+    let stamp_path = job.output.with_extension("stamp.json");
+    let unit = |cached, seconds| Unit {
+        source: job.source.clone(),
+        arch: job.arch.clone(),
+        output: job.output.clone(),
+        hash: job.hash.clone(),
+        cached,
+        seconds,
+    };
+    if job.output.is_file() {
+        if let Ok(stamp) = std::fs::read(&stamp_path)
+            .map_err(anyhow::Error::from)
+            .and_then(|b| Ok(serde_json::from_slice::<Stamp>(&b)?))
+        {
+            if stamp.hash == job.hash {
+                return Ok((unit(true, 0.0), stamp.ptxas));
+            }
+        }
+    }
+    let tmp = job.output.with_extension("fatbin.tmp");
+    let log = job.output.with_extension("log");
+    let out = Cmd::new(&nvcc.path)
+        .args(job.args.iter().cloned())
+        .arg("-o")
+        .arg(tmp.display().to_string())
+        .arg(job.source_path.display().to_string())
+        .timeout(timeout)
+        .log(&log)
+        .quiet()
+        .run_checked()?;
+    std::fs::rename(&tmp, &job.output)
+        .with_context(|| format!("moving {} into place", tmp.display()))?;
+    let ptxas = format!("{}{}", out.stdout, out.stderr);
+    let stamp = Stamp { hash: job.hash.clone(), ptxas: ptxas.clone() };
+    write_file(&stamp_path, serde_json::to_vec(&stamp)?)?;
+    Ok((unit(false, out.elapsed.as_secs_f64()), ptxas))
+}
+
+/// Digest of every header beside the sources: a header change rebuilds every unit.
+fn header_digest(dir: &Path) -> Result<Vec<u8>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cuh" || x == "h"))
+        .collect();
+    files.sort();
+    let mut h = Sha256::new();
+    for f in files {
+        h.update(f.file_name().unwrap_or_default().as_encoded_bytes());
+        h.update(std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?);
+    }
+    Ok(h.finalize().to_vec())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn resource_table(kernels: &[KernelResources], manifest: &Manifest) -> String {
+    let rows = kernels
+        .iter()
+        .map(|k| {
+            let budget = manifest.kernel(&k.name);
+            vec![
+                k.name.clone(),
+                k.arch.clone(),
+                match budget {
+                    Some(b) => format!("{}/{}", k.registers, b.max_registers),
+                    None => k.registers.to_string(),
+                },
+                k.smem_static.to_string(),
+                budget.map_or(0, |b| b.dynamic_smem).to_string(),
+                k.stack_frame.to_string(),
+                k.spill_stores.to_string(),
+                k.spill_loads.to_string(),
+                k.barriers.to_string(),
+            ]
+        })
+        .collect::<Vec<_>>();
+    table::render(
+        &["kernel", "arch", "regs", "smem", "dyn smem", "stack", "spill st", "spill ld", "bars"],
+        &rows,
+    )
+}
+
+fn breach_table(breaches: &[Breach]) -> String {
+    let rows = breaches
+        .iter()
+        .map(|b| {
+            vec![
+                b.kernel.clone(),
+                b.arch.clone(),
+                b.what.clone(),
+                b.value.to_string(),
+                b.budget.to_string(),
+                b.hint.clone(),
+            ]
+        })
+        .collect::<Vec<_>>();
+    table::render(&["kernel", "arch", "breach", "value", "budget", "fix"], &rows)
+}

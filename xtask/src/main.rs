@@ -1,0 +1,152 @@
+//! xtask: the kernel team's build-and-verify pipeline. `main` parses flags and
+//! dispatches; each task lives in its own module.
+
+mod budget;
+mod build;
+mod check;
+mod gpu;
+#[path = "../../kernel-ffi/src/manifest.rs"]
+mod manifest;
+mod paths;
+mod process;
+mod ptxas;
+mod report;
+#[path = "../../kernel-ffi/src/schema.rs"]
+mod schema;
+mod table;
+mod test;
+mod toolchain;
+mod tools;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// A check ran and failed: wrong result, budget breach, finding, regression. Exit 1.
+#[derive(Debug)]
+pub struct CheckFailed(pub String);
+
+/// The check could not run: missing tool or GPU, bad input. Exit 2.
+#[derive(Debug)]
+pub struct CannotRun(pub String);
+
+impl std::fmt::Display for CheckFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for CheckFailed {}
+
+impl std::fmt::Display for CannotRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for CannotRun {}
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Build, check and measure the FlashAttention kernels")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Compile every kernel for every manifest arch; report resources; enforce budgets.
+    Build(BuildArgs),
+    /// The local gate: build and budgets, then the GPU stages where a GPU is present.
+    Check {
+        #[command(flatten)]
+        build: BuildArgs,
+        /// Fail (exit 2) instead of skipping the GPU stages when no GPU is present.
+        #[arg(long)]
+        require_gpu: bool,
+        #[command(flatten)]
+        test: TestArgs,
+    },
+    /// Run the correctness matrix on the GPU against the references.
+    Test {
+        #[command(flatten)]
+        build: BuildArgs,
+        #[command(flatten)]
+        test: TestArgs,
+    },
+}
+
+#[derive(Args, Clone)]
+struct BuildArgs {
+    /// Per-nvcc-invocation timeout in seconds.
+    #[arg(long, default_value_t = 120)]
+    build_timeout: u64,
+    /// Use another kernel manifest (sources are relative to it).
+    #[arg(long)]
+    manifest: Option<PathBuf>,
+    /// Parallel nvcc invocations (default: available cores).
+    #[arg(long, short)]
+    jobs: Option<usize>,
+}
+
+#[derive(Args, Clone)]
+struct TestArgs {
+    /// Only cases whose name contains this text.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Timeout for the whole correctness run, in seconds.
+    #[arg(long, default_value_t = 600)]
+    test_timeout: u64,
+}
+
+impl BuildArgs {
+    fn options(&self) -> build::Options {
+        build::Options {
+            timeout: Duration::from_secs(self.build_timeout),
+            manifest: self.manifest.clone(),
+            jobs: self
+                .jobs
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+        }
+    }
+}
+
+impl TestArgs {
+    fn options(&self) -> test::Options {
+        test::Options {
+            filter: self.filter.clone(),
+            timeout: Duration::from_secs(self.test_timeout),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli.task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            if let Some(failed) = err.downcast_ref::<CheckFailed>() {
+                eprintln!("xtask: FAILED: {failed}");
+                ExitCode::from(1)
+            } else {
+                eprintln!("xtask: could not run: {err:#}");
+                ExitCode::from(2)
+            }
+        }
+    }
+}
+
+fn dispatch(task: Task) -> anyhow::Result<()> {
+    let paths = paths::Paths::discover()?;
+    match task {
+        Task::Build(b) => build::run(&paths, &b.options()),
+        Task::Check { build, require_gpu, test } => check::run(
+            &paths,
+            &check::Options { build: build.options(), require_gpu, test: test.options() },
+        ),
+        Task::Test { build, test } => {
+            build::run(&paths, &build.options())?;
+            test::run(&paths, &test.options())
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Where things live. Works both under cargo and from prebuilt binaries copied
+//! to a machine without Rust (the GPU machine).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub root: PathBuf,
+    pub target: PathBuf,
+}
+
+impl Paths {
+    /// The workspace root is `XTASK_ROOT`, else the nearest ancestor of the current
+    /// directory holding `kernels/manifest.json`.
+    pub fn discover() -> Result<Paths> {
+        let root = match std::env::var_os("XTASK_ROOT") {
+            Some(r) => PathBuf::from(r),
+            None => {
+                let cwd = std::env::current_dir()?;
+                match cwd.ancestors().find(|d| d.join("kernels/manifest.json").is_file()) {
+                    Some(r) => r.to_path_buf(),
+                    None => bail!(
+                        "no kernels/manifest.json in {} or its parents; run xtask inside the \
+                         workspace or set XTASK_ROOT",
+                        cwd.display()
+                    ),
+                }
+            }
+        };
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .map(|t| if t.is_absolute() { t } else { root.join(t) })
+            .unwrap_or_else(|| root.join("target"));
+        Ok(Paths { root, target })
+    }
+
+    pub fn manifest(&self) -> PathBuf {
+        self.root.join("kernels/manifest.json")
+    }
+
+    /// Compiled kernels: `target/kernels/<stem>.<arch>.fatbin`.
+    pub fn kernels_out(&self) -> PathBuf {
+        self.target.join("kernels")
+    }
+
+    /// Reports and raw tool logs.
+    pub fn reports(&self) -> PathBuf {
+        self.target.join("xtask")
+    }
+
+    pub fn report(&self, kind: &str) -> PathBuf {
+        self.reports().join(format!("{kind}.json"))
+    }
+
+    /// The pip `--target` folder for the CUDA wheels.
+    pub fn cuda_wheels(&self) -> PathBuf {
+        self.target.join("cuda")
+    }
+}
+
+/// `a/b/flash_fwd.cu` → `flash_fwd`.
+pub fn stem(file: &str) -> &str {
+    let name = Path::new(file).file_name().and_then(|n| n.to_str()).unwrap_or(file);
+    name.split('.').next().unwrap_or(name)
+}

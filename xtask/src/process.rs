@@ -1,0 +1,298 @@
+//! The one way xtask runs a subprocess: logged, captured to a file, bounded by a
+//! timeout that kills the child's whole process group.
+
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use wait_timeout::ChildExt;
+
+/// How many trailing lines of output an error message quotes.
+const TAIL_LINES: usize = 20;
+
+pub struct Cmd {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: Option<PathBuf>,
+    timeout: Duration,
+    log: Option<PathBuf>,
+    quiet: bool,
+    echo: bool,
+}
+
+#[derive(Debug)]
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Output {
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    /// The last lines of stdout and stderr together, for error messages.
+    pub fn tail(&self) -> String {
+        tail(&format!("{}{}", self.stdout, self.stderr), TAIL_LINES)
+    }
+}
+
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Cmd {
+    pub fn new(program: impl Into<PathBuf>) -> Cmd {
+        Cmd {
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: None,
+            timeout: Duration::from_secs(120),
+            log: None,
+            quiet: false,
+            echo: false,
+        }
+    }
+
+    pub fn arg(mut self, arg: impl Into<String>) -> Cmd {
+        self.args.push(arg.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Cmd
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: impl Into<String>) -> Cmd {
+        self.env.push((key.to_string(), value.into()));
+        self
+    }
+
+    pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Cmd {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Cmd {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Also write stdout and stderr to this file (created with its parents).
+    pub fn log(mut self, path: impl Into<PathBuf>) -> Cmd {
+        self.log = Some(path.into());
+        self
+    }
+
+    /// Do not echo the command line (for cheap probes such as `--version`).
+    pub fn quiet(mut self) -> Cmd {
+        self.quiet = true;
+        self
+    }
+
+    /// Also copy the child's stderr to ours as it arrives (progress lines of long runs).
+    pub fn echo(mut self) -> Cmd {
+        self.echo = true;
+        self
+    }
+
+    pub fn display(&self) -> String {
+        let mut s = self.program.display().to_string();
+        for a in &self.args {
+            s.push(' ');
+            if a.contains(' ') || a.is_empty() {
+                s.push_str(&format!("'{a}'"));
+            } else {
+                s.push_str(a);
+            }
+        }
+        s
+    }
+
+    /// Runs to completion and returns the output whatever the exit status;
+    /// errors only when the process cannot be started or times out.
+    pub fn run(self) -> Result<Output> {
+        let shown = self.display();
+        if !self.quiet {
+            eprintln!("$ {shown}");
+        }
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // A fresh process group, so a timeout can kill grandchildren too
+            // (nvcc runs cicc and ptxas as children).
+            .process_group(0);
+        for (k, v) in &self.env {
+            command.env(k, v);
+        }
+        if let Some(dir) = &self.cwd {
+            command.current_dir(dir);
+        }
+        let start = Instant::now();
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("could not start `{shown}`"))?;
+        let pgid = child.id() as libc::pid_t;
+        let stdout = drain(child.stdout.take(), false);
+        let stderr = drain(child.stderr.take(), self.echo);
+        let waited = child
+            .wait_timeout(self.timeout)
+            .with_context(|| format!("waiting for `{shown}`"))?;
+        let status = match waited {
+            Some(status) => {
+                // The leader is gone; make sure nothing it left behind lingers.
+                kill_group(pgid);
+                status
+            }
+            None => {
+                kill_group(pgid);
+                let _ = child.wait();
+                let out = join(stdout) + &join(stderr);
+                self.write_log(&out)?;
+                bail!(
+                    "`{shown}` timed out after {} s; last output:\n{}",
+                    self.timeout.as_secs_f64(),
+                    tail(&out, TAIL_LINES)
+                );
+            }
+        };
+        let output = Output {
+            status,
+            stdout: join(stdout),
+            stderr: join(stderr),
+            elapsed: start.elapsed(),
+        };
+        self.write_log(&format!("{}{}", output.stdout, output.stderr))?;
+        Ok(output)
+    }
+
+    /// Like [`Cmd::run`], but a non-zero exit is an error quoting the output's tail.
+    pub fn run_checked(self) -> Result<Output> {
+        let shown = self.display();
+        let out = self.run()?;
+        if !out.success() {
+            bail!("`{shown}` failed ({}); last output:\n{}", out.status, out.tail());
+        }
+        Ok(out)
+    }
+
+    fn write_log(&self, text: &str) -> Result<()> {
+        let Some(path) = &self.log else { return Ok(()) };
+        write_file(path, format!("$ {}\n{text}", self.display()))
+    }
+}
+
+/// Writes a file, creating its parent directories; the error names the path.
+pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
+}
+
+fn kill_group(pgid: libc::pid_t) {
+    // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+}
+
+type Reader = std::thread::JoinHandle<String>;
+
+fn drain<R: Read + Send + 'static>(pipe: Option<R>, echo: bool) -> Option<Reader> {
+    pipe.map(|mut p| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 8192];
+            while let Ok(n) = p.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                if echo {
+                    let _ = std::io::stderr().write_all(&chunk[..n]);
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    })
+}
+
+fn join(reader: Option<Reader>) -> String {
+    reader.and_then(|r| r.join().ok()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captures_output_and_status() {
+        let out = Cmd::new("sh")
+            .args(["-c", "echo out; echo err >&2; exit 3"])
+            .quiet()
+            .run()
+            .unwrap();
+        assert_eq!(out.stdout, "out\n");
+        assert_eq!(out.stderr, "err\n");
+        assert_eq!(out.status.code(), Some(3));
+        assert!(Cmd::new("false").quiet().run_checked().is_err());
+    }
+
+    #[test]
+    fn timeout_kills_the_whole_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("grandchild.pid");
+        // The child starts a grandchild that would outlive it, then hangs.
+        let script = format!(
+            "sleep 300 & echo $! > {}; echo started; sleep 300",
+            marker.display()
+        );
+        let start = Instant::now();
+        let err = Cmd::new("sh")
+            .args(["-c", &script])
+            .timeout(Duration::from_secs(1))
+            .quiet()
+            .run()
+            .unwrap_err()
+            .to_string();
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+        assert!(err.contains("timed out after 1 s"), "{err}");
+        assert!(err.contains("started"), "{err}");
+        let pid: libc::pid_t = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
+        // Give the kernel a moment to reap, then the grandchild must be gone.
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: signal 0 only checks for existence.
+        let alive = unsafe { libc::kill(pid, 0) } == 0 && !is_zombie(pid);
+        assert!(!alive, "grandchild {pid} survived the timeout");
+    }
+
+    fn is_zombie(pid: libc::pid_t) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .unwrap_or(true)
+    }
+
+    #[test]
+    fn missing_program_is_a_clear_error() {
+        let err = Cmd::new("/nonexistent/tool").quiet().run().unwrap_err();
+        assert!(format!("{err:#}").contains("could not start `/nonexistent/tool`"));
+    }
+}

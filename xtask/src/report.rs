@@ -1,0 +1,131 @@
+//! Report envelope and the typed payloads xtask writes under `target/xtask/`.
+//! One module for writer and reader, so the schema lives in one place.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+use crate::process::{Cmd, write_file};
+
+/// Bumped whenever a payload changes shape.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    pub schema_version: u32,
+    /// `build`, `test`, …
+    pub kind: String,
+    pub git_rev: String,
+    pub git_dirty: bool,
+    /// RFC 3339, UTC.
+    pub timestamp: String,
+    pub host: String,
+    pub toolchain: Toolchain,
+    /// The GPU used, where one was.
+    pub device: Option<Device>,
+    pub payload: T,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Toolchain {
+    pub nvcc: Option<String>,
+    pub nvcc_path: Option<String>,
+    pub driver: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Device {
+    pub name: String,
+    pub compute_capability: String,
+    pub sm_count: u32,
+}
+
+impl<T: Serialize> Envelope<T> {
+    pub fn new(kind: &str, toolchain: Toolchain, device: Option<Device>, payload: T) -> Self {
+        let (git_rev, git_dirty) = git_state();
+        Envelope {
+            schema_version: SCHEMA_VERSION,
+            kind: kind.to_string(),
+            git_rev,
+            git_dirty,
+            timestamp: rfc3339(SystemTime::now()),
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into()),
+            toolchain,
+            device,
+            payload,
+        }
+    }
+
+    /// Writes pretty JSON atomically (temp file + rename), so a reader never sees half a report.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("json.tmp");
+        write_file(&tmp, serde_json::to_string_pretty(self)? + "\n")?;
+        std::fs::rename(&tmp, path)
+            .map_err(|e| anyhow::anyhow!("renaming {} to {}: {e}", tmp.display(), path.display()))
+    }
+}
+
+/// `(rev, dirty)`. `XTASK_GIT_REV` overrides, for copies of the tree without `.git`
+/// (the GPU machine).
+fn git_state() -> (String, bool) {
+    if let Ok(rev) = std::env::var("XTASK_GIT_REV") {
+        return (rev, false);
+    }
+    let quick = |args: &[&str]| {
+        Cmd::new("git")
+            .args(args.iter().copied())
+            .quiet()
+            .timeout(Duration::from_secs(10))
+            .run()
+            .ok()
+            .filter(|o| o.success())
+            .map(|o| o.stdout.trim().to_string())
+    };
+    match quick(&["rev-parse", "HEAD"]) {
+        Some(rev) => {
+            let dirty = quick(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            (rev, dirty)
+        }
+        None => ("unknown".into(), false),
+    }
+}
+
+/// Formats a time as `YYYY-MM-DDTHH:MM:SSZ` (days-from-civil inverse, Howard Hinnant's algorithm).
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_303_647);
+        assert_eq!(rfc3339(t), "2026-11-21T23:27:27Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00Z");
+    }
+}

@@ -1,0 +1,83 @@
+//! `cargo xtask test`: the correctness matrix on the GPU, run by kernel-ffi's
+//! `fa-test` driver, reported as `target/xtask/test.json` and a table.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::paths::Paths;
+use crate::process::Cmd;
+use crate::report::{Device, Envelope, Toolchain};
+use crate::schema::{TestCase, TestRun};
+use crate::{CannotRun, CheckFailed, table, tools};
+
+pub struct Options {
+    pub filter: Option<String>,
+    pub timeout: Duration,
+}
+
+pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    let driver = tools::binary(paths, "fa-test")?;
+    let raw = paths.reports().join("fa-test.json");
+    let _ = std::fs::remove_file(&raw);
+    let mut cmd = Cmd::new(&driver)
+        .arg("--json")
+        .arg(raw.display().to_string())
+        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
+        .timeout(opts.timeout)
+        .log(paths.reports().join("test.log"))
+        .echo();
+    if let Some(f) = &opts.filter {
+        cmd = cmd.arg("--filter").arg(f.clone());
+    }
+    let out = cmd.run()?;
+    let text = match std::fs::read_to_string(&raw) {
+        Ok(text) if out.success() => text,
+        _ => {
+            return Err(CannotRun(format!(
+                "fa-test exited with {} and wrote no results; last output:\n{}",
+                out.status,
+                out.tail()
+            ))
+            .into());
+        }
+    };
+    let run: TestRun = serde_json::from_str(&text).with_context(|| format!("parsing {}", raw.display()))?;
+    println!("{}", case_table(&run.cases));
+    let failed: Vec<&TestCase> = run.cases.iter().filter(|c| !c.passed).collect();
+    let device = Device {
+        name: run.device.name.clone(),
+        compute_capability: run.device.compute_capability.clone(),
+        sm_count: run.device.sm_count,
+    };
+    let toolchain = Toolchain { driver: run.device.driver.clone(), ..Toolchain::default() };
+    let report = paths.report("test");
+    Envelope::new("test", toolchain, Some(device), &run).write(&report)?;
+    println!("{} cases, {} failed, seed {}; report: {}", run.cases.len(), failed.len(), run.seed, report.display());
+    if run.cases.is_empty() {
+        return Err(CheckFailed("no test case ran (filter matched nothing?)".into()).into());
+    }
+    if !failed.is_empty() {
+        let names: Vec<&str> = failed.iter().take(10).map(|c| c.name.as_str()).collect();
+        return Err(CheckFailed(format!("{} case(s) failed: {}", failed.len(), names.join(", "))).into());
+    }
+    Ok(())
+}
+
+fn case_table(cases: &[TestCase]) -> String {
+    let rows: Vec<Vec<String>> = cases
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.num_splits.to_string(),
+                c.reference.clone(),
+                format!("{:.2e}", c.rel_l2),
+                format!("{:.2e}", c.max_abs),
+                format!("{:.1e}/{:.1e}", c.tol_rel_l2, c.tol_max_abs),
+                if c.passed { "ok".into() } else { c.error.clone().unwrap_or_else(|| "FAIL".into()) },
+            ]
+        })
+        .collect();
+    table::render(&["case", "splits", "reference", "rel L2", "max abs", "tol", "result"], &rows)
+}
