@@ -4,7 +4,9 @@
 
 pub mod attention;
 pub mod check;
+pub mod cli;
 pub mod error;
+pub mod io;
 pub mod manifest;
 pub mod params;
 pub mod planner;

@@ -4,7 +4,7 @@
 
 use std::time::{Instant, SystemTime};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use kernel_ffi::check::{compare, compare_lse, tolerances};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::schema::{TestCase, TestRun};
@@ -28,11 +28,21 @@ struct Case {
 }
 
 impl Case {
-    fn name(&self) -> String {
-        let splits = match self.splits {
+    fn splits_label(&self) -> String {
+        match self.splits {
             Splits::Auto => "auto".to_string(),
             Splits::Fixed(n) => n.to_string(),
-        };
+        }
+    }
+
+    fn layout_label(&self) -> &'static str {
+        match self.layout {
+            Layout::Bshd => "bshd",
+            Layout::Bhsd => "bhsd",
+        }
+    }
+
+    fn name(&self) -> String {
         format!(
             "{}-d{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}",
             self.dtype.name(),
@@ -43,11 +53,8 @@ impl Case {
             self.kv_heads,
             self.seqlen_q,
             self.seqlen_k,
-            match self.layout {
-                Layout::Bshd => "bshd",
-                Layout::Bhsd => "bhsd",
-            },
-            splits,
+            self.layout_label(),
+            self.splits_label(),
             if self.lse { "-lse" } else { "" },
             if self.scale.is_some() { "-scaled" } else { "" },
         )
@@ -228,11 +235,8 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         seqlen_k: sk,
         head_dim: d,
         causal: case.causal,
-        layout: format!("{:?}", case.layout).to_lowercase(),
-        splits: match case.splits {
-            Splits::Auto => "auto".into(),
-            Splits::Fixed(n) => n.to_string(),
-        },
+        layout: case.layout_label().into(),
+        splits: case.splits_label(),
         num_splits: launched.num_splits,
         lse: case.lse,
         reference: if case.gpu_reference { "gpu-f32" } else { "cpu-f64" }.into(),
@@ -248,22 +252,32 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     })
 }
 
-fn main() -> Result<()> {
-    let mut json = None;
-    let mut filter = None;
-    let mut seed = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--json" => json = Some(args.next().context("--json needs a path")?),
-            "--filter" => filter = Some(args.next().context("--filter needs a text")?),
-            "--seed" => seed = Some(args.next().context("--seed needs a number")?.parse::<u64>()?),
-            "--list" => {
-                matrix().iter().for_each(|c| println!("{}", c.name()));
-                return Ok(());
-            }
-            other => bail!("unknown argument {other}; usage: fa-test [--json PATH] [--filter TEXT] [--seed N] [--list]"),
-        }
+#[derive(clap::Parser)]
+#[command(about = "Correctness matrix of the attention kernels against f64 CPU / fp32 GPU references")]
+struct Args {
+    /// Write the results here as JSON (else to stdout).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Only cases whose name contains this text.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Seed for the random inputs (default: from the clock, printed and recorded).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// List the case names and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    kernel_ffi::cli::finish(run())
+}
+
+fn run() -> Result<()> {
+    let Args { json, filter, seed, list } = clap::Parser::parse();
+    if list {
+        matrix().iter().for_each(|c| println!("{}", c.name()));
+        return Ok(());
     }
     let seed = seed.unwrap_or_else(|| {
         SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
@@ -286,8 +300,8 @@ fn main() -> Result<()> {
             seqlen_k: case.seqlen_k,
             head_dim: case.head_dim,
             causal: case.causal,
-            layout: format!("{:?}", case.layout).to_lowercase(),
-            splits: format!("{:?}", case.splits),
+            layout: case.layout_label().into(),
+            splits: case.splits_label(),
             num_splits: 0,
             lse: case.lse,
             reference: String::new(),
@@ -323,7 +337,7 @@ fn main() -> Result<()> {
     let run = TestRun { device: att.device().clone(), seed, cases: results };
     let text = serde_json::to_string_pretty(&run)?;
     match json {
-        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {path}"))?,
+        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
         None => println!("{text}"),
     }
     Ok(())

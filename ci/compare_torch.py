@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Compare fa-run's output with PyTorch's scaled_dot_product_attention on the same
+safetensors inputs. Both are measured against a float64 reference of the same
+(dtype-rounded) inputs, so the table says how far each is from the truth, and
+from each other.
+
+Usage: python3 ci/compare_torch.py --fa-run dist/fa-run [--workdir DIR]
+Needs a CUDA GPU, torch and safetensors. Exit 1 if fa-run is outside the
+tolerance (the same per-dtype tolerance as `cargo xtask test`).
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch.nn.attention.bias import causal_lower_right
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}  # relative L2, as in kernel-ffi/src/check.rs
+
+# (dtype, B, H, Hkv, Sq, Sk, D, causal, layout)
+CASES = [
+    (torch.float16, 2, 8, 8, 512, 512, 64, False, "bhsd"),
+    (torch.bfloat16, 2, 8, 8, 512, 512, 64, True, "bhsd"),
+    (torch.float16, 1, 16, 4, 1000, 1000, 128, True, "bshd"),
+    (torch.bfloat16, 2, 4, 1, 77, 300, 128, True, "bhsd"),
+    (torch.float16, 1, 4, 2, 300, 77, 64, True, "bshd"),
+    (torch.bfloat16, 4, 16, 16, 2048, 2048, 128, False, "bshd"),
+]
+
+
+def rel_l2(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fa-run", required=True)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="fa-compare-")
+    os.makedirs(work, exist_ok=True)
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    rows, ok = [], True
+    for i, (dtype, b, h, hkv, sq, sk, d, causal, layout) in enumerate(CASES):
+        q = torch.randn(b, h, sq, d, device="cuda", dtype=dtype)
+        k = torch.randn(b, hkv, sk, d, device="cuda", dtype=dtype)
+        v = torch.randn(b, hkv, sk, d, device="cuda", dtype=dtype) + 0.5
+        to_file = (lambda t: t.transpose(1, 2).contiguous()) if layout == "bshd" else (lambda t: t.contiguous())
+        inp, outp = os.path.join(work, f"in{i}.safetensors"), os.path.join(work, f"out{i}.safetensors")
+        save_file({"q": to_file(q), "k": to_file(k), "v": to_file(v)}, inp)
+        cmd = [args.fa_run, "--input", inp, "--output", outp, "--layout", layout, "--lse"] + (["--causal"] if causal else [])
+        subprocess.run(cmd, check=True)
+        res = load_file(outp, device="cuda")
+        out = res["out"].transpose(1, 2) if layout == "bshd" else res["out"]
+        mask = causal_lower_right(sq, sk) if causal else None
+        sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hkv != h)
+        # float64 reference on the same rounded inputs; rows that see no key are 0.
+        rep = h // hkv
+        kd, vd = k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1)
+        s = q.double() @ kd.transpose(-1, -2) / d**0.5
+        if causal:
+            keep = torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril(diagonal=sk - sq)
+            s = s.masked_fill(~keep, float("-inf"))
+        lse_ref = torch.logsumexp(s, -1)
+        p = torch.softmax(s, -1).nan_to_num(0.0)
+        ref = p @ vd
+        seen = lse_ref.isfinite()
+        fa_err, sdpa_err = rel_l2(out[seen], ref[seen]), rel_l2(sdpa[seen], ref[seen])
+        unseen_zero = bool((out[~seen] == 0).all())
+        lse_err = (res["lse"][seen].double() - lse_ref[seen]).abs().max().item()
+        good = fa_err <= TOL[dtype] and unseen_zero and lse_err <= 1e-3 and out.isfinite().all().item()
+        ok &= good
+        rows.append((str(dtype).split(".")[1], f"B{b} H{h}/{hkv} Sq{sq} Sk{sk} D{d}", causal, layout,
+                     fa_err, sdpa_err, rel_l2(out[seen], sdpa[seen]), lse_err, "ok" if good else "FAIL"))
+    print(f"{'dtype':9} {'shape':30} {'causal':6} {'layout':6} {'fa vs f64':>10} {'sdpa vs f64':>11} {'fa vs sdpa':>10} {'lse err':>9}  result")
+    for r in rows:
+        print(f"{r[0]:9} {r[1]:30} {str(r[2]):6} {r[3]:6} {r[4]:10.2e} {r[5]:11.2e} {r[6]:10.2e} {r[7]:9.1e}  {r[8]}")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
