@@ -95,14 +95,20 @@ impl Manifest {
                 }
             }
             if src.kernels.is_empty() {
-                bail!("source {} lists no kernels; every entry point needs a budget", src.file);
+                bail!(
+                    "source {} lists no kernels; every entry point needs a budget",
+                    src.file
+                );
             }
         }
         Ok(())
     }
 
     pub fn kernel(&self, entry: &str) -> Option<&Kernel> {
-        self.sources.iter().flat_map(|s| &s.kernels).find(|k| k.entry == entry)
+        self.sources
+            .iter()
+            .flat_map(|s| &s.kernels)
+            .find(|k| k.entry == entry)
     }
 }
 

@@ -117,7 +117,10 @@ pub fn check_all(manifest: &Manifest, records: &[KernelResources]) -> Vec<Breach
                         what: "entry missing from ptxas report".into(),
                         value: 0,
                         budget: 0,
-                        hint: format!("is `{}` an extern \"C\" __global__ in {}?", k.entry, src.file),
+                        hint: format!(
+                            "is `{}` an extern \"C\" __global__ in {}?",
+                            k.entry, src.file
+                        ),
                     });
                 }
             }
@@ -146,14 +149,21 @@ mod tests {
     }
 
     fn fixture() -> Vec<KernelResources> {
-        ptxas::parse(include_str!("../tests/data/ptxas-verbose-sm89-sm90-sm90a.txt")).kernels
+        ptxas::parse(include_str!(
+            "../tests/data/ptxas-verbose-sm89-sm90-sm90a.txt"
+        ))
+        .kernels
     }
 
     #[test]
     fn stack_frame_in_fixture_is_a_breach_per_arch() {
         let breaches = check_all(&manifest(), &fixture());
         assert_eq!(breaches.len(), 3, "{breaches:#?}");
-        assert!(breaches.iter().all(|b| b.kernel == "spilly" && b.what == "stack frame bytes"));
+        assert!(
+            breaches
+                .iter()
+                .all(|b| b.kernel == "spilly" && b.what == "stack frame bytes")
+        );
         assert!(breaches.iter().all(|b| b.value == 1024 && b.budget == 0));
     }
 
@@ -194,10 +204,16 @@ mod tests {
         let mut m = manifest();
         m.sources[0].kernels[1].dynamic_smem = 100 * 1024;
         let b = check_all(&m, &fixture());
-        let smem: Vec<_> = b.iter().filter(|b| b.what == "static+dynamic smem bytes").collect();
+        let smem: Vec<_> = b
+            .iter()
+            .filter(|b| b.what == "static+dynamic smem bytes")
+            .collect();
         // 9216 static + 102400 dynamic exceeds 99 KB on sm_89 only.
         assert_eq!(smem.len(), 1);
-        assert_eq!((smem[0].arch.as_str(), smem[0].value), ("sm_89", 9216 + 102_400));
+        assert_eq!(
+            (smem[0].arch.as_str(), smem[0].value),
+            ("sm_89", 9216 + 102_400)
+        );
     }
 
     #[test]
@@ -210,9 +226,20 @@ mod tests {
             dynamic_smem: 0,
             allow_spills: false,
             allow_stack: true,
+            launch: None,
         });
         let b = check_all(&m, &fixture());
-        assert_eq!(b.iter().filter(|b| b.what == "entry without a budget").count(), 3);
-        assert_eq!(b.iter().filter(|b| b.what == "entry missing from ptxas report").count(), 3);
+        assert_eq!(
+            b.iter()
+                .filter(|b| b.what == "entry without a budget")
+                .count(),
+            3
+        );
+        assert_eq!(
+            b.iter()
+                .filter(|b| b.what == "entry missing from ptxas report")
+                .count(),
+            3
+        );
     }
 }

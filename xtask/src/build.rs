@@ -59,8 +59,11 @@ struct Stamp {
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let manifest_path = opts.manifest.clone().unwrap_or_else(|| paths.manifest());
     let manifest = Manifest::load(&manifest_path)?;
-    let src_dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let nvcc = toolchain::nvcc(&paths.cuda_wheels())?;
+    let src_dir = manifest_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let nvcc = toolchain::nvcc(&paths.cuda_wheels)?;
     let out_dir = paths.kernels_out();
     let headers = header_digest(&src_dir)?;
 
@@ -72,10 +75,18 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         for arch in &src.archs {
             let gencode = &manifest.archs[arch].gencode;
             let mut args: Vec<String> = FLAGS.iter().map(|s| s.to_string()).collect();
-            args.extend([format!("-gencode={gencode}"), format!("-I{}", src_dir.display())]);
+            args.extend([
+                format!("-gencode={gencode}"),
+                format!("-I{}", src_dir.display()),
+            ]);
             args.extend(src.defines.iter().map(|d| format!("-D{d}")));
             let mut h = Sha256::new();
-            for part in [nvcc.version.as_bytes(), args.join(" ").as_bytes(), &text, &headers] {
+            for part in [
+                nvcc.version.as_bytes(),
+                args.join(" ").as_bytes(),
+                &text,
+                &headers,
+            ] {
                 h.update((part.len() as u64).to_le_bytes());
                 h.update(part);
             }
@@ -92,7 +103,10 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     }
 
     // kernel-ffi launches from this copy, so fatbins and launch geometry travel together.
-    write_file(&out_dir.join("manifest.json"), serde_json::to_string_pretty(&manifest)? + "\n")?;
+    write_file(
+        &out_dir.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest)? + "\n",
+    )?;
     let total = jobs.len();
     let started = Instant::now();
     let results = run_jobs(&nvcc, jobs, opts, total)?;
@@ -109,7 +123,12 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     for (unit, log) in results {
         let report = ptxas::parse(&log);
         kernels.extend(report.kernels);
-        warnings.extend(report.warnings.into_iter().map(|w| format!("{} {}: {w}", unit.source, unit.arch)));
+        warnings.extend(
+            report
+                .warnings
+                .into_iter()
+                .map(|w| format!("{} {}: {w}", unit.source, unit.arch)),
+        );
         units.push(unit);
     }
     kernels.sort_by(|a, b| (&a.name, &a.arch).cmp(&(&b.name, &b.arch)));
@@ -157,7 +176,12 @@ struct Job {
 }
 
 /// Runs units on `opts.jobs` workers; returns each unit with its ptxas text, in input order.
-fn run_jobs(nvcc: &Nvcc, jobs: Vec<Job>, opts: &Options, total: usize) -> Result<Vec<(Unit, String)>> {
+fn run_jobs(
+    nvcc: &Nvcc,
+    jobs: Vec<Job>,
+    opts: &Options,
+    total: usize,
+) -> Result<Vec<(Unit, String)>> {
     let queue = Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
     let done = Mutex::new(Vec::new());
     let failures = Mutex::new(Vec::new());
@@ -166,19 +190,28 @@ fn run_jobs(nvcc: &Nvcc, jobs: Vec<Job>, opts: &Options, total: usize) -> Result
         for _ in 0..opts.jobs.max(1) {
             s.spawn(|| {
                 loop {
-                    let Some((idx, job)) = queue.lock().unwrap().pop() else { break };
+                    let Some((idx, job)) = queue.lock().unwrap().pop() else {
+                        break;
+                    };
                     let result = compile(nvcc, &job, opts.timeout);
                     let mut n = finished.lock().unwrap();
                     *n += 1;
                     match result {
                         Ok((unit, log)) => {
-                            let how = if unit.cached { "cached".to_string() } else { format!("{:.1} s", unit.seconds) };
+                            let how = if unit.cached {
+                                "cached".to_string()
+                            } else {
+                                format!("{:.1} s", unit.seconds)
+                            };
                             eprintln!("[{}/{total}] {} {}: {how}", *n, job.source, job.arch);
                             done.lock().unwrap().push((idx, unit, log));
                         }
                         Err(e) => {
                             eprintln!("[{}/{total}] {} {}: FAILED", *n, job.source, job.arch);
-                            failures.lock().unwrap().push(format!("{} for {}: {e:#}", job.source, job.arch));
+                            failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("{} for {}: {e:#}", job.source, job.arch));
                         }
                     }
                 }
@@ -204,15 +237,14 @@ fn compile(nvcc: &Nvcc, job: &Job, timeout: Duration) -> Result<(Unit, String)> 
         cached,
         seconds,
     };
-    if job.output.is_file() {
-        if let Ok(stamp) = std::fs::read(&stamp_path)
-            .map_err(anyhow::Error::from)
-            .and_then(|b| Ok(serde_json::from_slice::<Stamp>(&b)?))
-        {
-            if stamp.hash == job.hash {
-                return Ok((unit(true, 0.0), stamp.ptxas));
-            }
-        }
+    let stamp = std::fs::read(&stamp_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Stamp>(&b).ok());
+    if let Some(stamp) = stamp
+        && stamp.hash == job.hash
+        && job.output.is_file()
+    {
+        return Ok((unit(true, 0.0), stamp.ptxas));
     }
     let tmp = job.output.with_extension("fatbin.tmp");
     let log = job.output.with_extension("log");
@@ -228,7 +260,10 @@ fn compile(nvcc: &Nvcc, job: &Job, timeout: Duration) -> Result<(Unit, String)> 
     std::fs::rename(&tmp, &job.output)
         .with_context(|| format!("moving {} into place", tmp.display()))?;
     let ptxas = format!("{}{}", out.stdout, out.stderr);
-    let stamp = Stamp { hash: job.hash.clone(), ptxas: ptxas.clone() };
+    let stamp = Stamp {
+        hash: job.hash.clone(),
+        ptxas: ptxas.clone(),
+    };
     write_file(&stamp_path, serde_json::to_vec(&stamp)?)?;
     Ok((unit(false, out.elapsed.as_secs_f64()), ptxas))
 }
@@ -275,7 +310,9 @@ fn resource_table(kernels: &[KernelResources], manifest: &Manifest) -> String {
         })
         .collect::<Vec<_>>();
     table::render(
-        &["kernel", "arch", "regs", "smem", "dyn smem", "stack", "spill st", "spill ld", "bars"],
+        &[
+            "kernel", "arch", "regs", "smem", "dyn smem", "stack", "spill st", "spill ld", "bars",
+        ],
         &rows,
     )
 }
@@ -294,5 +331,99 @@ fn breach_table(breaches: &[Breach]) -> String {
             ]
         })
         .collect::<Vec<_>>();
-    table::render(&["kernel", "arch", "breach", "value", "budget", "fix"], &rows)
+    table::render(
+        &["kernel", "arch", "breach", "value", "budget", "fix"],
+        &rows,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compiles planted breaches with the real nvcc (installing the wheels into the
+    /// workspace's target/cuda if no toolkit is found) and expects the budget table.
+    #[test]
+    fn planted_spill_and_smem_breaches_fail_the_build() {
+        let workspace = Paths::discover().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kernels = dir.path().join("kernels");
+        std::fs::create_dir_all(&kernels).unwrap();
+        std::fs::write(kernels.join("planted.cu"), PLANTED).unwrap();
+        std::fs::write(
+            kernels.join("manifest.json"),
+            r#"{"static_smem_limit": 49152,
+                "archs": {"sm_89": {"gencode": "arch=compute_89,code=sm_89", "smem_optin_limit": 101376}},
+                "sources": [{"file": "planted.cu", "archs": ["sm_89"], "kernels": [
+                    {"entry": "spills", "max_registers": 255},
+                    {"entry": "big_smem", "max_registers": 255, "dynamic_smem": 65536}]}]}"#,
+        )
+        .unwrap();
+        let paths = Paths {
+            root: dir.path().to_path_buf(),
+            target: dir.path().join("target"),
+            cuda_wheels: workspace.cuda_wheels.clone(),
+        };
+        let opts = Options {
+            timeout: Duration::from_secs(300),
+            manifest: Some(kernels.join("manifest.json")),
+            jobs: 1,
+        };
+        let err = run(&paths, &opts).unwrap_err();
+        assert!(err.downcast_ref::<CheckFailed>().is_some(), "{err:#}");
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(paths.report("build")).unwrap()).unwrap();
+        let breaches: Vec<(String, String)> = report["payload"]["breaches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                (
+                    b["kernel"].as_str().unwrap().to_string(),
+                    b["what"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert!(
+            breaches.contains(&("spills".into(), "spill bytes".into())),
+            "{breaches:?}"
+        );
+        assert!(
+            breaches.contains(&("big_smem".into(), "static+dynamic smem bytes".into())),
+            "{breaches:?}"
+        );
+        // A second run hits the cache and still fails the same way.
+        assert!(
+            run(&paths, &opts)
+                .unwrap_err()
+                .downcast_ref::<CheckFailed>()
+                .is_some()
+        );
+    }
+
+    const PLANTED: &str = r#"
+// 64 live accumulators under a 32-register cap (1024 threads, 2 blocks/SM): ptxas spills.
+extern "C" __global__ void __launch_bounds__(1024, 2) spills(const float* x, float* y, int n) {
+  float acc[64];
+  #pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = x[threadIdx.x * 64 + i];
+  for (int it = 0; it < n; ++it) {
+    #pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = acc[i] * acc[(i + 1) % 64] + x[it];
+  }
+  float s = 0.f;
+  #pragma unroll
+  for (int i = 0; i < 64; ++i) s += acc[i];
+  y[threadIdx.x] = s;
+}
+// 48 KB static plus the manifest's 64 KB dynamic exceeds sm_89's 99 KB opt-in limit.
+extern "C" __global__ void big_smem(float* y) {
+  __shared__ float tile[12288];
+  extern __shared__ float dyn[];
+  tile[threadIdx.x] = threadIdx.x;
+  dyn[threadIdx.x] = 1.f;
+  __syncthreads();
+  y[threadIdx.x] = tile[(threadIdx.x * 7) % 12288] + dyn[threadIdx.x];
+}
+"#;
 }

@@ -47,7 +47,10 @@ impl std::fmt::Display for CannotRun {
 impl std::error::Error for CannotRun {}
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "Build, check and measure the FlashAttention kernels")]
+#[command(
+    name = "cargo xtask",
+    about = "Build, check and measure the FlashAttention kernels"
+)]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -140,9 +143,17 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
     let paths = paths::Paths::discover()?;
     match task {
         Task::Build(b) => build::run(&paths, &b.options()),
-        Task::Check { build, require_gpu, test } => check::run(
+        Task::Check {
+            build,
+            require_gpu,
+            test,
+        } => check::run(
             &paths,
-            &check::Options { build: build.options(), require_gpu, test: test.options() },
+            &check::Options {
+                build: build.options(),
+                require_gpu,
+                test: test.options(),
+            },
         ),
         Task::Test { build, test } => {
             build::run(&paths, &build.options())?;

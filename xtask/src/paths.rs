@@ -9,6 +9,8 @@ use anyhow::{Result, bail};
 pub struct Paths {
     pub root: PathBuf,
     pub target: PathBuf,
+    /// The pip `--target` folder for the CUDA wheels.
+    pub cuda_wheels: PathBuf,
 }
 
 impl Paths {
@@ -19,7 +21,10 @@ impl Paths {
             Some(r) => PathBuf::from(r),
             None => {
                 let cwd = std::env::current_dir()?;
-                match cwd.ancestors().find(|d| d.join("kernels/manifest.json").is_file()) {
+                match cwd
+                    .ancestors()
+                    .find(|d| d.join("kernels/manifest.json").is_file())
+                {
                     Some(r) => r.to_path_buf(),
                     None => bail!(
                         "no kernels/manifest.json in {} or its parents; run xtask inside the \
@@ -33,7 +38,12 @@ impl Paths {
             .map(PathBuf::from)
             .map(|t| if t.is_absolute() { t } else { root.join(t) })
             .unwrap_or_else(|| root.join("target"));
-        Ok(Paths { root, target })
+        let cuda_wheels = target.join("cuda");
+        Ok(Paths {
+            root,
+            target,
+            cuda_wheels,
+        })
     }
 
     pub fn manifest(&self) -> PathBuf {
@@ -53,15 +63,13 @@ impl Paths {
     pub fn report(&self, kind: &str) -> PathBuf {
         self.reports().join(format!("{kind}.json"))
     }
-
-    /// The pip `--target` folder for the CUDA wheels.
-    pub fn cuda_wheels(&self) -> PathBuf {
-        self.target.join("cuda")
-    }
 }
 
 /// `a/b/flash_fwd.cu` → `flash_fwd`.
 pub fn stem(file: &str) -> &str {
-    let name = Path::new(file).file_name().and_then(|n| n.to_str()).unwrap_or(file);
+    let name = Path::new(file)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(file);
     name.split('.').next().unwrap_or(name)
 }

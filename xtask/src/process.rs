@@ -187,7 +187,11 @@ impl Cmd {
         let shown = self.display();
         let out = self.run()?;
         if !out.success() {
-            bail!("`{shown}` failed ({}); last output:\n{}", out.status, out.tail());
+            bail!(
+                "`{shown}` failed ({}); last output:\n{}",
+                out.status,
+                out.tail()
+            );
         }
         Ok(out)
     }
@@ -276,7 +280,11 @@ mod tests {
         assert!(took < Duration::from_secs(3), "took {took:?}");
         assert!(err.contains("timed out after 1 s"), "{err}");
         assert!(err.contains("started"), "{err}");
-        let pid: libc::pid_t = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
+        let pid: libc::pid_t = std::fs::read_to_string(&marker)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         // Give the kernel a moment to reap, then the grandchild must be gone.
         std::thread::sleep(Duration::from_millis(200));
         // SAFETY: signal 0 only checks for existence.
@@ -286,7 +294,13 @@ mod tests {
 
     fn is_zombie(pid: libc::pid_t) -> bool {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
             .unwrap_or(true)
     }
 

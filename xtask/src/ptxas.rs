@@ -47,17 +47,19 @@ pub fn parse(text: &str) -> Report {
 
     for raw in text.lines() {
         let line = raw.trim();
-        if let Some(owner) = properties_of.take() {
-            if let Some(idx) = current.filter(|&i| report.kernels[i].name == owner) {
-                apply_clauses(&mut report.kernels[idx], line);
-                continue;
-            }
+        if let Some(owner) = properties_of.take()
+            && let Some(idx) = current.filter(|&i| report.kernels[i].name == owner)
+        {
+            apply_clauses(&mut report.kernels[idx], line);
+            continue;
         }
         if let Some(msg) = strip_tag(line, "ptxas warning") {
             report.warnings.push(msg.to_string());
             continue;
         }
-        let Some(msg) = strip_tag(line, "ptxas info") else { continue };
+        let Some(msg) = strip_tag(line, "ptxas info") else {
+            continue;
+        };
         if let Some(rest) = msg.strip_prefix("Compiling entry function ") {
             let mut quoted = rest.split('\'').skip(1).step_by(2);
             if let (Some(name), Some(arch)) = (quoted.next(), quoted.next()) {
@@ -96,7 +98,9 @@ fn apply_clauses(k: &mut KernelResources, clauses: &str) {
         if words.peek() == Some(&"used") {
             words.next();
         }
-        let Some(value) = words.next().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Some(value) = words.next().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
         let unit: Vec<&str> = words.collect();
         match unit.as_slice() {
             ["registers"] | ["register"] => k.registers = value,
@@ -146,7 +150,11 @@ mod tests {
             }
         );
         assert_eq!(find(&r, "tiles", "sm_90a").registers, 12);
-        assert_eq!(find(&r, "tiles", "sm_90").cmem, 0, "sm_90 lines carry no cmem clause");
+        assert_eq!(
+            find(&r, "tiles", "sm_90").cmem,
+            0,
+            "sm_90 lines carry no cmem clause"
+        );
     }
 
     #[test]

@@ -97,7 +97,10 @@ fn git_state() -> (String, bool) {
 
 /// Formats a time as `YYYY-MM-DDTHH:MM:SSZ` (days-from-civil inverse, Howard Hinnant's algorithm).
 pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     let z = days + 719_468;
     let era = z.div_euclid(146_097);

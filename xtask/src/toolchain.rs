@@ -55,7 +55,10 @@ pub fn discover(
     if let Some(p) = env("NVCC").filter(|s| !s.is_empty()) {
         candidates.push((PathBuf::from(p), Origin::NvccEnv));
     }
-    for (var, origin) in [("CUDA_HOME", Origin::CudaHome), ("CUDA_PATH", Origin::CudaPath)] {
+    for (var, origin) in [
+        ("CUDA_HOME", Origin::CudaHome),
+        ("CUDA_PATH", Origin::CudaPath),
+    ] {
         if let Some(home) = env(var).filter(|s| !s.is_empty()) {
             candidates.push((Path::new(&home).join("bin/nvcc"), origin));
         }
@@ -65,7 +68,10 @@ pub fn discover(
             candidates.push((dir.join("nvcc"), Origin::Path));
         }
     }
-    candidates.push((PathBuf::from("/usr/local/cuda/bin/nvcc"), Origin::UsrLocalCuda));
+    candidates.push((
+        PathBuf::from("/usr/local/cuda/bin/nvcc"),
+        Origin::UsrLocalCuda,
+    ));
     candidates.push((wheel_dir.join(WHEEL_BIN).join("nvcc"), Origin::Wheels));
     candidates.into_iter().find(|(p, _)| is_file(p))
 }
@@ -97,9 +103,17 @@ pub fn nvcc(wheel_dir: &Path) -> Result<Nvcc> {
         .run_checked()
         .with_context(|| format!("asking {} for its version", path.display()))?;
     let version = parse_nvcc_version(&out.stdout).with_context(|| {
-        format!("no `release … V<version>` line in `{} --version`:\n{}", path.display(), out.stdout)
+        format!(
+            "no `release … V<version>` line in `{} --version`:\n{}",
+            path.display(),
+            out.stdout
+        )
     })?;
-    Ok(Nvcc { path, origin, version })
+    Ok(Nvcc {
+        path,
+        origin,
+        version,
+    })
 }
 
 fn pins_file(wheel_dir: &Path) -> PathBuf {
@@ -122,7 +136,14 @@ fn install_wheels(wheel_dir: &Path) -> Result<()> {
     }
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     Cmd::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+        ])
         .arg("--target")
         .arg(wheel_dir.display().to_string())
         .args(WHEELS.iter().copied())
@@ -146,8 +167,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn find(vars: &[(&str, &str)], files: &[&str]) -> Option<(PathBuf, Origin)> {
-        let env: HashMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let env: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         discover(
             |k| env.get(k).cloned(),
             |p| files.iter().any(|f| Path::new(f) == p),
@@ -174,7 +197,10 @@ mod tests {
         assert_eq!(find(&vars, &all).unwrap().1, Origin::NvccEnv);
         assert_eq!(find(&vars[1..], &all).unwrap().1, Origin::CudaHome);
         assert_eq!(find(&vars[2..], &all).unwrap().1, Origin::CudaPath);
-        assert_eq!(find(&vars[3..], &all).unwrap(), (PathBuf::from("/p2/nvcc"), Origin::Path));
+        assert_eq!(
+            find(&vars[3..], &all).unwrap(),
+            (PathBuf::from("/p2/nvcc"), Origin::Path)
+        );
         assert_eq!(find(&[], &all).unwrap().1, Origin::UsrLocalCuda);
         assert_eq!(find(&[], &all[5..]).unwrap().1, Origin::Wheels);
         assert_eq!(find(&vars, &[]), None);
@@ -182,7 +208,10 @@ mod tests {
 
     #[test]
     fn env_pointing_nowhere_falls_through() {
-        let got = find(&[("NVCC", "/missing/nvcc"), ("CUDA_HOME", "")], &["/usr/local/cuda/bin/nvcc"]);
+        let got = find(
+            &[("NVCC", "/missing/nvcc"), ("CUDA_HOME", "")],
+            &["/usr/local/cuda/bin/nvcc"],
+        );
         assert_eq!(got.unwrap().1, Origin::UsrLocalCuda);
     }
 

@@ -65,13 +65,27 @@ impl Case {
 /// GQA shape, batch, LSE and explicit scale rotate so each meets every length.
 fn matrix() -> Vec<Case> {
     // Odd and even, below/at/above a 64 tile, Sq ≠ Sk both ways (causal rows with no key), 1 and 0.
-    let lengths = [(1, 1), (1, 77), (63, 63), (64, 64), (65, 130), (128, 97), (200, 513), (130, 64), (0, 10), (10, 0)];
+    let lengths = [
+        (1, 1),
+        (1, 77),
+        (63, 63),
+        (64, 64),
+        (65, 130),
+        (128, 97),
+        (200, 513),
+        (130, 64),
+        (0, 10),
+        (10, 0),
+    ];
     let gqa = [(2, 2), (4, 1), (6, 2)];
     let mut cases = Vec::new();
     for dtype in [Dtype::F16, Dtype::Bf16] {
         for head_dim in [64, 128] {
             for causal in [false, true] {
-                for (si, splits) in [Splits::Fixed(1), Splits::Fixed(3), Splits::Auto].into_iter().enumerate() {
+                for (si, splits) in [Splits::Fixed(1), Splits::Fixed(3), Splits::Auto]
+                    .into_iter()
+                    .enumerate()
+                {
                     for (i, &(seqlen_q, seqlen_k)) in lengths.iter().enumerate() {
                         let (heads, kv_heads) = gqa[(i + si) % 3];
                         cases.push(Case {
@@ -83,7 +97,11 @@ fn matrix() -> Vec<Case> {
                             kv_heads,
                             seqlen_q,
                             seqlen_k,
-                            layout: if (i + si) % 2 == 0 { Layout::Bshd } else { Layout::Bhsd },
+                            layout: if (i + si) % 2 == 0 {
+                                Layout::Bshd
+                            } else {
+                                Layout::Bhsd
+                            },
                             splits,
                             lse: (i + si + usize::from(causal)) % 2 == 0,
                             scale: (i % 3 == 0).then_some(0.3),
@@ -110,7 +128,11 @@ fn matrix() -> Vec<Case> {
         gpu_reference: false,
     };
     // The seed problems, as the planner sees them.
-    cases.extend([seed(Dtype::F16, 128, 1, 1), seed(Dtype::F16, 512, 1, 1), seed(Dtype::Bf16, 512, 2, 8)]);
+    cases.extend([
+        seed(Dtype::F16, 128, 1, 1),
+        seed(Dtype::F16, 512, 1, 1),
+        seed(Dtype::Bf16, 512, 2, 8),
+    ]);
     // Large shapes against the fp32 GPU reference.
     let large = |dtype, head_dim, causal, b, h, kv, sq, sk, layout, splits| Case {
         dtype,
@@ -128,11 +150,66 @@ fn matrix() -> Vec<Case> {
         gpu_reference: true,
     };
     cases.extend([
-        large(Dtype::F16, 64, true, 2, 8, 8, 1024, 1024, Layout::Bshd, Splits::Auto),
-        large(Dtype::Bf16, 128, false, 1, 16, 4, 2048, 2048, Layout::Bhsd, Splits::Auto),
-        large(Dtype::F16, 128, true, 2, 4, 2, 1000, 3000, Layout::Bshd, Splits::Fixed(4)),
-        large(Dtype::Bf16, 64, true, 1, 2, 1, 4096, 4096, Layout::Bhsd, Splits::Auto),
-        large(Dtype::F16, 128, false, 1, 4, 4, 3000, 1001, Layout::Bhsd, Splits::Fixed(2)),
+        large(
+            Dtype::F16,
+            64,
+            true,
+            2,
+            8,
+            8,
+            1024,
+            1024,
+            Layout::Bshd,
+            Splits::Auto,
+        ),
+        large(
+            Dtype::Bf16,
+            128,
+            false,
+            1,
+            16,
+            4,
+            2048,
+            2048,
+            Layout::Bhsd,
+            Splits::Auto,
+        ),
+        large(
+            Dtype::F16,
+            128,
+            true,
+            2,
+            4,
+            2,
+            1000,
+            3000,
+            Layout::Bshd,
+            Splits::Fixed(4),
+        ),
+        large(
+            Dtype::Bf16,
+            64,
+            true,
+            1,
+            2,
+            1,
+            4096,
+            4096,
+            Layout::Bhsd,
+            Splits::Auto,
+        ),
+        large(
+            Dtype::F16,
+            128,
+            false,
+            1,
+            4,
+            4,
+            3000,
+            1001,
+            Layout::Bhsd,
+            Splits::Fixed(2),
+        ),
     ]);
     cases
 }
@@ -155,13 +232,24 @@ impl Rng {
 
 /// Random bits for a tensor, and the same values as f32 after rounding to dtype.
 fn random(rng: &mut Rng, dtype: Dtype, desc: &Desc, lo: f32, hi: f32) -> (Vec<u16>, Vec<f32>) {
-    let bits: Vec<u16> = (0..desc.span()).map(|_| dtype.from_f32(rng.uniform(lo, hi))).collect();
+    let bits: Vec<u16> = (0..desc.span())
+        .map(|_| dtype.from_f32(rng.uniform(lo, hi)))
+        .collect();
     let vals = bits.iter().map(|&b| dtype.to_f32(b)).collect();
     (bits, vals)
 }
 
 fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
-    let Case { dtype, head_dim: d, batch: b, heads: h, kv_heads: hkv, seqlen_q: sq, seqlen_k: sk, .. } = *case;
+    let Case {
+        dtype,
+        head_dim: d,
+        batch: b,
+        heads: h,
+        kv_heads: hkv,
+        seqlen_q: sq,
+        seqlen_k: sk,
+        ..
+    } = *case;
     let qd = Desc::new([b, h, sq, d], case.layout);
     let kd = Desc::new([b, hkv, sk, d], case.layout);
     let (qb, qv) = random(rng, dtype, &qd, -1.5, 1.5);
@@ -173,8 +261,16 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     let v = att.upload(dtype, kd, &vb)?;
     let mut out = att.alloc_poisoned(dtype, qd)?;
     let rows = b * h * sq;
-    let mut lse = if case.lse { Some(att.stream().clone_htod(&vec![f32::NAN; rows.max(1)])?) } else { None };
-    let opts = Options { causal: case.causal, scale: case.scale, splits: case.splits };
+    let mut lse = if case.lse {
+        Some(att.stream().clone_htod(&vec![f32::NAN; rows.max(1)])?)
+    } else {
+        None
+    };
+    let opts = Options {
+        causal: case.causal,
+        scale: case.scale,
+        splits: case.splits,
+    };
     let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let got_bits = att.download(&out)?;
@@ -194,12 +290,24 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     };
     let (want, want_lse) = if case.gpu_reference {
         let (o, l) = att.reference(&q, &k, &v, case.causal, case.scale)?;
-        (o.into_iter().map(f64::from).collect::<Vec<_>>(), l.into_iter().map(f64::from).collect::<Vec<_>>())
+        (
+            o.into_iter().map(f64::from).collect::<Vec<_>>(),
+            l.into_iter().map(f64::from).collect::<Vec<_>>(),
+        )
     } else {
         reference::attention(
-            &HostTensor { desc: qd, data: &qv },
-            &HostTensor { desc: kd, data: &kv },
-            &HostTensor { desc: kd, data: &vv },
+            &HostTensor {
+                desc: qd,
+                data: &qv,
+            },
+            &HostTensor {
+                desc: kd,
+                data: &kv,
+            },
+            &HostTensor {
+                desc: kd,
+                data: &vv,
+            },
             &problem,
             case.causal,
         )
@@ -210,7 +318,11 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         for hi in 0..h {
             for si in 0..sq {
                 let off = qd.offset(bi, hi, si);
-                got.extend(got_bits[off..off + d].iter().map(|&x| f64::from(dtype.to_f32(x))));
+                got.extend(
+                    got_bits[off..off + d]
+                        .iter()
+                        .map(|&x| f64::from(dtype.to_f32(x))),
+                );
             }
         }
     }
@@ -239,7 +351,12 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         splits: case.splits_label(),
         num_splits: launched.num_splits,
         lse: case.lse,
-        reference: if case.gpu_reference { "gpu-f32" } else { "cpu-f64" }.into(),
+        reference: if case.gpu_reference {
+            "gpu-f32"
+        } else {
+            "cpu-f64"
+        }
+        .into(),
         rel_l2: errs.rel_l2,
         max_abs: errs.max_abs,
         lse_max_abs,
@@ -253,7 +370,9 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
 }
 
 #[derive(clap::Parser)]
-#[command(about = "Correctness matrix of the attention kernels against f64 CPU / fp32 GPU references")]
+#[command(
+    about = "Correctness matrix of the attention kernels against f64 CPU / fp32 GPU references"
+)]
 struct Args {
     /// Write the results here as JSON (else to stdout).
     #[arg(long)]
@@ -274,18 +393,36 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    let Args { json, filter, seed, list } = clap::Parser::parse();
+    let Args {
+        json,
+        filter,
+        seed,
+        list,
+    } = clap::Parser::parse();
     if list {
         matrix().iter().for_each(|c| println!("{}", c.name()));
         return Ok(());
     }
     let seed = seed.unwrap_or_else(|| {
-        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
     });
     let att = Attention::new(0).context("setting up the kernels")?;
-    let cases: Vec<Case> =
-        matrix().into_iter().filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str()))).collect();
-    eprintln!("fa-test: {} cases on {} (sm count {}), seed {seed}", cases.len(), att.device().name, att.device().sm_count);
+    let cases: Vec<Case> = matrix()
+        .into_iter()
+        .filter(|c| {
+            filter
+                .as_ref()
+                .is_none_or(|f| c.name().contains(f.as_str()))
+        })
+        .collect();
+    eprintln!(
+        "fa-test: {} cases on {} (sm count {}), seed {seed}",
+        cases.len(),
+        att.device().name,
+        att.device().sm_count
+    );
     let mut rng = Rng(seed);
     let mut results = Vec::new();
     let start = Instant::now();
@@ -323,9 +460,16 @@ fn run() -> Result<()> {
             result.name,
             result.rel_l2,
             result.max_abs,
-            result.error.as_deref().map(|e| format!(" error: {e}")).unwrap_or_default()
+            result
+                .error
+                .as_deref()
+                .map(|e| format!(" error: {e}"))
+                .unwrap_or_default()
         );
-        let fatal = result.error.as_deref().is_some_and(|e| e.contains("CUDA error"));
+        let fatal = result
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("CUDA error"));
         results.push(result);
         if fatal {
             // A kernel fault poisons the context: later cases would only repeat it.
@@ -334,10 +478,16 @@ fn run() -> Result<()> {
         }
     }
     eprintln!("fa-test: {:.1} s", start.elapsed().as_secs_f64());
-    let run = TestRun { device: att.device().clone(), seed, cases: results };
+    let run = TestRun {
+        device: att.device().clone(),
+        seed,
+        cases: results,
+    };
     let text = serde_json::to_string_pretty(&run)?;
     match json {
-        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
+        Some(path) => {
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?
+        }
         None => println!("{text}"),
     }
     Ok(())
