@@ -48,6 +48,13 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
   }
 }
 
+// Planted defects, compiled in only by `cargo xtask sanitize --defects` (one
+// -DFA_DEFECT_* per build) to prove each compute-sanitizer tool catches its bug:
+//   FA_DEFECT_OOB_TAIL       tail rows past seqlen_q are stored (memcheck)
+//   FA_DEFECT_RACE           no barrier between P·V reads of sV and the next V load (racecheck)
+//   FA_DEFECT_UNINIT         a split with no keys writes no partials; combine reads them (initcheck)
+//   FA_DEFECT_DIVERGENT_SYNC a barrier reached by half of each warp (synccheck)
+
 template <typename T, int D, bool CAUSAL>
 __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   using Cfg = FwdConfig<D>;
@@ -71,6 +78,12 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   const int n_begin = split * p.keys_per_split;
   int n_end = min(p.seqlen_k, n_begin + p.keys_per_split);
   if (CAUSAL) n_end = min(n_end, m0 + BM + diag);  // one past the last key any row here sees
+#ifdef FA_DEFECT_UNINIT
+  if (p.num_splits > 1 && n_begin >= n_end) return;
+#endif
+#ifdef FA_DEFECT_DIVERGENT_SYNC
+  if (lane < 16) __syncthreads();
+#endif
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + kvh * p.k_head_stride;
@@ -192,7 +205,9 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
         mma_16816<T>(o[2 * dp + 1], pf, vf[2], vf[3]);
       }
     }
+#ifndef FA_DEFECT_RACE
     __syncthreads();  // every warp is done reading sV before the next V load
+#endif
   }
 
   // ---- Epilogue: normalise, then write O (or the split's fp32 partial) and LSE.
@@ -202,7 +217,9 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key outputs zeros
     const float lse = l > 0.f ? (row_max[r] + __log2f(l)) * 0.69314718056f : -INFINITY;
     const int row = m0 + warp * 16 + g + 8 * r;
+#ifndef FA_DEFECT_OOB_TAIL
     if (row >= p.seqlen_q) continue;
+#endif
     const int64_t bh_row = ((int64_t)b * p.heads + h) * p.seqlen_q + row;
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row * p.o_row_stride;

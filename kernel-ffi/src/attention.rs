@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext as Ctx, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    CudaContext as Ctx, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -31,12 +30,7 @@ pub struct Tensor {
 
 impl Tensor {
     fn arg<'a>(&self, name: &'a str) -> Arg<'a> {
-        Arg {
-            name,
-            dtype: self.dtype,
-            desc: self.desc,
-            len: self.data.len(),
-        }
+        Arg { name, dtype: self.dtype, desc: self.desc, len: self.data.len() }
     }
 }
 
@@ -84,38 +78,8 @@ pub fn default_kernel_dir() -> PathBuf {
     }
     std::env::current_exe()
         .ok()
-        .and_then(|exe| {
-            exe.parent()
-                .and_then(Path::parent)
-                .map(|d| d.join("kernels"))
-        })
+        .and_then(|exe| exe.parent().and_then(Path::parent).map(|d| d.join("kernels")))
         .unwrap_or_else(|| PathBuf::from("target/kernels"))
-}
-
-/// The manifest arch whose code runs on compute capability `major.minor`: the
-/// `a` variant only on an exact match, else the highest minor of the same major.
-pub fn pick_arch<'a>(
-    archs: impl IntoIterator<Item = &'a String>,
-    major: i32,
-    minor: i32,
-) -> Option<String> {
-    let exact_a = format!("sm_{major}{minor}a");
-    let mut best: Option<(i32, &String)> = None;
-    for arch in archs {
-        if *arch == exact_a {
-            return Some(arch.clone());
-        }
-        let Some(digits) = arch.strip_prefix("sm_") else {
-            continue;
-        };
-        let Ok(n) = digits.parse::<i32>() else {
-            continue;
-        };
-        if n / 10 == major && n % 10 <= minor && best.is_none_or(|(b, _)| n > b) {
-            best = Some((n, arch));
-        }
-    }
-    best.map(|(_, a)| a.clone())
 }
 
 impl Attention {
@@ -131,15 +95,12 @@ impl Attention {
                 manifest_path.display()
             )));
         }
-        let manifest =
-            Manifest::load(&manifest_path).map_err(|e| Error::MissingKernels(format!("{e:#}")))?;
+        let manifest = Manifest::load(&manifest_path).map_err(|e| Error::MissingKernels(format!("{e:#}")))?;
         let ctx = Ctx::new(ordinal).cuda(format!("creating a context on GPU {ordinal}"))?;
         // One stream, launches in order: per-buffer event tracking is pure overhead.
         // SAFETY: every buffer is used on `stream` only, so stream order is the only order needed.
         unsafe { ctx.disable_event_tracking() };
-        let (major, minor) = ctx
-            .compute_capability()
-            .cuda("reading the compute capability")?;
+        let (major, minor) = ctx.compute_capability().cuda("reading the compute capability")?;
         let device = DeviceInfo {
             name: ctx.name().cuda("reading the device name")?,
             compute_capability: format!("{major}.{minor}"),
@@ -148,7 +109,7 @@ impl Attention {
                 .cuda("reading the SM count")? as u32,
             driver: driver_version(),
         };
-        let arch = pick_arch(manifest.archs.keys(), major, minor).ok_or_else(|| {
+        let arch = manifest.pick_arch(major, minor).ok_or_else(|| {
             Error::Unsupported(format!(
                 "{} is sm_{major}{minor}; the manifest builds for {}; add a matching arch to kernels/manifest.json",
                 device.name,
@@ -159,56 +120,28 @@ impl Attention {
         let mut kernels = HashMap::new();
         let mut modules = Vec::new();
         for src in manifest.sources.iter().filter(|s| s.archs.contains(&arch)) {
-            let stem = Path::new(&src.file)
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .unwrap_or(&src.file);
+            let stem = Path::new(&src.file).file_stem().and_then(|s| s.to_str()).unwrap_or(&src.file);
             let path = dir.join(format!("{stem}.{arch}.fatbin"));
-            let image = std::fs::read(&path).map_err(|e| {
-                Error::MissingKernels(format!("{}: {e}; run `cargo xtask build`", path.display()))
-            })?;
-            let module = ctx
-                .load_module(Ptx::from_binary(image))
-                .cuda(format!("loading {}", path.display()))?;
+            let image = std::fs::read(&path)
+                .map_err(|e| Error::MissingKernels(format!("{}: {e}; run `cargo xtask build`", path.display())))?;
+            let module = ctx.load_module(Ptx::from_binary(image)).cuda(format!("loading {}", path.display()))?;
             for k in &src.kernels {
-                let func = module.load_function(&k.entry).cuda(format!(
-                    "finding {} in {}",
-                    k.entry,
-                    path.display()
-                ))?;
+                let func = module.load_function(&k.entry).cuda(format!("finding {} in {}", k.entry, path.display()))?;
                 if k.dynamic_smem > DEFAULT_SMEM_LIMIT {
                     func.set_attribute(
                         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         k.dynamic_smem as i32,
                     )
-                    .cuda(format!(
-                        "raising {}'s shared memory to {} bytes",
-                        k.entry, k.dynamic_smem
-                    ))?;
+                    .cuda(format!("raising {}'s shared memory to {} bytes", k.entry, k.dynamic_smem))?;
                 }
                 let launch = k.launch.ok_or_else(|| {
-                    Error::MissingKernels(format!(
-                        "{} has no \"launch\" geometry in the manifest",
-                        k.entry
-                    ))
+                    Error::MissingKernels(format!("{} has no \"launch\" geometry in the manifest", k.entry))
                 })?;
-                kernels.insert(
-                    k.entry.clone(),
-                    Kernel {
-                        func,
-                        dynamic_smem: k.dynamic_smem,
-                        launch,
-                    },
-                );
+                kernels.insert(k.entry.clone(), Kernel { func, dynamic_smem: k.dynamic_smem, launch });
             }
             modules.push(module);
         }
-        Ok(Attention {
-            stream,
-            device,
-            kernels,
-            _modules: modules,
-        })
+        Ok(Attention { stream, device, kernels, _modules: modules })
     }
 
     pub fn device(&self) -> &DeviceInfo {
@@ -220,9 +153,9 @@ impl Attention {
     }
 
     fn kernel(&self, name: &str) -> Result<&Kernel> {
-        self.kernels.get(name).ok_or_else(|| {
-            Error::MissingKernels(format!("entry {name} is not in the loaded fatbins"))
-        })
+        self.kernels
+            .get(name)
+            .ok_or_else(|| Error::MissingKernels(format!("entry {name} is not in the loaded fatbins")))
     }
 
     /// Copies host bits to a new device tensor.
@@ -236,10 +169,7 @@ impl Attention {
                 desc.span()
             );
         }
-        let data = self
-            .stream
-            .clone_htod(bits)
-            .cuda("copying a tensor to the device")?;
+        let data = self.stream.clone_htod(bits).cuda("copying a tensor to the device")?;
         Ok(Tensor { data, dtype, desc })
     }
 
@@ -249,23 +179,15 @@ impl Attention {
     }
 
     pub fn download(&self, t: &Tensor) -> Result<Vec<u16>> {
-        self.stream
-            .clone_dtoh(&t.data)
-            .cuda("copying a tensor to the host")
+        self.stream.clone_dtoh(&t.data).cuda("copying a tensor to the host")
     }
 
     pub fn synchronize(&self) -> Result<()> {
-        self.stream
-            .synchronize()
-            .cuda("waiting for the stream (a kernel failed)")
+        self.stream.synchronize().cuda("waiting for the stream (a kernel failed)")
     }
 
     fn fwd_name(dtype: Dtype, head_dim: usize, causal: bool) -> String {
-        format!(
-            "flash_fwd_{}_d{head_dim}{}",
-            dtype.name(),
-            if causal { "_causal" } else { "" }
-        )
+        format!("flash_fwd_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" })
     }
 
     /// The split plan `forward` would use for this problem.
@@ -277,29 +199,15 @@ impl Attention {
             Splits::Fixed(0) => invalid!("a fixed split count must be at least 1"),
             Splits::Fixed(n) => {
                 let per = n_blocks.div_ceil(n.min(planner::MAX_SPLITS));
-                Plan {
-                    num_splits: n_blocks.div_ceil(per),
-                    keys_per_split: per * block_n,
-                }
+                Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n }
             }
             Splits::Auto => {
                 let per_sm = k
                     .func
-                    .occupancy_max_active_blocks_per_multiprocessor(
-                        k.launch.threads,
-                        k.dynamic_smem as usize,
-                        None,
-                    )
+                    .occupancy_max_active_blocks_per_multiprocessor(k.launch.threads, k.dynamic_smem as usize, None)
                     .cuda("querying occupancy")?;
-                let work = (p.batch * p.heads) as u64
-                    * (p.seqlen_q as u64).div_ceil(u64::from(k.launch.block_m));
-                planner::plan(
-                    self.device.sm_count,
-                    per_sm,
-                    work,
-                    p.seqlen_k as u32,
-                    block_n,
-                )
+                let work = (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(k.launch.block_m));
+                planner::plan(self.device.sm_count, per_sm, work, p.seqlen_k as u32, block_n)
             }
         };
         Ok(plan)
@@ -317,27 +225,15 @@ impl Attention {
         lse: Option<&mut CudaSlice<f32>>,
         opts: &Options,
     ) -> Result<Launched> {
-        let p = tensor::validate(
-            q.arg("q"),
-            k.arg("k"),
-            v.arg("v"),
-            out.arg("out"),
-            opts.scale,
-        )?;
+        let p = tensor::validate(q.arg("q"), k.arg("k"), v.arg("v"), out.arg("out"), opts.scale)?;
         let rows = p.batch * p.heads * p.seqlen_q;
         if let Some(l) = &lse
             && l.len() < rows
         {
-            invalid!(
-                "lse holds {} floats but batch × heads × seqlen_q = {rows}",
-                l.len()
-            );
+            invalid!("lse holds {} floats but batch × heads × seqlen_q = {rows}", l.len());
         }
         if rows == 0 {
-            return Ok(Launched {
-                num_splits: 0,
-                ctas: 0,
-            }); // empty result: nothing to launch
+            return Ok(Launched { num_splits: 0, ctas: 0 }); // empty result: nothing to launch
         }
         let plan = self.plan(&p, q.dtype, opts)?;
         let name = Self::fwd_name(q.dtype, p.head_dim, opts.causal);
@@ -348,8 +244,7 @@ impl Attention {
             let n = splits as usize * rows;
             // SAFETY: every element is written by the forward kernel before the combine reads it
             // (each split writes all its rows, including those that saw no key).
-            let o = unsafe { self.stream.alloc::<f32>(n * p.head_dim) }
-                .cuda("allocating split partials")?;
+            let o = unsafe { self.stream.alloc::<f32>(n * p.head_dim) }.cuda("allocating split partials")?;
             let l = unsafe { self.stream.alloc::<f32>(n) }.cuda("allocating split LSEs")?;
             (Some(o), Some(l))
         } else {
@@ -395,8 +290,7 @@ impl Attention {
         // lies inside its buffer, strides are 16-byte multiples and pointers 16-byte
         // aligned; lse (if any) holds B·H·Sq floats; the partials hold splits·B·H·Sq(·D).
         // The buffers outlive the launch because the stream frees in order.
-        unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }
-            .cuda(format!("launching {name}"))?;
+        unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;
 
         if let (Some(o_part), Some(lse_part)) = (o_part.as_mut(), lse_part.as_mut()) {
             let cname = format!("flash_combine_{}_d{}", q.dtype.name(), p.head_dim);
@@ -420,13 +314,9 @@ impl Attention {
             };
             // SAFETY: matches `flash_combine_<dtype>_d<D>(const CombineParams p)`; it reads
             // splits·rows(·D) partials written above and writes `out` rows validated above.
-            unsafe { s.launch_builder(&comb.func).arg(&cparams).launch(cfg) }
-                .cuda(format!("launching {cname}"))?;
+            unsafe { s.launch_builder(&comb.func).arg(&cparams).launch(cfg) }.cuda(format!("launching {cname}"))?;
         }
-        Ok(Launched {
-            num_splits: splits,
-            ctas: u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits),
-        })
+        Ok(Launched { num_splits: splits, ctas: u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits) })
     }
 
     /// The fp32 GPU reference: returns (out [B, H, Sq, D], lse [B, H, Sq]) on the host.
@@ -438,19 +328,16 @@ impl Attention {
         causal: bool,
         scale: Option<f32>,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let p = tensor::validate(
-            q.arg("q"),
-            k.arg("k"),
-            v.arg("v"),
-            q.arg("q (as out)"),
-            scale,
-        )?;
+        let p = tensor::validate(q.arg("q"), k.arg("k"), v.arg("v"), q.arg("q (as out)"), scale)?;
         let name = format!("reference_attention_{}", q.dtype.name());
         let kern = self.kernel(&name)?;
-        let max_keys = kern.dynamic_smem as usize / 4;
-        if p.seqlen_k > max_keys {
+        // Rounded up to 16 bytes: nvcc reads the score row with LDS.128 even in the loop's
+        // remainder, so the tail of the last chunk must lie inside the allocation.
+        let smem = p.seqlen_k.next_multiple_of(4) * 4;
+        if smem > kern.dynamic_smem as usize {
             invalid!(
-                "the GPU reference holds {max_keys} keys per row in shared memory; seqlen_k is {}",
+                "the GPU reference holds {} keys per row in shared memory; seqlen_k is {}",
+                kern.dynamic_smem / 4,
                 p.seqlen_k
             );
         }
@@ -459,12 +346,8 @@ impl Attention {
             return Ok((Vec::new(), Vec::new()));
         }
         let s = &self.stream;
-        let o = s
-            .alloc_zeros::<f32>(rows * p.head_dim)
-            .cuda("allocating the reference output")?;
-        let l = s
-            .alloc_zeros::<f32>(rows)
-            .cuda("allocating the reference LSE")?;
+        let o = s.alloc_zeros::<f32>(rows * p.head_dim).cuda("allocating the reference output")?;
+        let l = s.alloc_zeros::<f32>(rows).cuda("allocating the reference LSE")?;
         let strides = |d: &Desc| d.strides.map(|x| x as i64);
         let params = ReferenceParams {
             q: device_ptr(&q.data, s),
@@ -487,13 +370,12 @@ impl Attention {
         let cfg = LaunchConfig {
             grid_dim: (p.seqlen_q as u32, (p.batch * p.heads) as u32, 1),
             block_dim: (kern.launch.threads, 1, 1),
-            shared_mem_bytes: (p.seqlen_k * 4) as u32,
+            shared_mem_bytes: smem as u32,
         };
         // SAFETY: matches `reference_attention_<dtype>(const ReferenceParams p)` in
         // kernels/reference.cu; inputs validated as in `forward`, o/lse sized rows·D and
-        // rows, dynamic smem holds seqlen_k floats (≤ the manifest's allotment).
-        unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }
-            .cuda(format!("launching {name}"))?;
+        // rows, dynamic smem holds seqlen_k floats rounded up to 16 bytes (≤ the manifest's allotment).
+        unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;
         let o = s.clone_dtoh(&o).cuda("copying the reference output")?;
         let l = s.clone_dtoh(&l).cuda("copying the reference LSE")?;
         Ok((o, l))
@@ -509,29 +391,5 @@ fn driver_version() -> Option<String> {
     let mut v = 0;
     // SAFETY: cuDriverGetVersion writes one int; the driver is loaded by Ctx::new.
     let ok = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
-    (ok == cudarc::driver::sys::CUresult::CUDA_SUCCESS)
-        .then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pick_arch;
-
-    #[test]
-    fn arch_selection() {
-        let archs: Vec<String> = ["sm_89", "sm_90", "sm_90a"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        assert_eq!(pick_arch(&archs, 9, 0).as_deref(), Some("sm_90a"));
-        assert_eq!(pick_arch(&archs, 8, 9).as_deref(), Some("sm_89"));
-        assert_eq!(pick_arch(&archs[..2], 9, 0).as_deref(), Some("sm_90"));
-        assert_eq!(
-            pick_arch(&archs, 8, 0),
-            None,
-            "sm_89 code does not run on sm_80"
-        );
-        assert_eq!(pick_arch(&archs, 10, 0), None);
-        assert_eq!(pick_arch(&archs[..1], 8, 9).as_deref(), Some("sm_89"));
-    }
+    (ok == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
 }

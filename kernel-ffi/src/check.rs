@@ -37,22 +37,10 @@ pub fn compare(got: impl IntoIterator<Item = f64>, want: &[f64]) -> Errors {
     }
     assert_eq!(n, want.len(), "compare: got has fewer elements than want");
     if non_finite > 0 {
-        return Errors {
-            rel_l2: f64::INFINITY,
-            max_abs: f64::INFINITY,
-            non_finite,
-        };
+        return Errors { rel_l2: f64::INFINITY, max_abs: f64::INFINITY, non_finite };
     }
-    let rel_l2 = if ref2 > 0.0 {
-        (diff2 / ref2).sqrt()
-    } else {
-        diff2.sqrt()
-    };
-    Errors {
-        rel_l2,
-        max_abs,
-        non_finite,
-    }
+    let rel_l2 = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
+    Errors { rel_l2, max_abs, non_finite }
 }
 
 /// Max |got − want| over rows; −inf must match −inf exactly, NaN never passes.
@@ -85,10 +73,7 @@ mod tests {
         assert!(e.rel_l2.is_infinite() && e.max_abs.is_infinite());
         assert_eq!(compare_lse(&[f32::NAN], &[0.0]).1, 1);
         assert_eq!(compare_lse(&[0.0], &[f64::NEG_INFINITY]).1, 1);
-        assert_eq!(
-            compare_lse(&[f32::NEG_INFINITY], &[f64::NEG_INFINITY]),
-            (0.0, 0)
-        );
+        assert_eq!(compare_lse(&[f32::NEG_INFINITY], &[f64::NEG_INFINITY]), (0.0, 0));
     }
 
     #[test]

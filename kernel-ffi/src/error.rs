@@ -27,10 +27,7 @@ pub trait CudaContext<T> {
 
 impl<T> CudaContext<T> for std::result::Result<T, DriverError> {
     fn cuda(self, what: impl Into<String>) -> Result<T> {
-        self.map_err(|source| Error::Cuda {
-            what: what.into(),
-            source,
-        })
+        self.map_err(|source| Error::Cuda { what: what.into(), source })
     }
 }
 

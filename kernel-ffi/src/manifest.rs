@@ -70,10 +70,9 @@ pub struct Launch {
 
 impl Manifest {
     pub fn load(path: &Path) -> Result<Manifest> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading kernel manifest {}", path.display()))?;
-        let manifest = Manifest::parse(&text)
-            .with_context(|| format!("in kernel manifest {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading kernel manifest {}", path.display()))?;
+        let manifest = Manifest::parse(&text).with_context(|| format!("in kernel manifest {}", path.display()))?;
         Ok(manifest)
     }
 
@@ -95,20 +94,30 @@ impl Manifest {
                 }
             }
             if src.kernels.is_empty() {
-                bail!(
-                    "source {} lists no kernels; every entry point needs a budget",
-                    src.file
-                );
+                bail!("source {} lists no kernels; every entry point needs a budget", src.file);
             }
         }
         Ok(())
     }
 
+    /// The arch whose code runs on compute capability `major.minor`: the `a`
+    /// variant only on an exact match, else the highest minor of the same major
+    /// not above the device's.
+    pub fn pick_arch(&self, major: i32, minor: i32) -> Option<String> {
+        let exact_a = format!("sm_{major}{minor}a");
+        if self.archs.contains_key(&exact_a) {
+            return Some(exact_a);
+        }
+        self.archs
+            .keys()
+            .filter_map(|a| Some((a.strip_prefix("sm_")?.parse::<i32>().ok()?, a)))
+            .filter(|(n, _)| n / 10 == major && n % 10 <= minor)
+            .max_by_key(|(n, _)| *n)
+            .map(|(_, a)| a.clone())
+    }
+
     pub fn kernel(&self, entry: &str) -> Option<&Kernel> {
-        self.sources
-            .iter()
-            .flat_map(|s| &s.kernels)
-            .find(|k| k.entry == entry)
+        self.sources.iter().flat_map(|s| &s.kernels).find(|k| k.entry == entry)
     }
 }
 
@@ -122,6 +131,18 @@ mod tests {
         for arch in ["sm_89", "sm_90", "sm_90a"] {
             assert!(m.archs.contains_key(arch), "{arch} missing");
         }
+    }
+
+    #[test]
+    fn arch_selection() {
+        let m = Manifest::parse(include_str!("../../kernels/manifest.json")).unwrap();
+        assert_eq!(m.pick_arch(9, 0).as_deref(), Some("sm_90a"));
+        assert_eq!(m.pick_arch(8, 9).as_deref(), Some("sm_89"));
+        assert_eq!(m.pick_arch(8, 0), None, "sm_89 code does not run on sm_80");
+        assert_eq!(m.pick_arch(10, 0), None);
+        let mut plain = m.clone();
+        plain.archs.remove("sm_90a");
+        assert_eq!(plain.pick_arch(9, 0).as_deref(), Some("sm_90"));
     }
 
     #[test]

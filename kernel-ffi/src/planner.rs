@@ -24,10 +24,7 @@ pub fn plan(sm_count: u32, ctas_per_sm: u32, work_ctas: u64, seqlen_k: u32, bloc
     let block_n = block_n.max(1);
     let n_blocks = seqlen_k.div_ceil(block_n).max(1);
     let slots = u64::from(sm_count.max(1)) * u64::from(ctas_per_sm.max(1));
-    let unsplit = Plan {
-        num_splits: 1,
-        keys_per_split: n_blocks * block_n,
-    };
+    let unsplit = Plan { num_splits: 1, keys_per_split: n_blocks * block_n };
     if work_ctas == 0 || work_ctas * 5 >= slots * 4 || n_blocks == 1 {
         return unsplit;
     }
@@ -45,13 +42,7 @@ pub fn plan(sm_count: u32, ctas_per_sm: u32, work_ctas: u64, seqlen_k: u32, bloc
         }
         let c = cost(splits, blocks_per_split);
         if c < best.0 - 1e-9 {
-            best = (
-                c,
-                Plan {
-                    num_splits: splits,
-                    keys_per_split: blocks_per_split * block_n,
-                },
-            );
+            best = (c, Plan { num_splits: splits, keys_per_split: blocks_per_split * block_n });
         }
     }
     best.1
@@ -71,13 +62,7 @@ mod tests {
     #[test]
     fn large_problems_stay_unsplit() {
         let p = plan(H200_SMS, 3, ctas(4, 16, 2048), 2048, 64);
-        assert_eq!(
-            p,
-            Plan {
-                num_splits: 1,
-                keys_per_split: 2048
-            }
-        );
+        assert_eq!(p, Plan { num_splits: 1, keys_per_split: 2048 });
         assert_eq!(plan(L4_SMS, 3, ctas(8, 32, 1024), 1024, 64).num_splits, 1);
     }
 
@@ -118,8 +103,7 @@ mod tests {
                 let covered = u64::from(p.num_splits) * u64::from(p.keys_per_split);
                 assert!(covered >= u64::from(sk), "{p:?} misses keys of {sk}");
                 assert!(
-                    u64::from(p.num_splits - 1) * u64::from(p.keys_per_split)
-                        < u64::from(sk.max(1)),
+                    u64::from(p.num_splits - 1) * u64::from(p.keys_per_split) < u64::from(sk.max(1)),
                     "{p:?} has an empty split for {sk}"
                 );
             }

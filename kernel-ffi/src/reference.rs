@@ -11,13 +11,7 @@ pub struct HostTensor<'a> {
 }
 
 /// Returns (out [B, H, Sq, D] contiguous, lse [B, H, Sq]) in f64.
-pub fn attention(
-    q: &HostTensor,
-    k: &HostTensor,
-    v: &HostTensor,
-    p: &Problem,
-    causal: bool,
-) -> (Vec<f64>, Vec<f64>) {
+pub fn attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, p: &Problem, causal: bool) -> (Vec<f64>, Vec<f64>) {
     let (d, sk) = (p.head_dim, p.seqlen_k);
     let mut out = vec![0.0; p.batch * p.heads * p.seqlen_q * d];
     let mut lse = vec![f64::NEG_INFINITY; p.batch * p.heads * p.seqlen_q];
@@ -28,11 +22,7 @@ pub fn attention(
             let kvh = h / group;
             for i in 0..p.seqlen_q {
                 // Keys j ≤ i + (Sk − Sq) are visible when causal.
-                let visible = if causal {
-                    (i + sk + 1).saturating_sub(p.seqlen_q).min(sk)
-                } else {
-                    sk
-                };
+                let visible = if causal { (i + sk + 1).saturating_sub(p.seqlen_q).min(sk) } else { sk };
                 let row = (b * p.heads + h) * p.seqlen_q + i;
                 if visible == 0 {
                     continue;
@@ -41,9 +31,7 @@ pub fn attention(
                 let mut max = f64::NEG_INFINITY;
                 for (j, s) in scores[..visible].iter_mut().enumerate() {
                     let ko = k.desc.offset(b, kvh, j);
-                    let dot: f64 = (0..d)
-                        .map(|x| f64::from(q.data[qo + x]) * f64::from(k.data[ko + x]))
-                        .sum();
+                    let dot: f64 = (0..d).map(|x| f64::from(q.data[qo + x]) * f64::from(k.data[ko + x])).sum();
                     *s = dot * f64::from(p.scale);
                     max = max.max(*s);
                 }
@@ -73,15 +61,7 @@ mod tests {
     use crate::tensor::Layout;
 
     fn problem(h: usize, hkv: usize, sq: usize, sk: usize) -> Problem {
-        Problem {
-            batch: 1,
-            heads: h,
-            kv_heads: hkv,
-            seqlen_q: sq,
-            seqlen_k: sk,
-            head_dim: 64,
-            scale: 0.125,
-        }
+        Problem { batch: 1, heads: h, kv_heads: hkv, seqlen_q: sq, seqlen_k: sk, head_dim: 64, scale: 0.125 }
     }
 
     #[test]
@@ -92,10 +72,7 @@ mod tests {
         let k: Vec<f32> = (0..4 * 64).map(|x| x as f32).collect();
         let v: Vec<f32> = (0..4 * 64).map(|x| (x / 64) as f32).collect();
         let desc = |s| Desc::new([1, 1, s, 64], Layout::Bhsd);
-        let t = |s, data| HostTensor {
-            desc: desc(s),
-            data,
-        };
+        let t = |s, data| HostTensor { desc: desc(s), data };
         let (out, lse) = attention(&t(1, &q), &t(4, &k), &t(4, &v), &p, false);
         assert!(out.iter().all(|&x| (x - 1.5).abs() < 1e-12));
         assert!((lse[0] - 4f64.ln()).abs() < 1e-12);
@@ -110,10 +87,7 @@ mod tests {
         let p = problem(1, 1, 3, 1);
         let q = vec![0.5; 3 * 64];
         let kv = vec![2.0; 64];
-        let t = |s, data| HostTensor {
-            desc: Desc::new([1, 1, s, 64], Layout::Bshd),
-            data,
-        };
+        let t = |s, data| HostTensor { desc: Desc::new([1, 1, s, 64], Layout::Bshd), data };
         let (out, lse) = attention(&t(3, &q), &t(1, &kv), &t(1, &kv), &p, true);
         assert!(out[..128].iter().all(|&x| x == 0.0));
         assert_eq!(&lse[..2], &[f64::NEG_INFINITY; 2]);
@@ -127,10 +101,7 @@ mod tests {
         let q = vec![0.0; 4 * 64];
         let k = vec![0.0; 2 * 64];
         let v: Vec<f32> = (0..2 * 64).map(|x| (x / 64) as f32 + 1.0).collect();
-        let t = |h, data| HostTensor {
-            desc: Desc::new([1, h, 1, 64], Layout::Bhsd),
-            data,
-        };
+        let t = |h, data| HostTensor { desc: Desc::new([1, h, 1, 64], Layout::Bhsd), data };
         let (out, _) = attention(&t(4, &q), &t(2, &k), &t(2, &v), &p, false);
         let heads: Vec<f64> = (0..4).map(|h| out[h * 64]).collect();
         assert_eq!(heads, vec![1.0, 1.0, 2.0, 2.0]);

@@ -125,41 +125,20 @@ pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Pr
     }
     for t in [&k, &v, &o] {
         if t.dtype != q.dtype {
-            invalid!(
-                "{} is {} but q is {}; all tensors must share one dtype",
-                t.name,
-                t.dtype.name(),
-                q.dtype.name()
-            );
+            invalid!("{} is {} but q is {}; all tensors must share one dtype", t.name, t.dtype.name(), q.dtype.name());
         }
         if t.desc.dims[0] != batch {
-            invalid!(
-                "{} has batch {} but q has batch {batch}",
-                t.name,
-                t.desc.dims[0]
-            );
+            invalid!("{} has batch {} but q has batch {batch}", t.name, t.desc.dims[0]);
         }
         if t.desc.dims[3] != head_dim {
-            invalid!(
-                "{} head dim is {} but q's is {head_dim}; they must match",
-                t.name,
-                t.desc.dims[3]
-            );
+            invalid!("{} head dim is {} but q's is {head_dim}; they must match", t.name, t.desc.dims[3]);
         }
     }
     if v.desc.dims != k.desc.dims {
-        invalid!(
-            "v dims {:?} differ from k dims {:?}; k and v must have the same shape",
-            v.desc.dims,
-            k.desc.dims
-        );
+        invalid!("v dims {:?} differ from k dims {:?}; k and v must have the same shape", v.desc.dims, k.desc.dims);
     }
     if o.desc.dims != q.desc.dims {
-        invalid!(
-            "out dims {:?} differ from q dims {:?}; the output has q's shape",
-            o.desc.dims,
-            q.desc.dims
-        );
+        invalid!("out dims {:?} differ from q dims {:?}; the output has q's shape", o.desc.dims, q.desc.dims);
     }
     if kv_heads == 0 && heads > 0 {
         invalid!("k/v have 0 heads but q has {heads}");
@@ -168,15 +147,9 @@ pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Pr
         invalid!("q heads ({heads}) must be a multiple of k/v heads ({kv_heads}) for GQA");
     }
     if batch * heads > MAX_BATCH_HEADS {
-        invalid!(
-            "batch × heads = {} exceeds {MAX_BATCH_HEADS} (the grid's y dimension)",
-            batch * heads
-        );
+        invalid!("batch × heads = {} exceeds {MAX_BATCH_HEADS} (the grid's y dimension)", batch * heads);
     }
-    for (what, n) in [
-        ("q sequence length", seqlen_q),
-        ("k/v sequence length", seqlen_k),
-    ] {
+    for (what, n) in [("q sequence length", seqlen_q), ("k/v sequence length", seqlen_k)] {
         if n > i32::MAX as usize / 2 {
             invalid!("{what} {n} exceeds {}", i32::MAX / 2);
         }
@@ -203,24 +176,13 @@ pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Pr
         }
     }
     if seqlen_q > 1 && o.desc.strides[2] < head_dim {
-        invalid!(
-            "out row stride {} is below the head dim {head_dim}; output rows would overlap",
-            o.desc.strides[2]
-        );
+        invalid!("out row stride {} is below the head dim {head_dim}; output rows would overlap", o.desc.strides[2]);
     }
     let scale = scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
     if !(scale.is_finite() && scale > 0.0) {
         invalid!("softmax scale {scale} must be finite and positive");
     }
-    Ok(Problem {
-        batch,
-        heads,
-        kv_heads,
-        seqlen_q,
-        seqlen_k,
-        head_dim,
-        scale,
-    })
+    Ok(Problem { batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, scale })
 }
 
 #[cfg(test)]
@@ -229,12 +191,7 @@ mod tests {
 
     fn arg(name: &str, dims: [usize; 4]) -> Arg<'_> {
         let desc = Desc::new(dims, Layout::Bshd);
-        Arg {
-            name,
-            dtype: Dtype::F16,
-            desc,
-            len: desc.span(),
-        }
+        Arg { name, dtype: Dtype::F16, desc, len: desc.span() }
     }
 
     fn check(q: Arg, k: Arg, v: Arg, o: Arg) -> String {
@@ -264,43 +221,14 @@ mod tests {
             arg("v", [1, 4, 16, 96]),
             arg("out", [1, 4, 16, 96]),
         );
-        assert!(
-            e.contains("head dim is 96") && e.contains("[64, 128]"),
-            "{e}"
-        );
-        let e = check(
-            arg("q", [1, 4, 16, 64]),
-            arg("k", [1, 3, 16, 64]),
-            arg("v", [1, 3, 16, 64]),
-            o,
-        );
-        assert!(
-            e.contains("q heads (4) must be a multiple of k/v heads (3)"),
-            "{e}"
-        );
-        let e = check(
-            arg("q", [1, 4, 16, 64]),
-            arg("k", [1, 4, 16, 64]),
-            arg("v", [1, 4, 17, 64]),
-            o,
-        );
-        assert!(
-            e.contains("v dims [1, 4, 17, 64] differ from k dims [1, 4, 16, 64]"),
-            "{e}"
-        );
-        let e = check(
-            arg("q", [1, 4, 16, 64]),
-            arg("k", [2, 4, 16, 64]),
-            arg("v", [2, 4, 16, 64]),
-            o,
-        );
+        assert!(e.contains("head dim is 96") && e.contains("[64, 128]"), "{e}");
+        let e = check(arg("q", [1, 4, 16, 64]), arg("k", [1, 3, 16, 64]), arg("v", [1, 3, 16, 64]), o);
+        assert!(e.contains("q heads (4) must be a multiple of k/v heads (3)"), "{e}");
+        let e = check(arg("q", [1, 4, 16, 64]), arg("k", [1, 4, 16, 64]), arg("v", [1, 4, 17, 64]), o);
+        assert!(e.contains("v dims [1, 4, 17, 64] differ from k dims [1, 4, 16, 64]"), "{e}");
+        let e = check(arg("q", [1, 4, 16, 64]), arg("k", [2, 4, 16, 64]), arg("v", [2, 4, 16, 64]), o);
         assert!(e.contains("k has batch 2 but q has batch 1"), "{e}");
-        let e = check(
-            arg("q", [1, 4, 16, 64]),
-            arg("k", [1, 4, 16, 128]),
-            arg("v", [1, 4, 16, 128]),
-            o,
-        );
+        let e = check(arg("q", [1, 4, 16, 64]), arg("k", [1, 4, 16, 128]), arg("v", [1, 4, 16, 128]), o);
         assert!(e.contains("k head dim is 128 but q's is 64"), "{e}");
         let e = check(
             arg("q", [1, 4, 16, 64]),
@@ -316,36 +244,15 @@ mod tests {
         let mut q = arg("q", [1, 1, 4, 64]);
         q.desc.strides[2] = 68;
         q.len = 10_000;
-        let e = check(
-            q,
-            arg("k", [1, 1, 4, 64]),
-            arg("v", [1, 1, 4, 64]),
-            arg("out", [1, 1, 4, 64]),
-        );
-        assert!(
-            e.contains("q row stride is 68 elements") && e.contains("multiples of 8"),
-            "{e}"
-        );
+        let e = check(q, arg("k", [1, 1, 4, 64]), arg("v", [1, 1, 4, 64]), arg("out", [1, 1, 4, 64]));
+        assert!(e.contains("q row stride is 68 elements") && e.contains("multiples of 8"), "{e}");
         let mut k = arg("k", [1, 1, 4, 64]);
         k.len -= 1;
-        let e = check(
-            arg("q", [1, 1, 4, 64]),
-            k,
-            arg("v", [1, 1, 4, 64]),
-            arg("out", [1, 1, 4, 64]),
-        );
-        assert!(
-            e.contains("k needs 256 elements") && e.contains("holds 255"),
-            "{e}"
-        );
+        let e = check(arg("q", [1, 1, 4, 64]), k, arg("v", [1, 1, 4, 64]), arg("out", [1, 1, 4, 64]));
+        assert!(e.contains("k needs 256 elements") && e.contains("holds 255"), "{e}");
         let a = arg("q", [1, 1, 4, 64]);
-        let e = validate(a, a, a, a, Some(f32::NAN))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("softmax scale NaN must be finite and positive"),
-            "{e}"
-        );
+        let e = validate(a, a, a, a, Some(f32::NAN)).unwrap_err().to_string();
+        assert!(e.contains("softmax scale NaN must be finite and positive"), "{e}");
         let e = validate(a, a, a, a, Some(-1.0)).unwrap_err().to_string();
         assert!(e.contains("scale -1"), "{e}");
         let mut o = arg("out", [1, 1, 4, 64]);

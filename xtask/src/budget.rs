@@ -17,12 +17,7 @@ pub struct Breach {
 }
 
 /// Checks one record against its kernel's budget and its arch's limits.
-pub fn check(
-    res: &KernelResources,
-    kernel: &Kernel,
-    arch: &Arch,
-    static_smem_limit: u32,
-) -> Vec<Breach> {
+pub fn check(res: &KernelResources, kernel: &Kernel, arch: &Arch, static_smem_limit: u32) -> Vec<Breach> {
     let mut out = Vec::new();
     let mut breach = |what: &str, value: u32, budget: u32, hint: &str| {
         out.push(Breach {
@@ -59,12 +54,7 @@ pub fn check(
         );
     }
     if res.smem_static > static_smem_limit {
-        breach(
-            "static smem bytes",
-            res.smem_static,
-            static_smem_limit,
-            "move the buffer to dynamic shared memory",
-        );
+        breach("static smem bytes", res.smem_static, static_smem_limit, "move the buffer to dynamic shared memory");
     }
     let total = res.smem_static.saturating_add(kernel.dynamic_smem);
     if total > arch.smem_optin_limit {
@@ -86,9 +76,7 @@ pub fn check_all(manifest: &Manifest, records: &[KernelResources]) -> Vec<Breach
     for res in records {
         let arch = manifest.archs.get(&res.arch);
         match (manifest.kernel(&res.name), arch) {
-            (Some(kernel), Some(arch)) => {
-                out.extend(check(res, kernel, arch, manifest.static_smem_limit))
-            }
+            (Some(kernel), Some(arch)) => out.extend(check(res, kernel, arch, manifest.static_smem_limit)),
             (None, _) => out.push(Breach {
                 kernel: res.name.clone(),
                 arch: res.arch.clone(),
@@ -117,10 +105,7 @@ pub fn check_all(manifest: &Manifest, records: &[KernelResources]) -> Vec<Breach
                         what: "entry missing from ptxas report".into(),
                         value: 0,
                         budget: 0,
-                        hint: format!(
-                            "is `{}` an extern \"C\" __global__ in {}?",
-                            k.entry, src.file
-                        ),
+                        hint: format!("is `{}` an extern \"C\" __global__ in {}?", k.entry, src.file),
                     });
                 }
             }
@@ -149,21 +134,14 @@ mod tests {
     }
 
     fn fixture() -> Vec<KernelResources> {
-        ptxas::parse(include_str!(
-            "../tests/data/ptxas-verbose-sm89-sm90-sm90a.txt"
-        ))
-        .kernels
+        ptxas::parse(include_str!("../tests/data/ptxas-verbose-sm89-sm90-sm90a.txt")).kernels
     }
 
     #[test]
     fn stack_frame_in_fixture_is_a_breach_per_arch() {
         let breaches = check_all(&manifest(), &fixture());
         assert_eq!(breaches.len(), 3, "{breaches:#?}");
-        assert!(
-            breaches
-                .iter()
-                .all(|b| b.kernel == "spilly" && b.what == "stack frame bytes")
-        );
+        assert!(breaches.iter().all(|b| b.kernel == "spilly" && b.what == "stack frame bytes"));
         assert!(breaches.iter().all(|b| b.value == 1024 && b.budget == 0));
     }
 
@@ -204,16 +182,10 @@ mod tests {
         let mut m = manifest();
         m.sources[0].kernels[1].dynamic_smem = 100 * 1024;
         let b = check_all(&m, &fixture());
-        let smem: Vec<_> = b
-            .iter()
-            .filter(|b| b.what == "static+dynamic smem bytes")
-            .collect();
+        let smem: Vec<_> = b.iter().filter(|b| b.what == "static+dynamic smem bytes").collect();
         // 9216 static + 102400 dynamic exceeds 99 KB on sm_89 only.
         assert_eq!(smem.len(), 1);
-        assert_eq!(
-            (smem[0].arch.as_str(), smem[0].value),
-            ("sm_89", 9216 + 102_400)
-        );
+        assert_eq!((smem[0].arch.as_str(), smem[0].value), ("sm_89", 9216 + 102_400));
     }
 
     #[test]
@@ -229,17 +201,7 @@ mod tests {
             launch: None,
         });
         let b = check_all(&m, &fixture());
-        assert_eq!(
-            b.iter()
-                .filter(|b| b.what == "entry without a budget")
-                .count(),
-            3
-        );
-        assert_eq!(
-            b.iter()
-                .filter(|b| b.what == "entry missing from ptxas report")
-                .count(),
-            3
-        );
+        assert_eq!(b.iter().filter(|b| b.what == "entry without a budget").count(), 3);
+        assert_eq!(b.iter().filter(|b| b.what == "entry missing from ptxas report").count(), 3);
     }
 }

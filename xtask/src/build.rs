@@ -23,6 +23,28 @@ pub struct Options {
     /// Another manifest (tests plant breaches with one); its sources are relative to it.
     pub manifest: Option<PathBuf>,
     pub jobs: usize,
+    /// Build only these archs (default: every arch the manifest lists).
+    pub archs: Option<Vec<String>>,
+    /// Extra `-D` defines for every unit (planted defects).
+    pub defines: Vec<String>,
+    /// Where fatbins go (default `target/kernels`).
+    pub out_dir: Option<PathBuf>,
+    /// Report name under `target/xtask/` (default `build`).
+    pub report: String,
+}
+
+impl Options {
+    pub fn new(timeout: Duration, jobs: usize) -> Options {
+        Options {
+            timeout,
+            manifest: None,
+            jobs,
+            archs: None,
+            defines: Vec::new(),
+            out_dir: None,
+            report: "build".into(),
+        }
+    }
 }
 
 /// Flags common to every unit; the arch's `-gencode` is added per unit.
@@ -58,35 +80,27 @@ struct Stamp {
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let manifest_path = opts.manifest.clone().unwrap_or_else(|| paths.manifest());
-    let manifest = Manifest::load(&manifest_path)?;
-    let src_dir = manifest_path
-        .parent()
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
+    let mut manifest = Manifest::load(&manifest_path)?;
+    if let Some(only) = &opts.archs {
+        manifest.sources.iter_mut().for_each(|s| s.archs.retain(|a| only.contains(a)));
+    }
+    let src_dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
     let nvcc = toolchain::nvcc(&paths.cuda_wheels)?;
-    let out_dir = paths.kernels_out();
+    let out_dir = opts.out_dir.clone().unwrap_or_else(|| paths.kernels_out());
     let headers = header_digest(&src_dir)?;
 
     let mut jobs = Vec::new();
     for src in &manifest.sources {
         let source_path = src_dir.join(&src.file);
-        let text = std::fs::read(&source_path)
-            .with_context(|| format!("reading kernel source {}", source_path.display()))?;
+        let text =
+            std::fs::read(&source_path).with_context(|| format!("reading kernel source {}", source_path.display()))?;
         for arch in &src.archs {
             let gencode = &manifest.archs[arch].gencode;
             let mut args: Vec<String> = FLAGS.iter().map(|s| s.to_string()).collect();
-            args.extend([
-                format!("-gencode={gencode}"),
-                format!("-I{}", src_dir.display()),
-            ]);
-            args.extend(src.defines.iter().map(|d| format!("-D{d}")));
+            args.extend([format!("-gencode={gencode}"), format!("-I{}", src_dir.display())]);
+            args.extend(src.defines.iter().chain(&opts.defines).map(|d| format!("-D{d}")));
             let mut h = Sha256::new();
-            for part in [
-                nvcc.version.as_bytes(),
-                args.join(" ").as_bytes(),
-                &text,
-                &headers,
-            ] {
+            for part in [nvcc.version.as_bytes(), args.join(" ").as_bytes(), &text, &headers] {
                 h.update((part.len() as u64).to_le_bytes());
                 h.update(part);
             }
@@ -103,10 +117,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     }
 
     // kernel-ffi launches from this copy, so fatbins and launch geometry travel together.
-    write_file(
-        &out_dir.join("manifest.json"),
-        serde_json::to_string_pretty(&manifest)? + "\n",
-    )?;
+    write_file(&out_dir.join("manifest.json"), serde_json::to_string_pretty(&manifest)? + "\n")?;
     let total = jobs.len();
     let started = Instant::now();
     let results = run_jobs(&nvcc, jobs, opts, total)?;
@@ -123,12 +134,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     for (unit, log) in results {
         let report = ptxas::parse(&log);
         kernels.extend(report.kernels);
-        warnings.extend(
-            report
-                .warnings
-                .into_iter()
-                .map(|w| format!("{} {}: {w}", unit.source, unit.arch)),
-        );
+        warnings.extend(report.warnings.into_iter().map(|w| format!("{} {}: {w}", unit.source, unit.arch)));
         units.push(unit);
     }
     kernels.sort_by(|a, b| (&a.name, &a.arch).cmp(&(&b.name, &b.arch)));
@@ -141,12 +147,9 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         breaches,
         ptxas_warnings: warnings,
     };
-    let toolchain = Toolchain {
-        nvcc: Some(nvcc.version.clone()),
-        nvcc_path: Some(nvcc.path.display().to_string()),
-        driver: None,
-    };
-    let report_path = paths.report("build");
+    let toolchain =
+        Toolchain { nvcc: Some(nvcc.version.clone()), nvcc_path: Some(nvcc.path.display().to_string()), driver: None };
+    let report_path = paths.report(&opts.report);
     Envelope::new("build", toolchain, None, &payload).write(&report_path)?;
 
     println!("{}", resource_table(&payload.kernels, &manifest));
@@ -176,12 +179,7 @@ struct Job {
 }
 
 /// Runs units on `opts.jobs` workers; returns each unit with its ptxas text, in input order.
-fn run_jobs(
-    nvcc: &Nvcc,
-    jobs: Vec<Job>,
-    opts: &Options,
-    total: usize,
-) -> Result<Vec<(Unit, String)>> {
+fn run_jobs(nvcc: &Nvcc, jobs: Vec<Job>, opts: &Options, total: usize) -> Result<Vec<(Unit, String)>> {
     let queue = Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
     let done = Mutex::new(Vec::new());
     let failures = Mutex::new(Vec::new());
@@ -198,20 +196,13 @@ fn run_jobs(
                     *n += 1;
                     match result {
                         Ok((unit, log)) => {
-                            let how = if unit.cached {
-                                "cached".to_string()
-                            } else {
-                                format!("{:.1} s", unit.seconds)
-                            };
+                            let how = if unit.cached { "cached".to_string() } else { format!("{:.1} s", unit.seconds) };
                             eprintln!("[{}/{total}] {} {}: {how}", *n, job.source, job.arch);
                             done.lock().unwrap().push((idx, unit, log));
                         }
                         Err(e) => {
                             eprintln!("[{}/{total}] {} {}: FAILED", *n, job.source, job.arch);
-                            failures
-                                .lock()
-                                .unwrap()
-                                .push(format!("{} for {}: {e:#}", job.source, job.arch));
+                            failures.lock().unwrap().push(format!("{} for {}: {e:#}", job.source, job.arch));
                         }
                     }
                 }
@@ -237,9 +228,7 @@ fn compile(nvcc: &Nvcc, job: &Job, timeout: Duration) -> Result<(Unit, String)> 
         cached,
         seconds,
     };
-    let stamp = std::fs::read(&stamp_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Stamp>(&b).ok());
+    let stamp = std::fs::read(&stamp_path).ok().and_then(|b| serde_json::from_slice::<Stamp>(&b).ok());
     if let Some(stamp) = stamp
         && stamp.hash == job.hash
         && job.output.is_file()
@@ -257,13 +246,9 @@ fn compile(nvcc: &Nvcc, job: &Job, timeout: Duration) -> Result<(Unit, String)> 
         .log(&log)
         .quiet()
         .run_checked()?;
-    std::fs::rename(&tmp, &job.output)
-        .with_context(|| format!("moving {} into place", tmp.display()))?;
+    std::fs::rename(&tmp, &job.output).with_context(|| format!("moving {} into place", tmp.display()))?;
     let ptxas = format!("{}{}", out.stdout, out.stderr);
-    let stamp = Stamp {
-        hash: job.hash.clone(),
-        ptxas: ptxas.clone(),
-    };
+    let stamp = Stamp { hash: job.hash.clone(), ptxas: ptxas.clone() };
     write_file(&stamp_path, serde_json::to_vec(&stamp)?)?;
     Ok((unit(false, out.elapsed.as_secs_f64()), ptxas))
 }
@@ -309,12 +294,7 @@ fn resource_table(kernels: &[KernelResources], manifest: &Manifest) -> String {
             ]
         })
         .collect::<Vec<_>>();
-    table::render(
-        &[
-            "kernel", "arch", "regs", "smem", "dyn smem", "stack", "spill st", "spill ld", "bars",
-        ],
-        &rows,
-    )
+    table::render(&["kernel", "arch", "regs", "smem", "dyn smem", "stack", "spill st", "spill ld", "bars"], &rows)
 }
 
 fn breach_table(breaches: &[Breach]) -> String {
@@ -331,10 +311,7 @@ fn breach_table(breaches: &[Breach]) -> String {
             ]
         })
         .collect::<Vec<_>>();
-    table::render(
-        &["kernel", "arch", "breach", "value", "budget", "fix"],
-        &rows,
-    )
+    table::render(&["kernel", "arch", "breach", "value", "budget", "fix"], &rows)
 }
 
 #[cfg(test)]
@@ -364,11 +341,8 @@ mod tests {
             target: dir.path().join("target"),
             cuda_wheels: workspace.cuda_wheels.clone(),
         };
-        let opts = Options {
-            timeout: Duration::from_secs(300),
-            manifest: Some(kernels.join("manifest.json")),
-            jobs: 1,
-        };
+        let opts =
+            Options { manifest: Some(kernels.join("manifest.json")), ..Options::new(Duration::from_secs(300), 1) };
         let err = run(&paths, &opts).unwrap_err();
         assert!(err.downcast_ref::<CheckFailed>().is_some(), "{err:#}");
         let report: serde_json::Value =
@@ -377,28 +351,12 @@ mod tests {
             .as_array()
             .unwrap()
             .iter()
-            .map(|b| {
-                (
-                    b["kernel"].as_str().unwrap().to_string(),
-                    b["what"].as_str().unwrap().to_string(),
-                )
-            })
+            .map(|b| (b["kernel"].as_str().unwrap().to_string(), b["what"].as_str().unwrap().to_string()))
             .collect();
-        assert!(
-            breaches.contains(&("spills".into(), "spill bytes".into())),
-            "{breaches:?}"
-        );
-        assert!(
-            breaches.contains(&("big_smem".into(), "static+dynamic smem bytes".into())),
-            "{breaches:?}"
-        );
+        assert!(breaches.contains(&("spills".into(), "spill bytes".into())), "{breaches:?}");
+        assert!(breaches.contains(&("big_smem".into(), "static+dynamic smem bytes".into())), "{breaches:?}");
         // A second run hits the cache and still fails the same way.
-        assert!(
-            run(&paths, &opts)
-                .unwrap_err()
-                .downcast_ref::<CheckFailed>()
-                .is_some()
-        );
+        assert!(run(&paths, &opts).unwrap_err().downcast_ref::<CheckFailed>().is_some());
     }
 
     const PLANTED: &str = r#"

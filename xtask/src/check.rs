@@ -28,10 +28,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
             bail!(crate::CannotRun(format!("--require-gpu, but {why}")))
         }
         Err(why) => {
-            eprintln!(
-                "check: skipped GPU stages ({}): {why}",
-                GPU_STAGES.join(", ")
-            );
+            eprintln!("check: skipped GPU stages ({}): {why}", GPU_STAGES.join(", "));
         }
     }
     eprintln!("check: passed");

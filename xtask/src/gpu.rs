@@ -16,11 +16,7 @@ pub fn detect() -> Result<Vec<String>, String> {
         return Err(format!("nvidia-smi -L failed: {}", out.tail()));
     }
     let gpus = parse_list(&out.stdout);
-    if gpus.is_empty() {
-        Err("nvidia-smi lists no GPU".into())
-    } else {
-        Ok(gpus)
-    }
+    if gpus.is_empty() { Err("nvidia-smi lists no GPU".into()) } else { Ok(gpus) }
 }
 
 /// `GPU 0: NVIDIA H200 (UUID: GPU-…)` lines → names.
@@ -28,13 +24,7 @@ pub fn parse_list(text: &str) -> Vec<String> {
     text.lines()
         .filter_map(|l| l.strip_prefix("GPU "))
         .filter_map(|l| l.split_once(": "))
-        .map(|(_, rest)| {
-            rest.split(" (UUID")
-                .next()
-                .unwrap_or(rest)
-                .trim()
-                .to_string()
-        })
+        .map(|(_, rest)| rest.split(" (UUID").next().unwrap_or(rest).trim().to_string())
         .collect()
 }
 

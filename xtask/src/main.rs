@@ -11,6 +11,9 @@ mod paths;
 mod process;
 mod ptxas;
 mod report;
+mod sanitize;
+mod sanitizer;
+mod smi;
 #[path = "../../kernel-ffi/src/schema.rs"]
 mod schema;
 mod table;
@@ -47,10 +50,7 @@ impl std::fmt::Display for CannotRun {
 impl std::error::Error for CannotRun {}
 
 #[derive(Parser)]
-#[command(
-    name = "cargo xtask",
-    about = "Build, check and measure the FlashAttention kernels"
-)]
+#[command(name = "cargo xtask", about = "Build, check and measure the FlashAttention kernels")]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -69,6 +69,20 @@ enum Task {
         require_gpu: bool,
         #[command(flatten)]
         test: TestArgs,
+    },
+    /// compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every kernel.
+    Sanitize {
+        #[command(flatten)]
+        build: BuildArgs,
+        /// Only these tools (default: all four).
+        #[arg(long, value_delimiter = ',')]
+        tool: Vec<sanitize::Tool>,
+        /// Per-tool timeout in seconds (default 600, racecheck 1200).
+        #[arg(long)]
+        tool_timeout: Option<u64>,
+        /// Also build each planted defect and require its tool to catch it.
+        #[arg(long)]
+        defects: bool,
     },
     /// Run the correctness matrix on the GPU against the references.
     Test {
@@ -104,22 +118,17 @@ struct TestArgs {
 
 impl BuildArgs {
     fn options(&self) -> build::Options {
+        let jobs = self.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         build::Options {
-            timeout: Duration::from_secs(self.build_timeout),
             manifest: self.manifest.clone(),
-            jobs: self
-                .jobs
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+            ..build::Options::new(Duration::from_secs(self.build_timeout), jobs)
         }
     }
 }
 
 impl TestArgs {
     fn options(&self) -> test::Options {
-        test::Options {
-            filter: self.filter.clone(),
-            timeout: Duration::from_secs(self.test_timeout),
-        }
+        test::Options { filter: self.filter.clone(), timeout: Duration::from_secs(self.test_timeout) }
     }
 }
 
@@ -143,18 +152,24 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
     let paths = paths::Paths::discover()?;
     match task {
         Task::Build(b) => build::run(&paths, &b.options()),
-        Task::Check {
-            build,
-            require_gpu,
-            test,
-        } => check::run(
-            &paths,
-            &check::Options {
-                build: build.options(),
-                require_gpu,
-                test: test.options(),
-            },
-        ),
+        Task::Check { build, require_gpu, test } => {
+            check::run(&paths, &check::Options { build: build.options(), require_gpu, test: test.options() })
+        }
+        Task::Sanitize { build, tool, tool_timeout, defects } => {
+            let b = build.options();
+            build::run(&paths, &b)?;
+            let tools = if tool.is_empty() { sanitize::Tool::ALL.to_vec() } else { tool };
+            sanitize::run(
+                &paths,
+                &sanitize::Options {
+                    tools,
+                    timeout: tool_timeout.map(Duration::from_secs),
+                    defects,
+                    build_timeout: b.timeout,
+                    jobs: b.jobs,
+                },
+            )
+        }
         Task::Test { build, test } => {
             build::run(&paths, &build.options())?;
             test::run(&paths, &test.options())

@@ -21,10 +21,7 @@ impl Paths {
             Some(r) => PathBuf::from(r),
             None => {
                 let cwd = std::env::current_dir()?;
-                match cwd
-                    .ancestors()
-                    .find(|d| d.join("kernels/manifest.json").is_file())
-                {
+                match cwd.ancestors().find(|d| d.join("kernels/manifest.json").is_file()) {
                     Some(r) => r.to_path_buf(),
                     None => bail!(
                         "no kernels/manifest.json in {} or its parents; run xtask inside the \
@@ -39,11 +36,7 @@ impl Paths {
             .map(|t| if t.is_absolute() { t } else { root.join(t) })
             .unwrap_or_else(|| root.join("target"));
         let cuda_wheels = target.join("cuda");
-        Ok(Paths {
-            root,
-            target,
-            cuda_wheels,
-        })
+        Ok(Paths { root, target, cuda_wheels })
     }
 
     pub fn manifest(&self) -> PathBuf {
@@ -67,9 +60,6 @@ impl Paths {
 
 /// `a/b/flash_fwd.cu` → `flash_fwd`.
 pub fn stem(file: &str) -> &str {
-    let name = Path::new(file)
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or(file);
+    let name = Path::new(file).file_name().and_then(|n| n.to_str()).unwrap_or(file);
     name.split('.').next().unwrap_or(name)
 }

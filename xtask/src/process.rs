@@ -145,15 +145,11 @@ impl Cmd {
             command.current_dir(dir);
         }
         let start = Instant::now();
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("could not start `{shown}`"))?;
+        let mut child = command.spawn().with_context(|| format!("could not start `{shown}`"))?;
         let pgid = child.id() as libc::pid_t;
         let stdout = drain(child.stdout.take(), false);
         let stderr = drain(child.stderr.take(), self.echo);
-        let waited = child
-            .wait_timeout(self.timeout)
-            .with_context(|| format!("waiting for `{shown}`"))?;
+        let waited = child.wait_timeout(self.timeout).with_context(|| format!("waiting for `{shown}`"))?;
         let status = match waited {
             Some(status) => {
                 // The leader is gone; make sure nothing it left behind lingers.
@@ -172,12 +168,7 @@ impl Cmd {
                 );
             }
         };
-        let output = Output {
-            status,
-            stdout: join(stdout),
-            stderr: join(stderr),
-            elapsed: start.elapsed(),
-        };
+        let output = Output { status, stdout: join(stdout), stderr: join(stderr), elapsed: start.elapsed() };
         self.write_log(&format!("{}{}", output.stdout, output.stderr))?;
         Ok(output)
     }
@@ -187,11 +178,7 @@ impl Cmd {
         let shown = self.display();
         let out = self.run()?;
         if !out.success() {
-            bail!(
-                "`{shown}` failed ({}); last output:\n{}",
-                out.status,
-                out.tail()
-            );
+            bail!("`{shown}` failed ({}); last output:\n{}", out.status, out.tail());
         }
         Ok(out)
     }
@@ -248,11 +235,7 @@ mod tests {
 
     #[test]
     fn captures_output_and_status() {
-        let out = Cmd::new("sh")
-            .args(["-c", "echo out; echo err >&2; exit 3"])
-            .quiet()
-            .run()
-            .unwrap();
+        let out = Cmd::new("sh").args(["-c", "echo out; echo err >&2; exit 3"]).quiet().run().unwrap();
         assert_eq!(out.stdout, "out\n");
         assert_eq!(out.stderr, "err\n");
         assert_eq!(out.status.code(), Some(3));
@@ -264,27 +247,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let marker = dir.path().join("grandchild.pid");
         // The child starts a grandchild that would outlive it, then hangs.
-        let script = format!(
-            "sleep 300 & echo $! > {}; echo started; sleep 300",
-            marker.display()
-        );
+        let script = format!("sleep 300 & echo $! > {}; echo started; sleep 300", marker.display());
         let start = Instant::now();
-        let err = Cmd::new("sh")
-            .args(["-c", &script])
-            .timeout(Duration::from_secs(1))
-            .quiet()
-            .run()
-            .unwrap_err()
-            .to_string();
+        let err =
+            Cmd::new("sh").args(["-c", &script]).timeout(Duration::from_secs(1)).quiet().run().unwrap_err().to_string();
         let took = start.elapsed();
         assert!(took < Duration::from_secs(3), "took {took:?}");
         assert!(err.contains("timed out after 1 s"), "{err}");
         assert!(err.contains("started"), "{err}");
-        let pid: libc::pid_t = std::fs::read_to_string(&marker)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let pid: libc::pid_t = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
         // Give the kernel a moment to reap, then the grandchild must be gone.
         std::thread::sleep(Duration::from_millis(200));
         // SAFETY: signal 0 only checks for existence.
@@ -294,13 +265,7 @@ mod tests {
 
     fn is_zombie(pid: libc::pid_t) -> bool {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
+            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
             .unwrap_or(true)
     }
 

@@ -150,11 +150,7 @@ mod tests {
             }
         );
         assert_eq!(find(&r, "tiles", "sm_90a").registers, 12);
-        assert_eq!(
-            find(&r, "tiles", "sm_90").cmem,
-            0,
-            "sm_90 lines carry no cmem clause"
-        );
+        assert_eq!(find(&r, "tiles", "sm_90").cmem, 0, "sm_90 lines carry no cmem clause");
     }
 
     #[test]

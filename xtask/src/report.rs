@@ -87,8 +87,7 @@ fn git_state() -> (String, bool) {
     };
     match quick(&["rev-parse", "HEAD"]) {
         Some(rev) => {
-            let dirty = quick(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
+            let dirty = quick(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
             (rev, dirty)
         }
         None => ("unknown".into(), false),
@@ -97,10 +96,7 @@ fn git_state() -> (String, bool) {
 
 /// Formats a time as `YYYY-MM-DDTHH:MM:SSZ` (days-from-civil inverse, Howard Hinnant's algorithm).
 pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -111,12 +107,7 @@ pub fn rfc3339(t: SystemTime) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 #[cfg(test)]

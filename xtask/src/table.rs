@@ -8,25 +8,12 @@ pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
         }
     }
     let line = |cells: Vec<&str>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         padded.join("  ").trim_end().to_string()
     };
     let mut out = vec![line(header.to_vec())];
-    out.push(
-        widths
-            .iter()
-            .map(|w| "-".repeat(*w))
-            .collect::<Vec<_>>()
-            .join("  "),
-    );
-    out.extend(
-        rows.iter()
-            .map(|r| line(r.iter().map(String::as_str).collect())),
-    );
+    out.push(widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));
+    out.extend(rows.iter().map(|r| line(r.iter().map(String::as_str).collect())));
     out.join("\n")
 }
 

@@ -42,8 +42,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
             .into());
         }
     };
-    let run: TestRun =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", raw.display()))?;
+    let run: TestRun = serde_json::from_str(&text).with_context(|| format!("parsing {}", raw.display()))?;
     println!("{}", case_table(&run.cases));
     let failed: Vec<&TestCase> = run.cases.iter().filter(|c| !c.passed).collect();
     let device = Device {
@@ -51,30 +50,16 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         compute_capability: run.device.compute_capability.clone(),
         sm_count: run.device.sm_count,
     };
-    let toolchain = Toolchain {
-        driver: run.device.driver.clone(),
-        ..Toolchain::default()
-    };
+    let toolchain = Toolchain { driver: run.device.driver.clone(), ..Toolchain::default() };
     let report = paths.report("test");
     Envelope::new("test", toolchain, Some(device), &run).write(&report)?;
-    println!(
-        "{} cases, {} failed, seed {}; report: {}",
-        run.cases.len(),
-        failed.len(),
-        run.seed,
-        report.display()
-    );
+    println!("{} cases, {} failed, seed {}; report: {}", run.cases.len(), failed.len(), run.seed, report.display());
     if run.cases.is_empty() {
         return Err(CheckFailed("no test case ran (filter matched nothing?)".into()).into());
     }
     if !failed.is_empty() {
         let names: Vec<&str> = failed.iter().take(10).map(|c| c.name.as_str()).collect();
-        return Err(CheckFailed(format!(
-            "{} case(s) failed: {}",
-            failed.len(),
-            names.join(", ")
-        ))
-        .into());
+        return Err(CheckFailed(format!("{} case(s) failed: {}", failed.len(), names.join(", "))).into());
     }
     Ok(())
 }
@@ -90,24 +75,9 @@ fn case_table(cases: &[TestCase]) -> String {
                 format!("{:.2e}", c.rel_l2),
                 format!("{:.2e}", c.max_abs),
                 format!("{:.1e}/{:.1e}", c.tol_rel_l2, c.tol_max_abs),
-                if c.passed {
-                    "ok".into()
-                } else {
-                    c.error.clone().unwrap_or_else(|| "FAIL".into())
-                },
+                if c.passed { "ok".into() } else { c.error.clone().unwrap_or_else(|| "FAIL".into()) },
             ]
         })
         .collect();
-    table::render(
-        &[
-            "case",
-            "splits",
-            "reference",
-            "rel L2",
-            "max abs",
-            "tol",
-            "result",
-        ],
-        &rows,
-    )
+    table::render(&["case", "splits", "reference", "rel L2", "max abs", "tol", "result"], &rows)
 }

@@ -55,25 +55,40 @@ pub fn discover(
     if let Some(p) = env("NVCC").filter(|s| !s.is_empty()) {
         candidates.push((PathBuf::from(p), Origin::NvccEnv));
     }
-    for (var, origin) in [
-        ("CUDA_HOME", Origin::CudaHome),
-        ("CUDA_PATH", Origin::CudaPath),
-    ] {
+    candidates.extend(toolkit_candidates("nvcc", &env));
+    candidates.push((wheel_dir.join(WHEEL_BIN).join("nvcc"), Origin::Wheels));
+    candidates.into_iter().find(|(p, _)| is_file(p))
+}
+
+/// Where a CUDA toolkit binary may live: `CUDA_HOME/bin`, `CUDA_PATH/bin`, `PATH`,
+/// `/usr/local/cuda/bin`, in that order.
+fn toolkit_candidates(tool: &str, env: &impl Fn(&str) -> Option<String>) -> Vec<(PathBuf, Origin)> {
+    let mut out = Vec::new();
+    for (var, origin) in [("CUDA_HOME", Origin::CudaHome), ("CUDA_PATH", Origin::CudaPath)] {
         if let Some(home) = env(var).filter(|s| !s.is_empty()) {
-            candidates.push((Path::new(&home).join("bin/nvcc"), origin));
+            out.push((Path::new(&home).join("bin").join(tool), origin));
         }
     }
     if let Some(path) = env("PATH") {
         for dir in std::env::split_paths(&path).filter(|d| !d.as_os_str().is_empty()) {
-            candidates.push((dir.join("nvcc"), Origin::Path));
+            out.push((dir.join(tool), Origin::Path));
         }
     }
-    candidates.push((
-        PathBuf::from("/usr/local/cuda/bin/nvcc"),
-        Origin::UsrLocalCuda,
-    ));
-    candidates.push((wheel_dir.join(WHEEL_BIN).join("nvcc"), Origin::Wheels));
-    candidates.into_iter().find(|(p, _)| is_file(p))
+    out.push((Path::new("/usr/local/cuda/bin").join(tool), Origin::UsrLocalCuda));
+    out
+}
+
+/// A toolkit binary the wheels do not carry (compute-sanitizer, ncu), or an error
+/// that says how to get it.
+pub fn cuda_tool(tool: &str) -> Result<PathBuf> {
+    toolkit_candidates(tool, &|k| std::env::var(k).ok()).into_iter().map(|(p, _)| p).find(|p| p.is_file()).ok_or_else(
+        || {
+            anyhow::Error::new(crate::CannotRun(format!(
+                "{tool} not found in CUDA_HOME, CUDA_PATH, PATH or /usr/local/cuda; it ships with the \
+                 CUDA toolkit (not with the compiler wheels): install the toolkit on the GPU machine"
+            )))
+        },
+    )
 }
 
 /// `nvcc --version` → `13.0.88` (the `V…` token of the `release` line).
@@ -103,17 +118,9 @@ pub fn nvcc(wheel_dir: &Path) -> Result<Nvcc> {
         .run_checked()
         .with_context(|| format!("asking {} for its version", path.display()))?;
     let version = parse_nvcc_version(&out.stdout).with_context(|| {
-        format!(
-            "no `release … V<version>` line in `{} --version`:\n{}",
-            path.display(),
-            out.stdout
-        )
+        format!("no `release … V<version>` line in `{} --version`:\n{}", path.display(), out.stdout)
     })?;
-    Ok(Nvcc {
-        path,
-        origin,
-        version,
-    })
+    Ok(Nvcc { path, origin, version })
 }
 
 fn pins_file(wheel_dir: &Path) -> PathBuf {
@@ -131,19 +138,11 @@ fn install_wheels(wheel_dir: &Path) -> Result<()> {
         wheel_dir.display()
     );
     if wheel_dir.exists() {
-        std::fs::remove_dir_all(wheel_dir)
-            .with_context(|| format!("removing stale {}", wheel_dir.display()))?;
+        std::fs::remove_dir_all(wheel_dir).with_context(|| format!("removing stale {}", wheel_dir.display()))?;
     }
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     Cmd::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-        ])
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"])
         .arg("--target")
         .arg(wheel_dir.display().to_string())
         .args(WHEELS.iter().copied())
@@ -167,15 +166,8 @@ mod tests {
     use std::collections::HashMap;
 
     fn find(vars: &[(&str, &str)], files: &[&str]) -> Option<(PathBuf, Origin)> {
-        let env: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        discover(
-            |k| env.get(k).cloned(),
-            |p| files.iter().any(|f| Path::new(f) == p),
-            Path::new("/t/cuda"),
-        )
+        let env: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        discover(|k| env.get(k).cloned(), |p| files.iter().any(|f| Path::new(f) == p), Path::new("/t/cuda"))
     }
 
     #[test]
@@ -188,19 +180,11 @@ mod tests {
             "/usr/local/cuda/bin/nvcc",
             "/t/cuda/nvidia/cu13/bin/nvcc",
         ];
-        let vars = [
-            ("NVCC", "/x/nvcc"),
-            ("CUDA_HOME", "/home/cuda"),
-            ("CUDA_PATH", "/cp"),
-            ("PATH", "/p1:/p2"),
-        ];
+        let vars = [("NVCC", "/x/nvcc"), ("CUDA_HOME", "/home/cuda"), ("CUDA_PATH", "/cp"), ("PATH", "/p1:/p2")];
         assert_eq!(find(&vars, &all).unwrap().1, Origin::NvccEnv);
         assert_eq!(find(&vars[1..], &all).unwrap().1, Origin::CudaHome);
         assert_eq!(find(&vars[2..], &all).unwrap().1, Origin::CudaPath);
-        assert_eq!(
-            find(&vars[3..], &all).unwrap(),
-            (PathBuf::from("/p2/nvcc"), Origin::Path)
-        );
+        assert_eq!(find(&vars[3..], &all).unwrap(), (PathBuf::from("/p2/nvcc"), Origin::Path));
         assert_eq!(find(&[], &all).unwrap().1, Origin::UsrLocalCuda);
         assert_eq!(find(&[], &all[5..]).unwrap().1, Origin::Wheels);
         assert_eq!(find(&vars, &[]), None);
@@ -208,10 +192,7 @@ mod tests {
 
     #[test]
     fn env_pointing_nowhere_falls_through() {
-        let got = find(
-            &[("NVCC", "/missing/nvcc"), ("CUDA_HOME", "")],
-            &["/usr/local/cuda/bin/nvcc"],
-        );
+        let got = find(&[("NVCC", "/missing/nvcc"), ("CUDA_HOME", "")], &["/usr/local/cuda/bin/nvcc"]);
         assert_eq!(got.unwrap().1, Origin::UsrLocalCuda);
     }
 

@@ -13,14 +13,7 @@ use crate::process::Cmd;
 pub fn binary(paths: &Paths, name: &str) -> Result<PathBuf> {
     let dir = if let Some(cargo) = std::env::var_os("CARGO") {
         Cmd::new(cargo)
-            .args([
-                "build",
-                "--release",
-                "--quiet",
-                "-p",
-                "kernel-ffi",
-                "--bins",
-            ])
+            .args(["build", "--release", "--quiet", "-p", "kernel-ffi", "--bins"])
             .cwd(&paths.root)
             .timeout(Duration::from_secs(1800))
             .run_checked()
@@ -28,9 +21,7 @@ pub fn binary(paths: &Paths, name: &str) -> Result<PathBuf> {
         paths.target.join("release")
     } else {
         let exe = std::env::current_exe().context("locating xtask's executable")?;
-        exe.parent()
-            .context("xtask's executable has no parent directory")?
-            .to_path_buf()
+        exe.parent().context("xtask's executable has no parent directory")?.to_path_buf()
     };
     let path = dir.join(name);
     if !path.is_file() {

@@ -50,9 +50,7 @@ fn parse_splits(s: &str) -> Result<Splits, String> {
         "auto" => Ok(Splits::Auto),
         n => match n.parse::<u32>() {
             Ok(n) if n >= 1 => Ok(Splits::Fixed(n)),
-            _ => Err(format!(
-                "`{s}` is not a split count; use auto or a number ≥ 1"
-            )),
+            _ => Err(format!("`{s}` is not a split count; use auto or a number ≥ 1")),
         },
     }
 }
@@ -63,8 +61,7 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let args = Args::parse();
-    let bytes =
-        std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
+    let bytes = std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
     let [q, k, v] = read_qkv(&bytes, args.layout)?;
     let att = Attention::new(0).context("setting up the kernels")?;
     let (qd, kd, vd) = (
@@ -74,33 +71,17 @@ fn run() -> Result<()> {
     );
     let mut out = att.alloc_poisoned(q.dtype, q.desc)?;
     let [b, h, s, _] = q.desc.dims;
-    let mut lse = if args.lse {
-        Some(
-            att.stream()
-                .clone_htod(&vec![f32::NAN; (b * h * s).max(1)])?,
-        )
-    } else {
-        None
-    };
-    let opts = Options {
-        causal: args.causal,
-        scale: args.scale,
-        splits: args.splits,
-    };
+    let mut lse = if args.lse { Some(att.stream().clone_htod(&vec![f32::NAN; (b * h * s).max(1)])?) } else { None };
+    let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits };
     let launched = att.forward(&qd, &kd, &vd, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
-    let out = HostTensor16 {
-        dtype: q.dtype,
-        desc: q.desc,
-        bits: att.download(&out)?,
-    };
+    let out = HostTensor16 { dtype: q.dtype, desc: q.desc, bits: att.download(&out)? };
     let lse = match &lse {
         Some(l) => Some(att.stream().clone_dtoh(l)?[..b * h * s].to_vec()),
         None => None,
     };
     let bytes = write_outputs(&out, args.layout, lse.as_deref())?;
-    std::fs::write(&args.output, bytes)
-        .with_context(|| format!("writing {}", args.output.display()))?;
+    std::fs::write(&args.output, bytes).with_context(|| format!("writing {}", args.output.display()))?;
     eprintln!(
         "fa-run: {} {:?} on {}, {} split(s), {} CTAs → {}",
         q.dtype.name(),

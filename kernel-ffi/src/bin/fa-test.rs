@@ -61,31 +61,68 @@ impl Case {
     }
 }
 
+/// Small shapes that still reach every entry point and every code path (tails,
+/// causal rows without keys, empty splits, GQA, combine, the GPU reference): what
+/// compute-sanitizer runs, where each launch is 10-100x slower.
+fn sanitize_set() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        for head_dim in [64, 128] {
+            for causal in [false, true] {
+                let case = |sq, sk, heads, kv_heads, layout, splits| Case {
+                    dtype,
+                    head_dim,
+                    causal,
+                    batch: 1,
+                    heads,
+                    kv_heads,
+                    seqlen_q: sq,
+                    seqlen_k: sk,
+                    layout,
+                    splits,
+                    lse: true,
+                    scale: None,
+                    gpu_reference: false,
+                };
+                cases.push(case(65, 130, 2, 2, Layout::Bhsd, Splits::Fixed(1)));
+                cases.push(case(130, 130, 4, 1, Layout::Bshd, Splits::Fixed(3)));
+                cases.push(case(1, 77, 2, 1, Layout::Bhsd, Splits::Auto));
+            }
+        }
+        cases.push(Case { gpu_reference: true, ..sanitize_set_ref(dtype) });
+    }
+    cases
+}
+
+fn sanitize_set_ref(dtype: Dtype) -> Case {
+    Case {
+        dtype,
+        head_dim: 64,
+        causal: true,
+        batch: 1,
+        heads: 2,
+        kv_heads: 1,
+        seqlen_q: 100,
+        seqlen_k: 150,
+        layout: Layout::Bshd,
+        splits: Splits::Auto,
+        lse: true,
+        scale: None,
+        gpu_reference: true,
+    }
+}
+
 /// Every dtype × head dim × causal × split mode, each over all lengths; layout,
 /// GQA shape, batch, LSE and explicit scale rotate so each meets every length.
 fn matrix() -> Vec<Case> {
     // Odd and even, below/at/above a 64 tile, Sq ≠ Sk both ways (causal rows with no key), 1 and 0.
-    let lengths = [
-        (1, 1),
-        (1, 77),
-        (63, 63),
-        (64, 64),
-        (65, 130),
-        (128, 97),
-        (200, 513),
-        (130, 64),
-        (0, 10),
-        (10, 0),
-    ];
+    let lengths = [(1, 1), (1, 77), (63, 63), (64, 64), (65, 130), (128, 97), (200, 513), (130, 64), (0, 10), (10, 0)];
     let gqa = [(2, 2), (4, 1), (6, 2)];
     let mut cases = Vec::new();
     for dtype in [Dtype::F16, Dtype::Bf16] {
         for head_dim in [64, 128] {
             for causal in [false, true] {
-                for (si, splits) in [Splits::Fixed(1), Splits::Fixed(3), Splits::Auto]
-                    .into_iter()
-                    .enumerate()
-                {
+                for (si, splits) in [Splits::Fixed(1), Splits::Fixed(3), Splits::Auto].into_iter().enumerate() {
                     for (i, &(seqlen_q, seqlen_k)) in lengths.iter().enumerate() {
                         let (heads, kv_heads) = gqa[(i + si) % 3];
                         cases.push(Case {
@@ -97,11 +134,7 @@ fn matrix() -> Vec<Case> {
                             kv_heads,
                             seqlen_q,
                             seqlen_k,
-                            layout: if (i + si) % 2 == 0 {
-                                Layout::Bshd
-                            } else {
-                                Layout::Bhsd
-                            },
+                            layout: if (i + si) % 2 == 0 { Layout::Bshd } else { Layout::Bhsd },
                             splits,
                             lse: (i + si + usize::from(causal)) % 2 == 0,
                             scale: (i % 3 == 0).then_some(0.3),
@@ -128,11 +161,7 @@ fn matrix() -> Vec<Case> {
         gpu_reference: false,
     };
     // The seed problems, as the planner sees them.
-    cases.extend([
-        seed(Dtype::F16, 128, 1, 1),
-        seed(Dtype::F16, 512, 1, 1),
-        seed(Dtype::Bf16, 512, 2, 8),
-    ]);
+    cases.extend([seed(Dtype::F16, 128, 1, 1), seed(Dtype::F16, 512, 1, 1), seed(Dtype::Bf16, 512, 2, 8)]);
     // Large shapes against the fp32 GPU reference.
     let large = |dtype, head_dim, causal, b, h, kv, sq, sk, layout, splits| Case {
         dtype,
@@ -150,66 +179,11 @@ fn matrix() -> Vec<Case> {
         gpu_reference: true,
     };
     cases.extend([
-        large(
-            Dtype::F16,
-            64,
-            true,
-            2,
-            8,
-            8,
-            1024,
-            1024,
-            Layout::Bshd,
-            Splits::Auto,
-        ),
-        large(
-            Dtype::Bf16,
-            128,
-            false,
-            1,
-            16,
-            4,
-            2048,
-            2048,
-            Layout::Bhsd,
-            Splits::Auto,
-        ),
-        large(
-            Dtype::F16,
-            128,
-            true,
-            2,
-            4,
-            2,
-            1000,
-            3000,
-            Layout::Bshd,
-            Splits::Fixed(4),
-        ),
-        large(
-            Dtype::Bf16,
-            64,
-            true,
-            1,
-            2,
-            1,
-            4096,
-            4096,
-            Layout::Bhsd,
-            Splits::Auto,
-        ),
-        large(
-            Dtype::F16,
-            128,
-            false,
-            1,
-            4,
-            4,
-            3000,
-            1001,
-            Layout::Bhsd,
-            Splits::Fixed(2),
-        ),
+        large(Dtype::F16, 64, true, 2, 8, 8, 1024, 1024, Layout::Bshd, Splits::Auto),
+        large(Dtype::Bf16, 128, false, 1, 16, 4, 2048, 2048, Layout::Bhsd, Splits::Auto),
+        large(Dtype::F16, 128, true, 2, 4, 2, 1000, 3000, Layout::Bshd, Splits::Fixed(4)),
+        large(Dtype::Bf16, 64, true, 1, 2, 1, 4096, 4096, Layout::Bhsd, Splits::Auto),
+        large(Dtype::F16, 128, false, 1, 4, 4, 3000, 1001, Layout::Bhsd, Splits::Fixed(2)),
     ]);
     cases
 }
@@ -232,24 +206,13 @@ impl Rng {
 
 /// Random bits for a tensor, and the same values as f32 after rounding to dtype.
 fn random(rng: &mut Rng, dtype: Dtype, desc: &Desc, lo: f32, hi: f32) -> (Vec<u16>, Vec<f32>) {
-    let bits: Vec<u16> = (0..desc.span())
-        .map(|_| dtype.from_f32(rng.uniform(lo, hi)))
-        .collect();
+    let bits: Vec<u16> = (0..desc.span()).map(|_| dtype.from_f32(rng.uniform(lo, hi))).collect();
     let vals = bits.iter().map(|&b| dtype.to_f32(b)).collect();
     (bits, vals)
 }
 
 fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
-    let Case {
-        dtype,
-        head_dim: d,
-        batch: b,
-        heads: h,
-        kv_heads: hkv,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        ..
-    } = *case;
+    let Case { dtype, head_dim: d, batch: b, heads: h, kv_heads: hkv, seqlen_q: sq, seqlen_k: sk, .. } = *case;
     let qd = Desc::new([b, h, sq, d], case.layout);
     let kd = Desc::new([b, hkv, sk, d], case.layout);
     let (qb, qv) = random(rng, dtype, &qd, -1.5, 1.5);
@@ -261,16 +224,8 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     let v = att.upload(dtype, kd, &vb)?;
     let mut out = att.alloc_poisoned(dtype, qd)?;
     let rows = b * h * sq;
-    let mut lse = if case.lse {
-        Some(att.stream().clone_htod(&vec![f32::NAN; rows.max(1)])?)
-    } else {
-        None
-    };
-    let opts = Options {
-        causal: case.causal,
-        scale: case.scale,
-        splits: case.splits,
-    };
+    let mut lse = if case.lse { Some(att.stream().clone_htod(&vec![f32::NAN; rows.max(1)])?) } else { None };
+    let opts = Options { causal: case.causal, scale: case.scale, splits: case.splits };
     let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let got_bits = att.download(&out)?;
@@ -290,24 +245,12 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     };
     let (want, want_lse) = if case.gpu_reference {
         let (o, l) = att.reference(&q, &k, &v, case.causal, case.scale)?;
-        (
-            o.into_iter().map(f64::from).collect::<Vec<_>>(),
-            l.into_iter().map(f64::from).collect::<Vec<_>>(),
-        )
+        (o.into_iter().map(f64::from).collect::<Vec<_>>(), l.into_iter().map(f64::from).collect::<Vec<_>>())
     } else {
         reference::attention(
-            &HostTensor {
-                desc: qd,
-                data: &qv,
-            },
-            &HostTensor {
-                desc: kd,
-                data: &kv,
-            },
-            &HostTensor {
-                desc: kd,
-                data: &vv,
-            },
+            &HostTensor { desc: qd, data: &qv },
+            &HostTensor { desc: kd, data: &kv },
+            &HostTensor { desc: kd, data: &vv },
             &problem,
             case.causal,
         )
@@ -318,11 +261,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         for hi in 0..h {
             for si in 0..sq {
                 let off = qd.offset(bi, hi, si);
-                got.extend(
-                    got_bits[off..off + d]
-                        .iter()
-                        .map(|&x| f64::from(dtype.to_f32(x))),
-                );
+                got.extend(got_bits[off..off + d].iter().map(|&x| f64::from(dtype.to_f32(x))));
             }
         }
     }
@@ -351,12 +290,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         splits: case.splits_label(),
         num_splits: launched.num_splits,
         lse: case.lse,
-        reference: if case.gpu_reference {
-            "gpu-f32"
-        } else {
-            "cpu-f64"
-        }
-        .into(),
+        reference: if case.gpu_reference { "gpu-f32" } else { "cpu-f64" }.into(),
         rel_l2: errs.rel_l2,
         max_abs: errs.max_abs,
         lse_max_abs,
@@ -370,9 +304,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
 }
 
 #[derive(clap::Parser)]
-#[command(
-    about = "Correctness matrix of the attention kernels against f64 CPU / fp32 GPU references"
-)]
+#[command(about = "Correctness matrix of the attention kernels against f64 CPU / fp32 GPU references")]
 struct Args {
     /// Write the results here as JSON (else to stdout).
     #[arg(long)]
@@ -383,9 +315,16 @@ struct Args {
     /// Seed for the random inputs (default: from the clock, printed and recorded).
     #[arg(long)]
     seed: Option<u64>,
+    /// Which cases: `full` (the correctness matrix), `sanitize` (small, covering)
+    /// or `smoke` (one case).
+    #[arg(long, default_value = "full")]
+    set: String,
     /// List the case names and exit.
     #[arg(long)]
     list: bool,
+    /// Print the device (JSON) and exit: proves the driver loads the fatbins.
+    #[arg(long)]
+    info: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -393,30 +332,26 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    let Args {
-        json,
-        filter,
-        seed,
-        list,
-    } = clap::Parser::parse();
+    let Args { json, filter, seed, set, list, info } = clap::Parser::parse();
+    let all = match set.as_str() {
+        "full" => matrix(),
+        "sanitize" => sanitize_set(),
+        "smoke" => vec![sanitize_set_ref(Dtype::F16)],
+        other => anyhow::bail!("unknown case set `{other}`; use full, sanitize or smoke"),
+    };
     if list {
-        matrix().iter().for_each(|c| println!("{}", c.name()));
+        all.iter().for_each(|c| println!("{}", c.name()));
         return Ok(());
     }
-    let seed = seed.unwrap_or_else(|| {
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-    });
+    let seed = seed
+        .unwrap_or_else(|| SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64));
     let att = Attention::new(0).context("setting up the kernels")?;
-    let cases: Vec<Case> = matrix()
-        .into_iter()
-        .filter(|c| {
-            filter
-                .as_ref()
-                .is_none_or(|f| c.name().contains(f.as_str()))
-        })
-        .collect();
+    if info {
+        println!("{}", serde_json::to_string(att.device())?);
+        return Ok(());
+    }
+    let cases: Vec<Case> =
+        all.into_iter().filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str()))).collect();
     eprintln!(
         "fa-test: {} cases on {} (sm count {}), seed {seed}",
         cases.len(),
@@ -460,16 +395,9 @@ fn run() -> Result<()> {
             result.name,
             result.rel_l2,
             result.max_abs,
-            result
-                .error
-                .as_deref()
-                .map(|e| format!(" error: {e}"))
-                .unwrap_or_default()
+            result.error.as_deref().map(|e| format!(" error: {e}")).unwrap_or_default()
         );
-        let fatal = result
-            .error
-            .as_deref()
-            .is_some_and(|e| e.contains("CUDA error"));
+        let fatal = result.error.as_deref().is_some_and(|e| e.contains("CUDA error"));
         results.push(result);
         if fatal {
             // A kernel fault poisons the context: later cases would only repeat it.
@@ -478,16 +406,10 @@ fn run() -> Result<()> {
         }
     }
     eprintln!("fa-test: {:.1} s", start.elapsed().as_secs_f64());
-    let run = TestRun {
-        device: att.device().clone(),
-        seed,
-        cases: results,
-    };
+    let run = TestRun { device: att.device().clone(), seed, cases: results };
     let text = serde_json::to_string_pretty(&run)?;
     match json {
-        Some(path) => {
-            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?
-        }
+        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
         None => println!("{text}"),
     }
     Ok(())

@@ -1,0 +1,308 @@
+//! `cargo xtask sanitize`: compute-sanitizer's memcheck (with leak check),
+//! racecheck, synccheck and initcheck over `fa-test --set sanitize`, which reaches
+//! every entry point; with `--defects`, each planted defect must be caught by its tool.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::Manifest;
+use crate::paths::Paths;
+use crate::process::Cmd;
+use crate::report::{Device, Envelope, Toolchain};
+use crate::sanitizer::{self, Finding, Summary};
+use crate::schema::DeviceInfo;
+use crate::{CannotRun, CheckFailed, build, table, toolchain, tools};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Tool {
+    Memcheck,
+    Racecheck,
+    Synccheck,
+    Initcheck,
+}
+
+impl Tool {
+    pub const ALL: [Tool; 4] = [Tool::Memcheck, Tool::Racecheck, Tool::Synccheck, Tool::Initcheck];
+
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Memcheck => "memcheck",
+            Tool::Racecheck => "racecheck",
+            Tool::Synccheck => "synccheck",
+            Tool::Initcheck => "initcheck",
+        }
+    }
+
+    fn extra_args(self) -> &'static [&'static str] {
+        match self {
+            Tool::Memcheck => &["--leak-check", "full"],
+            _ => &[],
+        }
+    }
+
+    /// Racecheck instruments every shared-memory access and is the slowest by far.
+    fn default_timeout(self) -> Duration {
+        Duration::from_secs(match self {
+            Tool::Racecheck => 1200,
+            _ => 600,
+        })
+    }
+}
+
+/// The planted defects (`-D` define) and the tool that must report each.
+const DEFECTS: [(&str, Tool); 4] = [
+    ("FA_DEFECT_OOB_TAIL", Tool::Memcheck),
+    ("FA_DEFECT_RACE", Tool::Racecheck),
+    ("FA_DEFECT_UNINIT", Tool::Initcheck),
+    ("FA_DEFECT_DIVERGENT_SYNC", Tool::Synccheck),
+];
+
+pub struct Options {
+    pub tools: Vec<Tool>,
+    /// Overrides every tool's default timeout.
+    pub timeout: Option<Duration>,
+    /// Also build and check the planted defects.
+    pub defects: bool,
+    pub build_timeout: Duration,
+    pub jobs: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolRun {
+    pub tool: Tool,
+    /// `release` or the planted defect's define.
+    pub kernels: String,
+    pub exit_code: Option<i32>,
+    pub seconds: f64,
+    /// From the text output; `None` means nothing was checked.
+    pub summary: Option<Summary>,
+    pub findings: Vec<Finding>,
+    pub xml: PathBuf,
+    pub log: PathBuf,
+}
+
+impl ToolRun {
+    /// Errors reported, by the summary (the XML stops at the print limit).
+    fn errors(&self) -> u64 {
+        let from_xml = self.findings.iter().filter(|f| f.is_error()).count() as u64;
+        self.summary.map_or(from_xml, |s| s.errors.max(from_xml))
+    }
+
+    fn clean(&self) -> bool {
+        self.summary.is_some() && self.errors() == 0
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DefectRun {
+    pub define: String,
+    pub expected_tool: Tool,
+    pub caught: bool,
+    pub run: ToolRun,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SanitizePayload {
+    pub runs: Vec<ToolRun>,
+    pub defects: Vec<DefectRun>,
+}
+
+pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    let sanitizer = toolchain::cuda_tool("compute-sanitizer")?;
+    let driver = tools::binary(paths, "fa-test")?;
+    let dir = paths.reports().join("sanitize");
+    let device = device_info(&driver, &paths.kernels_out())?;
+
+    let mut runs = Vec::new();
+    for &tool in &opts.tools {
+        runs.push(run_tool(&sanitizer, &driver, tool, &paths.kernels_out(), "release", &dir, opts)?);
+    }
+
+    let mut defects = Vec::new();
+    if opts.defects {
+        let manifest = Manifest::load(&paths.manifest())?;
+        let (major, minor) = parse_cc(&device.compute_capability)?;
+        let arch = manifest
+            .pick_arch(major, minor)
+            .with_context(|| format!("no manifest arch runs on compute capability {}", device.compute_capability))?;
+        for (define, tool) in DEFECTS {
+            let kernels = dir.join(format!("kernels-{define}"));
+            eprintln!("== sanitize: planting {define} (built for {arch} into {})", kernels.display());
+            build::run(
+                paths,
+                &build::Options {
+                    archs: Some(vec![arch.clone()]),
+                    defines: vec![define.to_string()],
+                    out_dir: Some(kernels.clone()),
+                    report: format!("sanitize/build-{define}"),
+                    ..build::Options::new(opts.build_timeout, opts.jobs)
+                },
+            )?;
+            let run = run_tool(&sanitizer, &driver, tool, &kernels, define, &dir, opts)?;
+            defects.push(DefectRun { define: define.into(), expected_tool: tool, caught: run.errors() > 0, run });
+        }
+    }
+
+    println!("{}", run_table(&runs, &defects));
+    let findings = findings_table(runs.iter().chain(defects.iter().map(|d| &d.run)));
+    if !findings.is_empty() {
+        println!("\nFINDINGS (by kernel and source line)\n{findings}");
+    }
+    let payload = SanitizePayload { runs, defects };
+    let report = paths.report("sanitize");
+    let dev = Device {
+        name: device.name.clone(),
+        compute_capability: device.compute_capability.clone(),
+        sm_count: device.sm_count,
+    };
+    let toolchain = Toolchain { driver: device.driver.clone(), ..Toolchain::default() };
+    Envelope::new("sanitize", toolchain, Some(dev), &payload).write(&report)?;
+    println!("report: {}", report.display());
+
+    let mut problems = Vec::new();
+    for r in &payload.runs {
+        match r.summary {
+            None => problems.push(format!(
+                "{} printed no summary: nothing was checked (see {})",
+                r.tool.name(),
+                r.log.display()
+            )),
+            Some(_) if r.errors() > 0 => problems.push(format!("{} reported {} error(s)", r.tool.name(), r.errors())),
+            Some(_) => {}
+        }
+    }
+    for d in payload.defects.iter().filter(|d| !d.caught) {
+        problems.push(format!("planted {} was not caught by {}", d.define, d.expected_tool.name()));
+    }
+    if !problems.is_empty() {
+        return Err(CheckFailed(problems.join("; ")).into());
+    }
+    Ok(())
+}
+
+fn run_tool(
+    sanitizer: &Path,
+    driver: &Path,
+    tool: Tool,
+    kernels: &Path,
+    label: &str,
+    dir: &Path,
+    opts: &Options,
+) -> Result<ToolRun> {
+    let stem = if label == "release" { tool.name().to_string() } else { format!("{}-{label}", tool.name()) };
+    let xml = dir.join(format!("{stem}.xml"));
+    let log = dir.join(format!("{stem}.log"));
+    let _ = std::fs::remove_file(&xml);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    eprintln!("== sanitize: {} on {label} kernels", tool.name());
+    let out = Cmd::new(sanitizer)
+        .args(["--tool", tool.name()])
+        .args(tool.extra_args().iter().copied())
+        .args(["--xml", "--save"])
+        .arg(xml.display().to_string())
+        .args(["--print-limit", "1000"])
+        .arg(driver.display().to_string())
+        .args(["--set", "sanitize", "--json"])
+        .arg(dir.join(format!("{stem}.fa-test.json")).display().to_string())
+        .env("FA_KERNEL_DIR", kernels.display().to_string())
+        .timeout(opts.timeout.unwrap_or(tool.default_timeout()))
+        .log(&log)
+        .run()?;
+    let text = format!("{}{}", out.stdout, out.stderr);
+    let findings = match std::fs::read_to_string(&xml) {
+        Ok(x) => sanitizer::parse_xml(&x).with_context(|| format!("in {}", xml.display()))?,
+        Err(_) => Vec::new(),
+    };
+    Ok(ToolRun {
+        tool,
+        kernels: label.to_string(),
+        exit_code: out.status.code(),
+        seconds: out.elapsed.as_secs_f64(),
+        summary: sanitizer::parse_summary(&text),
+        findings,
+        xml,
+        log,
+    })
+}
+
+/// Asks the driver which device it sees (and proves it can load the fatbins).
+pub fn device_info(driver: &Path, kernels: &Path) -> Result<DeviceInfo> {
+    let out = Cmd::new(driver)
+        .arg("--info")
+        .env("FA_KERNEL_DIR", kernels.display().to_string())
+        .quiet()
+        .timeout(Duration::from_secs(60))
+        .run()?;
+    if !out.success() {
+        return Err(CannotRun(format!("{} --info failed: {}", driver.display(), out.tail())).into());
+    }
+    serde_json::from_str(out.stdout.trim()).context("parsing fa-test --info")
+}
+
+fn parse_cc(cc: &str) -> Result<(i32, i32)> {
+    let (a, b) = cc.split_once('.').with_context(|| format!("compute capability `{cc}` is not major.minor"))?;
+    Ok((a.parse()?, b.parse()?))
+}
+
+fn run_table(runs: &[ToolRun], defects: &[DefectRun]) -> String {
+    let mut rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            vec![
+                r.tool.name().into(),
+                r.kernels.clone(),
+                r.summary.map_or("none".into(), |s| format!("{} err, {} warn", s.errors, s.warnings)),
+                r.findings.len().to_string(),
+                format!("{:.1}", r.seconds),
+                if r.clean() { "clean".into() } else { "FAIL".into() },
+            ]
+        })
+        .collect();
+    rows.extend(defects.iter().map(|d| {
+        vec![
+            d.expected_tool.name().into(),
+            d.define.clone(),
+            d.run.summary.map_or("none".into(), |s| format!("{} err, {} warn", s.errors, s.warnings)),
+            d.run.findings.len().to_string(),
+            format!("{:.1}", d.run.seconds),
+            if d.caught { "caught".into() } else { "MISSED".into() },
+        ]
+    }));
+    table::render(&["tool", "kernels", "summary", "records", "s", "verdict"], &rows)
+}
+
+/// Findings grouped by (tool, kernels, kernel, file:line, what), most frequent first.
+fn findings_table<'a>(runs: impl Iterator<Item = &'a ToolRun>) -> String {
+    let mut groups: Vec<(Vec<String>, u64)> = Vec::new();
+    for r in runs {
+        for f in &r.findings {
+            let key = vec![
+                r.tool.name().to_string(),
+                r.kernels.clone(),
+                f.location.kernel.clone(),
+                format!("{}:{}", f.location.file, f.location.line),
+                f.what.clone(),
+            ];
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, n)) => *n += f.count,
+                None => groups.push((key, f.count)),
+            }
+        }
+    }
+    if groups.is_empty() {
+        return String::new();
+    }
+    groups.sort_by(|a, b| b.1.cmp(&a.1));
+    let rows: Vec<Vec<String>> = groups
+        .into_iter()
+        .map(|(mut k, n)| {
+            k.push(n.to_string());
+            k
+        })
+        .collect();
+    table::render(&["tool", "kernels", "kernel", "line", "what", "count"], &rows)
+}

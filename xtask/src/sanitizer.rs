@@ -1,0 +1,299 @@
+//! Parsers for compute-sanitizer output. Pure: text in, records out.
+//!
+//! The XML (`--xml --save FILE`) holds one `<record>` per finding up to the print
+//! limit; the text output's `ERROR SUMMARY` / `RACECHECK SUMMARY` lines hold the
+//! true counts. Unknown elements are ignored, never fatal.
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Deserialize, Default)]
+struct RawOutput {
+    #[serde(rename = "record", default)]
+    records: Vec<RawRecord>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawRecord {
+    kind: Option<String>,
+    level: Option<String>,
+    who: Option<RawWho>,
+    what: Option<RawWhat>,
+    #[serde(rename = "where")]
+    location: Option<RawWhere>,
+    #[serde(rename = "hostStack")]
+    host_stack: Option<RawStack>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawWho {
+    #[serde(rename = "threadIdx")]
+    thread: Option<Dim3>,
+    #[serde(rename = "blockIdx")]
+    block: Option<Dim3>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Dim3 {
+    #[serde(default)]
+    pub x: u32,
+    #[serde(default)]
+    pub y: u32,
+    #[serde(default)]
+    pub z: u32,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawWhat {
+    text: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    address: Option<String>,
+    size: Option<u64>,
+    space: Option<String>,
+    source: Option<RawAccess>,
+    destination: Option<RawAccess>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawAccess {
+    direction: Option<String>,
+    #[serde(rename = "where")]
+    location: Option<RawWhere>,
+    count: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct RawWhere {
+    func: Option<String>,
+    path: Option<String>,
+    line: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawStack {
+    #[serde(rename = "frame", default)]
+    frames: Vec<RawFrame>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawFrame {
+    func: Option<String>,
+}
+
+/// A source location in a kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Location {
+    pub kernel: String,
+    pub file: String,
+    pub line: u32,
+}
+
+/// One finding, normalised across tools.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// `Precise`, `Analysis` (racecheck), `Initcheck`, `Synccheck`, …
+    pub kind: String,
+    /// `Error`, `Warning`; absent in some records (treated as errors).
+    pub level: String,
+    pub what: String,
+    pub location: Location,
+    /// For races: the other access.
+    pub other: Option<Location>,
+    pub thread: Option<Dim3>,
+    pub block: Option<Dim3>,
+    pub address: Option<String>,
+    pub size: Option<u64>,
+    /// Hazard count a racecheck record stands for.
+    pub count: u64,
+    pub host_stack: Vec<String>,
+}
+
+impl Finding {
+    pub fn is_error(&self) -> bool {
+        !self.level.eq_ignore_ascii_case("warning") && !self.level.eq_ignore_ascii_case("info")
+    }
+}
+
+fn location(w: Option<&RawWhere>) -> Location {
+    w.map(|w| Location {
+        kernel: w.func.clone().unwrap_or_default(),
+        file: w.path.as_deref().map(short_path).unwrap_or_default().to_string(),
+        line: w.line.unwrap_or(0),
+    })
+    .unwrap_or_default()
+}
+
+fn short_path(p: &str) -> &str {
+    p.rsplit('/').next().unwrap_or(p)
+}
+
+/// Parses `--xml` output into findings.
+pub fn parse_xml(xml: &str) -> Result<Vec<Finding>> {
+    let raw: RawOutput = quick_xml::de::from_str(xml).context("compute-sanitizer XML does not parse")?;
+    Ok(raw
+        .records
+        .into_iter()
+        .map(|r| {
+            let what = r.what.as_ref();
+            let dest = what.and_then(|w| w.destination.as_ref());
+            let src = what.and_then(|w| w.source.as_ref());
+            // Races carry their location inside what/source and what/destination.
+            let (loc, other) = match (&r.location, src) {
+                (Some(w), _) => (location(Some(w)), None),
+                (None, Some(s)) => (location(s.location.as_ref()), dest.map(|d| location(d.location.as_ref()))),
+                (None, None) => (Location::default(), None),
+            };
+            let mut text = what.and_then(|w| w.text.clone()).unwrap_or_default();
+            if let Some(kind) = what.and_then(|w| w.kind.as_deref()) {
+                text = format!("{text}: {kind}");
+            }
+            if let (Some(s), Some(d)) = (src, dest) {
+                let dir = |a: &RawAccess| a.direction.clone().unwrap_or_default();
+                text = format!("{text} ({} → {})", dir(s), dir(d));
+            }
+            Finding {
+                kind: r.kind.unwrap_or_default(),
+                level: r.level.unwrap_or_else(|| "Error".into()),
+                what: text,
+                location: loc,
+                other,
+                thread: r.who.as_ref().and_then(|w| w.thread),
+                block: r.who.as_ref().and_then(|w| w.block),
+                address: what.and_then(|w| w.address.clone()),
+                size: what.and_then(|w| w.size),
+                count: dest.and_then(|d| d.count).unwrap_or(1),
+                host_stack: r
+                    .host_stack
+                    .map(|s| s.frames.into_iter().filter_map(|f| f.func).collect())
+                    .unwrap_or_default(),
+            }
+            .with_space(what.and_then(|w| w.space.as_deref()))
+        })
+        .collect())
+}
+
+impl Finding {
+    fn with_space(mut self, space: Option<&str>) -> Finding {
+        if let Some(space) = space
+            && !self.what.contains(space)
+        {
+            self.what = format!("{} [{space}]", self.what);
+        }
+        self
+    }
+}
+
+/// The counts from the text output's summary line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    pub errors: u64,
+    pub warnings: u64,
+}
+
+/// Reads `ERROR SUMMARY: N errors` (memcheck, initcheck, synccheck) or
+/// `RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)`. `None` when no
+/// summary line exists: the tool checked nothing (or died).
+pub fn parse_summary(text: &str) -> Option<Summary> {
+    for line in text.lines() {
+        let line = line.trim_start_matches('=').trim();
+        if let Some(rest) = line.strip_prefix("ERROR SUMMARY:") {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            // The second line ("N errors were not printed") also starts this way.
+            if words.len() == 2
+                && words[1].starts_with("error")
+                && let Ok(n) = words[0].parse()
+            {
+                return Some(Summary { errors: n, warnings: 0 });
+            }
+        } else if let Some(rest) = line.strip_prefix("RACECHECK SUMMARY:") {
+            // "1 hazard displayed (1 error, 0 warnings)"
+            let inner = rest.split_once('(')?.1.trim_end_matches(')');
+            let mut summary = Summary { errors: 0, warnings: 0 };
+            for part in inner.split(',') {
+                let mut w = part.split_whitespace();
+                let n: u64 = w.next()?.parse().ok()?;
+                match w.next()? {
+                    u if u.starts_with("error") => summary.errors = n,
+                    u if u.starts_with("warning") => summary.warnings = n,
+                    _ => {}
+                }
+            }
+            return Some(summary);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> String {
+        std::fs::read_to_string(format!("{}/tests/data/h200/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    }
+
+    #[test]
+    fn memcheck_out_of_bounds() {
+        let f = parse_xml(&fixture("compute-sanitizer-memcheck-oob.xml")).unwrap();
+        assert_eq!(f.len(), 100, "the XML stops at the print limit");
+        let first = &f[0];
+        assert_eq!((first.kind.as_str(), first.level.as_str()), ("Precise", "Error"));
+        assert!(first.what.contains("out of bounds"), "{}", first.what);
+        assert_eq!(first.location, Location { kernel: "oob".into(), file: "k.cu".into(), line: 5 });
+        assert_eq!(first.thread, Some(Dim3 { x: 64, y: 0, z: 0 }));
+        assert_eq!(first.block, Some(Dim3 { x: 8, y: 0, z: 0 }));
+        assert_eq!(first.size, Some(4));
+        assert_eq!(first.host_stack[0], "cuLaunchKernel");
+        let s = parse_summary(&fixture("compute-sanitizer-memcheck-oob.txt")).unwrap();
+        assert_eq!(s.errors, 224_584, "the text count, not the 100 XML records");
+    }
+
+    #[test]
+    fn racecheck_hazard() {
+        let f = parse_xml(&fixture("compute-sanitizer-racecheck-hazard.xml")).unwrap();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].kind, "Analysis");
+        assert_eq!(f[0].location.line, 4);
+        assert_eq!(f[0].other.as_ref().unwrap().line, 6);
+        assert_eq!(f[0].count, 1024);
+        assert!(f[0].what.contains("Race condition (Write → Read)"), "{}", f[0].what);
+        let s = parse_summary(&fixture("compute-sanitizer-racecheck-hazard.txt")).unwrap();
+        assert_eq!(s, Summary { errors: 1, warnings: 0 });
+    }
+
+    #[test]
+    fn initcheck_and_synccheck() {
+        let f = parse_xml(&fixture("compute-sanitizer-initcheck-uninit.xml")).unwrap();
+        assert!(f.iter().all(|r| r.kind == "Initcheck" && r.is_error()), "no level means error");
+        assert!(f[0].what.starts_with("Uninitialized __global__ memory read"));
+        assert_eq!(parse_summary(&fixture("compute-sanitizer-initcheck-uninit.txt")).unwrap().errors, 256);
+        let f = parse_xml(&fixture("compute-sanitizer-synccheck-divergent.xml")).unwrap();
+        assert_eq!(f[0].what, "Barrier error: Divergent thread(s) in warp");
+        assert_eq!(f[0].location.kernel, "divergent_barrier");
+        assert_eq!(parse_summary(&fixture("compute-sanitizer-synccheck-divergent.txt")).unwrap().errors, 16);
+    }
+
+    #[test]
+    fn clean_runs_and_missing_summary() {
+        for name in [
+            "compute-sanitizer-memcheck-clean.xml",
+            "compute-sanitizer-racecheck-clean.xml",
+            "compute-sanitizer-memcheck-leakcheck-clean.xml",
+        ] {
+            assert!(parse_xml(&fixture(name)).unwrap().is_empty(), "{name}");
+        }
+        assert_eq!(parse_summary("========= ERROR SUMMARY: 0 errors\n"), Some(Summary { errors: 0, warnings: 0 }));
+        assert_eq!(parse_summary("program output only\n"), None);
+    }
+
+    #[test]
+    fn unknown_elements_are_tolerated() {
+        let xml = r#"<?xml version="1.0"?><ComputeSanitizerOutput><newThing>1</newThing>
+            <record><kind>Precise</kind><level>Error</level><future><a/></future>
+            <what><text>x</text><novel>y</novel></what></record></ComputeSanitizerOutput>"#;
+        let f = parse_xml(xml).unwrap();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].what, "x");
+    }
+}
