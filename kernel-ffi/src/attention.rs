@@ -65,6 +65,7 @@ struct Kernel {
 }
 
 pub struct Attention {
+    ctx: Arc<Ctx>,
     stream: Arc<CudaStream>,
     device: DeviceInfo,
     kernels: HashMap<String, Kernel>,
@@ -116,7 +117,8 @@ impl Attention {
                 manifest.archs.keys().cloned().collect::<Vec<_>>().join(", ")
             ))
         })?;
-        let stream = ctx.default_stream();
+        // A created stream, not the legacy default one, so that it can be captured into graphs.
+        let stream = ctx.new_stream().cuda("creating a stream")?;
         let mut kernels = HashMap::new();
         let mut modules = Vec::new();
         for src in manifest.sources.iter().filter(|s| s.archs.contains(&arch)) {
@@ -141,11 +143,15 @@ impl Attention {
             }
             modules.push(module);
         }
-        Ok(Attention { stream, device, kernels, _modules: modules })
+        Ok(Attention { ctx, stream, device, kernels, _modules: modules })
     }
 
     pub fn device(&self) -> &DeviceInfo {
         &self.device
+    }
+
+    pub fn context(&self) -> &Arc<Ctx> {
+        &self.ctx
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {

@@ -3,6 +3,7 @@
 //! reference) that are tested without a GPU.
 
 pub mod attention;
+pub mod bench;
 pub mod check;
 pub mod cli;
 pub mod error;

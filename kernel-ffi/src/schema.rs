@@ -52,3 +52,41 @@ pub struct TestCase {
     /// Set when the case could not run at all (launch or validation error).
     pub error: Option<String>,
 }
+
+/// Output of `fa-bench` (and of `ci/bench_torch.py`, which writes the same schema).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchRun {
+    pub device: DeviceInfo,
+    /// `fa` for this project's kernels, `torch-<backend>` for the PyTorch script.
+    pub implementation: String,
+    pub cases: Vec<BenchCase>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchCase {
+    /// e.g. `f16-b4h16s2048d64-causal`; the key comparisons join on.
+    pub name: String,
+    pub dtype: String,
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// `events-cold-l2` (L2 flushed before each timed launch, flush queued ahead of
+    /// the start event) or `graph-replay` (a CUDA graph of many calls, per-call time).
+    pub method: String,
+    pub samples: usize,
+    pub median_us: f64,
+    pub q1_us: f64,
+    pub q3_us: f64,
+    pub min_us: f64,
+    pub mean_us: f64,
+    /// Standard deviation over mean.
+    pub rel_stdev: f64,
+    pub tflops: f64,
+    /// CTAs of the attention kernel per call (0 for other implementations).
+    pub ctas: u64,
+    pub num_splits: u32,
+}

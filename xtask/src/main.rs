@@ -1,6 +1,7 @@
 //! xtask: the kernel team's build-and-verify pipeline. `main` parses flags and
 //! dispatches; each task lives in its own module.
 
+mod bench;
 mod budget;
 mod build;
 mod check;
@@ -8,12 +9,16 @@ mod gpu;
 #[path = "../../kernel-ffi/src/manifest.rs"]
 mod manifest;
 mod paths;
+mod ncu;
+mod preflight;
 mod process;
+mod profile;
 mod ptxas;
 mod report;
 mod sanitize;
 mod sanitizer;
 mod smi;
+mod stats;
 #[path = "../../kernel-ffi/src/schema.rs"]
 mod schema;
 mod table;
@@ -83,6 +88,50 @@ enum Task {
         /// Also build each planted defect and require its tool to catch it.
         #[arg(long)]
         defects: bool,
+    },
+    /// Time the kernels; gate against a revision, a prebuilt base or the stored baseline.
+    Bench {
+        #[command(flatten)]
+        build: BuildArgs,
+        /// Shapes B,H,S,D[,causal] (default: fa-bench's default set).
+        #[arg(long = "shape")]
+        shapes: Vec<String>,
+        /// f16, bf16 or f16,bf16.
+        #[arg(long, default_value = "f16")]
+        dtype: String,
+        /// Compare with this git revision, built in a worktree.
+        #[arg(long, conflicts_with = "base_dir")]
+        against: Option<String>,
+        /// Compare with a prebuilt base: DIR/kernels (and DIR/fa-bench).
+        #[arg(long)]
+        base_dir: Option<PathBuf>,
+        /// Processes per side (at least 5 for a verdict).
+        #[arg(long, default_value_t = 5)]
+        processes: usize,
+        /// Time budget per case inside each process, in ms.
+        #[arg(long, default_value_t = 1500)]
+        budget_ms: u64,
+        /// Write ci/baselines/<gpu>.json from this run.
+        #[arg(long)]
+        save_baseline: bool,
+        /// Also time PyTorch SDPA (ci/bench_torch.py) and print the speedup table.
+        #[arg(long)]
+        vs_torch: bool,
+        #[arg(long, default_value_t = 1800)]
+        bench_timeout: u64,
+    },
+    /// GPU readiness: device, arch, nvcc vs driver, clocks, other processes, ncu, compute-sanitizer.
+    Preflight,
+    /// Nsight Compute with a minimal metric set on the bench driver.
+    Profile {
+        /// Shapes B,H,S,D[,causal] (default: the seed shapes and one large one).
+        #[arg(long = "shape")]
+        shapes: Vec<String>,
+        /// Profile at base clocks (`--clock-control base`) instead of the bench's clocks.
+        #[arg(long)]
+        base_clocks: bool,
+        #[arg(long, default_value_t = 300)]
+        profile_timeout: u64,
     },
     /// Run the correctness matrix on the GPU against the references.
     Test {
@@ -169,6 +218,43 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
                     jobs: b.jobs,
                 },
             )
+        }
+        Task::Preflight => preflight::run(&paths),
+        Task::Bench {
+            build,
+            shapes,
+            dtype,
+            against,
+            base_dir,
+            processes,
+            budget_ms,
+            save_baseline,
+            vs_torch,
+            bench_timeout,
+        } => {
+            if processes < 5 && (against.is_some() || base_dir.is_some() || save_baseline) {
+                return Err(CannotRun(format!("--processes {processes}: the gate needs at least 5 per side")).into());
+            }
+            build::run(&paths, &build.options())?;
+            bench::run(
+                &paths,
+                &bench::Options {
+                    shapes,
+                    dtypes: dtype,
+                    against,
+                    base_dir,
+                    processes,
+                    budget_ms,
+                    save_baseline,
+                    vs_torch,
+                    timeout: Duration::from_secs(bench_timeout),
+                },
+            )
+        }
+        Task::Profile { shapes, base_clocks, profile_timeout } => {
+            let shapes =
+                if shapes.is_empty() { profile::DEFAULT_SHAPES.iter().map(|s| s.to_string()).collect() } else { shapes };
+            profile::run(&paths, &profile::Options { shapes, base_clocks, timeout: Duration::from_secs(profile_timeout) })
         }
         Task::Test { build, test } => {
             build::run(&paths, &build.options())?;

@@ -71,7 +71,7 @@ impl<T: Serialize> Envelope<T> {
 
 /// `(rev, dirty)`. `XTASK_GIT_REV` overrides, for copies of the tree without `.git`
 /// (the GPU machine).
-fn git_state() -> (String, bool) {
+pub fn git_state() -> (String, bool) {
     if let Ok(rev) = std::env::var("XTASK_GIT_REV") {
         return (rev, false);
     }
