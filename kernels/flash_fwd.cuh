@@ -54,6 +54,8 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
 //   FA_DEFECT_RACE           no barrier between P·V reads of sV and the next V load (racecheck)
 //   FA_DEFECT_UNINIT         a split with no keys writes no partials; combine reads them (initcheck)
 //   FA_DEFECT_DIVERGENT_SYNC a barrier reached by half of each warp (synccheck)
+// and FA_PLANT_SLOWDOWN=N (`cargo xtask build --define FA_PLANT_SLOWDOWN=N`), a
+// deliberate slowdown that proves the regression gate catches one.
 
 template <typename T, int D, bool CAUSAL>
 __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
@@ -205,6 +207,13 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
         mma_16816<T>(o[2 * dp + 1], pf, vf[2], vf[3]);
       }
     }
+#ifdef FA_PLANT_SLOWDOWN
+    // A dependent FMA chain per tile: a measured, deliberate slowdown for proving the gate.
+    float chain = s[0][0];
+    #pragma unroll 1
+    for (int i = 0; i < FA_PLANT_SLOWDOWN; ++i) chain = fmaf(chain, 0.999f, 1e-7f);
+    if (chain != chain) o[0][0] += chain;  // never true for finite input; keeps the chain alive
+#endif
 #ifndef FA_DEFECT_RACE
     __syncthreads();  // every warp is done reading sV before the next V load
 #endif

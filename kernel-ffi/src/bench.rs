@@ -41,7 +41,8 @@ impl Shape {
         if !(4..=5).contains(&parts.len()) {
             return Err(format!("shape `{s}` must be B,H,S,D or B,H,S,D,causal"));
         }
-        let n = |i: usize| parts[i].parse::<usize>().map_err(|_| format!("`{}` in shape `{s}` is not a number", parts[i]));
+        let n =
+            |i: usize| parts[i].parse::<usize>().map_err(|_| format!("`{}` in shape `{s}` is not a number", parts[i]));
         Ok(Shape { batch: n(0)?, heads: n(1)?, seqlen: n(2)?, head_dim: n(3)?, causal })
     }
 }
@@ -144,7 +145,13 @@ mod tests {
     #[test]
     fn default_set_covers_the_seed_and_large_shapes() {
         let names: Vec<String> = default_shapes().iter().map(|s| s.name(Dtype::F16)).collect();
-        for want in ["f16-b1h1s32d64", "f16-b1h1s512d64", "f16-b2h8s512d64", "f16-b2h16s8192d128-causal", "f16-b8h32s1024d64-causal"] {
+        for want in [
+            "f16-b1h1s32d64",
+            "f16-b1h1s512d64",
+            "f16-b2h8s512d64",
+            "f16-b2h16s8192d128-causal",
+            "f16-b8h32s1024d64-causal",
+        ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }
     }

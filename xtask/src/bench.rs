@@ -138,7 +138,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         mode = "a/b".to_string();
         for i in 0..opts.processes {
             eprintln!("== bench: process pair {}/{}", i + 1, opts.processes);
-            runs.push(run_process(&base, "base", i, &dir, opts)?);
+            runs.push(run_process(base, "base", i, &dir, opts)?);
             runs.push(run_process(&cand, "candidate", i, &dir, opts)?);
         }
         let (b, c): (Vec<&ProcessRun>, Vec<&ProcessRun>) = runs.iter().partition(|r| r.side == "base");
@@ -170,7 +170,10 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
             comparisons = compare_runs(&b.medians_us, &medians(&all));
         } else {
             mode = "single".into();
-            eprintln!("bench: no baseline at {} (write one with --save-baseline); timings only", baseline_path.display());
+            eprintln!(
+                "bench: no baseline at {} (write one with --save-baseline); timings only",
+                baseline_path.display()
+            );
         }
     }
 
@@ -214,6 +217,7 @@ fn read_baseline(path: &Path) -> Result<Option<Baseline>> {
 }
 
 pub fn run_process(side: &Side, label: &str, i: usize, dir: &Path, opts: &Options) -> Result<ProcessRun> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let json = dir.join(format!("{label}-{i}.json"));
     let mut cmd = Cmd::new(&side.bench)
         .arg("--json")
@@ -256,7 +260,9 @@ impl ClockSampler {
                     .timeout(Duration::from_secs(10))
                     .run();
                 match out {
-                    Ok(o) if o.success() => samples.extend(o.stdout.lines().next().and_then(|l| l.trim().parse::<f64>().ok())),
+                    Ok(o) if o.success() => {
+                        samples.extend(o.stdout.lines().next().and_then(|l| l.trim().parse::<f64>().ok()))
+                    }
                     _ => break, // no nvidia-smi: no clock record
                 }
                 std::thread::sleep(Duration::from_millis(250));
@@ -353,7 +359,8 @@ fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<To
     // The shapes fa-bench ran, so both sides time the same cases.
     let mut seen = std::collections::BTreeSet::new();
     for c in runs.iter().flat_map(|r| &r.run.cases) {
-        let shape = format!("{},{},{},{}{}", c.batch, c.heads, c.seqlen_q, c.head_dim, if c.causal { ",causal" } else { "" });
+        let shape =
+            format!("{},{},{},{}{}", c.batch, c.heads, c.seqlen_q, c.head_dim, if c.causal { ",causal" } else { "" });
         if seen.insert(shape.clone()) {
             cmd = cmd.arg("--shape").arg(shape);
         }
@@ -372,9 +379,9 @@ fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<To
         .iter()
         .map(|r| {
             let mut row = vec![r.name.clone(), format!("{:.2}", r.fa_us)];
-            row.extend(backends.iter().map(|b| {
-                r.backends.get(b).map_or("n/a".into(), |(us, x)| format!("{us:.2} ({x:.2}x)"))
-            }));
+            row.extend(
+                backends.iter().map(|b| r.backends.get(b).map_or("n/a".into(), |(us, x)| format!("{us:.2} ({x:.2}x)"))),
+            );
             row
         })
         .collect();
@@ -496,11 +503,20 @@ mod tests {
     #[test]
     fn comparisons_join_on_case_names() {
         let base = BTreeMap::from([("a".to_string(), vec![100.0; 5]), ("gone".to_string(), vec![1.0; 5])]);
-        let cand = BTreeMap::from([("a".to_string(), vec![103.0, 103.1, 102.9, 103.0, 103.2]), ("new".to_string(), vec![1.0])]);
+        let cand = BTreeMap::from([
+            ("a".to_string(), vec![103.0, 103.1, 102.9, 103.0, 103.2]),
+            ("new".to_string(), vec![1.0]),
+        ]);
         let c = compare_runs(&base, &cand);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].comparison.verdict, Verdict::Regression);
-        let md = markdown(&BenchPayload { mode: "a/b".into(), runs: vec![], comparisons: c, clock_warning: None, torch: vec![] });
+        let md = markdown(&BenchPayload {
+            mode: "a/b".into(),
+            runs: vec![],
+            comparisons: c,
+            clock_warning: None,
+            torch: vec![],
+        });
         assert!(md.contains("| a | 100.00 | 103.00 | +3.00%"), "{md}");
         assert!(md.contains("regression"));
     }

@@ -1,19 +1,21 @@
-//! `cargo xtask check`: the local gate. Static stages always; GPU stages where a
-//! GPU is present (required with `--require-gpu`).
+//! `cargo xtask check`: the local gate. Static stages always (build and budgets);
+//! where a GPU is present, preflight, the correctness matrix, and the full
+//! sanitize on the iteration schedule (every fifth iteration) or on `--sanitize`.
 
 use anyhow::{Result, bail};
 
 use crate::paths::Paths;
-use crate::{build, gpu, test};
+use crate::{build, gpu, ledger, preflight, sanitize, test};
 
 pub struct Options {
     pub build: build::Options,
     pub require_gpu: bool,
+    pub sanitize: bool,
     pub test: test::Options,
 }
 
 /// The stages that need a GPU, in order.
-const GPU_STAGES: &[&str] = &["test"];
+const GPU_STAGES: &[&str] = &["preflight", "test", "sanitize (every fifth iteration)"];
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     eprintln!("== check: build and resource budgets");
@@ -22,14 +24,17 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     match gpu::detect() {
         Ok(gpus) => {
             eprintln!("== check: GPU stages on {}", gpus.join(", "));
+            preflight::run(paths)?;
             test::run(paths, &opts.test)?;
+            let next = ledger::next_iteration(&paths.root.join("perf/ledger.jsonl"))?;
+            if opts.sanitize || ledger::sanitize_due(next) {
+                sanitize::run(paths, &sanitize::Options::all(opts.build.timeout, opts.build.jobs))?;
+            } else {
+                eprintln!("check: sanitize not due (next iteration {next}; runs every fifth, or pass --sanitize)");
+            }
         }
-        Err(why) if opts.require_gpu => {
-            bail!(crate::CannotRun(format!("--require-gpu, but {why}")))
-        }
-        Err(why) => {
-            eprintln!("check: skipped GPU stages ({}): {why}", GPU_STAGES.join(", "));
-        }
+        Err(why) if opts.require_gpu => bail!(crate::CannotRun(format!("--require-gpu, but {why}"))),
+        Err(why) => eprintln!("check: skipped GPU stages ({}): {why}", GPU_STAGES.join(", ")),
     }
     eprintln!("check: passed");
     Ok(())

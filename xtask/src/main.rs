@@ -6,10 +6,12 @@ mod budget;
 mod build;
 mod check;
 mod gpu;
+mod iterate;
+mod ledger;
 #[path = "../../kernel-ffi/src/manifest.rs"]
 mod manifest;
-mod paths;
 mod ncu;
+mod paths;
 mod preflight;
 mod process;
 mod profile;
@@ -17,10 +19,11 @@ mod ptxas;
 mod report;
 mod sanitize;
 mod sanitizer;
-mod smi;
-mod stats;
 #[path = "../../kernel-ffi/src/schema.rs"]
 mod schema;
+mod smi;
+mod stats;
+mod summary;
 mod table;
 mod test;
 mod toolchain;
@@ -72,6 +75,9 @@ enum Task {
         /// Fail (exit 2) instead of skipping the GPU stages when no GPU is present.
         #[arg(long)]
         require_gpu: bool,
+        /// Run the full sanitize even when no fifth iteration is due.
+        #[arg(long)]
+        sanitize: bool,
         #[command(flatten)]
         test: TestArgs,
     },
@@ -120,6 +126,36 @@ enum Task {
         #[arg(long, default_value_t = 1800)]
         bench_timeout: u64,
     },
+    /// One optimisation iteration: build, test, sanitize when due, bench vs the last
+    /// accepted state, ledger entry; reverts the kernels on a rejection.
+    Iterate {
+        /// What you changed and why it should help.
+        hypothesis: String,
+        /// What should move, and by how much.
+        #[arg(long)]
+        predict: Option<String>,
+        /// Run the full sanitize even when this is not a fifth iteration.
+        #[arg(long)]
+        sanitize: bool,
+        /// Record a rejection but leave the sources as they are.
+        #[arg(long)]
+        no_revert: bool,
+        #[command(flatten)]
+        build: BuildArgs,
+        #[command(flatten)]
+        test: TestArgs,
+        /// Shapes to bench (default: fa-bench's default set).
+        #[arg(long = "shape")]
+        shapes: Vec<String>,
+        #[arg(long, default_value = "f16")]
+        dtype: String,
+        #[arg(long, default_value_t = 5)]
+        processes: usize,
+        #[arg(long, default_value_t = 1000)]
+        budget_ms: u64,
+    },
+    /// The iteration history: table, Markdown and an SVG chart.
+    Summary,
     /// GPU readiness: device, arch, nvcc vs driver, clocks, other processes, ncu, compute-sanitizer.
     Preflight,
     /// Nsight Compute with a minimal metric set on the bench driver.
@@ -153,6 +189,12 @@ struct BuildArgs {
     /// Parallel nvcc invocations (default: available cores).
     #[arg(long, short)]
     jobs: Option<usize>,
+    /// Extra -D define for every kernel unit (experiments, planted defects); repeatable.
+    #[arg(long = "define")]
+    defines: Vec<String>,
+    /// Write fatbins here instead of target/kernels.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -170,6 +212,8 @@ impl BuildArgs {
         let jobs = self.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         build::Options {
             manifest: self.manifest.clone(),
+            defines: self.defines.clone(),
+            out_dir: self.out_dir.clone(),
             ..build::Options::new(Duration::from_secs(self.build_timeout), jobs)
         }
     }
@@ -201,8 +245,8 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
     let paths = paths::Paths::discover()?;
     match task {
         Task::Build(b) => build::run(&paths, &b.options()),
-        Task::Check { build, require_gpu, test } => {
-            check::run(&paths, &check::Options { build: build.options(), require_gpu, test: test.options() })
+        Task::Check { build, require_gpu, sanitize, test } => {
+            check::run(&paths, &check::Options { build: build.options(), require_gpu, sanitize, test: test.options() })
         }
         Task::Sanitize { build, tool, tool_timeout, defects } => {
             let b = build.options();
@@ -220,6 +264,42 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             )
         }
         Task::Preflight => preflight::run(&paths),
+        Task::Summary => summary::run(&paths),
+        Task::Iterate {
+            hypothesis,
+            predict,
+            sanitize,
+            no_revert,
+            build,
+            test,
+            shapes,
+            dtype,
+            processes,
+            budget_ms,
+        } => {
+            let b = build.options();
+            let opts = iterate::Options {
+                hypothesis,
+                prediction: predict,
+                sanitize,
+                no_revert,
+                bench: bench::Options {
+                    shapes,
+                    dtypes: dtype,
+                    against: None,
+                    base_dir: None,
+                    processes,
+                    budget_ms,
+                    save_baseline: false,
+                    vs_torch: false,
+                    timeout: Duration::from_secs(1800),
+                },
+                sanitize_opts: sanitize::Options::all(b.timeout, b.jobs),
+                build: b,
+                test: test.options(),
+            };
+            iterate::run(&paths, &opts)
+        }
         Task::Bench {
             build,
             shapes,
@@ -252,9 +332,15 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             )
         }
         Task::Profile { shapes, base_clocks, profile_timeout } => {
-            let shapes =
-                if shapes.is_empty() { profile::DEFAULT_SHAPES.iter().map(|s| s.to_string()).collect() } else { shapes };
-            profile::run(&paths, &profile::Options { shapes, base_clocks, timeout: Duration::from_secs(profile_timeout) })
+            let shapes = if shapes.is_empty() {
+                profile::DEFAULT_SHAPES.iter().map(|s| s.to_string()).collect()
+            } else {
+                shapes
+            };
+            profile::run(
+                &paths,
+                &profile::Options { shapes, base_clocks, timeout: Duration::from_secs(profile_timeout) },
+            )
         }
         Task::Test { build, test } => {
             build::run(&paths, &build.options())?;

@@ -42,7 +42,8 @@ pub fn parse(output: &str) -> Result<Table> {
     };
     let csv_text: String = lines[start..].iter().filter(|l| l.starts_with('"')).map(|l| format!("{l}\n")).collect();
     let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(csv_text.as_bytes());
-    let headers: Vec<String> = reader.headers().context("reading the ncu CSV header")?.iter().map(String::from).collect();
+    let headers: Vec<String> =
+        reader.headers().context("reading the ncu CSV header")?.iter().map(String::from).collect();
     let mut records = reader.records();
     let units_row = records.next().context("ncu CSV has no units row")?.context("reading the units row")?;
     let units = headers.iter().cloned().zip(units_row.iter().map(String::from)).collect();
@@ -83,7 +84,9 @@ mod tests {
     fn regex_expanded_names_and_na() {
         let t = parse(&fixture("ncu-csv-page-raw-tensor-regex.csv")).unwrap();
         assert!(!t.rows.is_empty());
-        assert!(t.rows[0].values.keys().any(|k| k.starts_with("TPC.TriageCompute.") || k.starts_with("sm__pipe_tensor")));
+        assert!(
+            t.rows[0].values.keys().any(|k| k.starts_with("TPC.TriageCompute.") || k.starts_with("sm__pipe_tensor"))
+        );
         assert_eq!(number("n/a"), None);
         assert_eq!(number("12,345.5"), Some(12345.5));
     }

@@ -82,7 +82,9 @@ pub fn static_checks(smi: &Smi, cc: Option<&str>, nvcc: Option<&str>, manifest: 
                 (Some(n), Some(d)) if n > d => add(
                     "nvcc vs driver",
                     Status::Fail,
-                    format!("nvcc {nvcc} is newer than the driver's CUDA {driver}: PTX it emits cannot be JIT-compiled; use nvcc ≤ {driver} or update the driver"),
+                    format!(
+                        "nvcc {nvcc} is newer than the driver's CUDA {driver}: PTX it emits cannot be JIT-compiled; use nvcc ≤ {driver} or update the driver"
+                    ),
                 ),
                 (Some(_), Some(_)) => add("nvcc vs driver", Status::Ok, format!("nvcc {nvcc} ≤ driver CUDA {driver}")),
                 _ => add("nvcc vs driver", Status::Warn, format!("cannot compare nvcc {nvcc} with CUDA {driver}")),
@@ -108,9 +110,11 @@ pub fn static_checks(smi: &Smi, cc: Option<&str>, nvcc: Option<&str>, manifest: 
     }
     match gpu.persistence_mode {
         Some(true) => add("persistence", Status::Ok, "enabled".into()),
-        Some(false) => {
-            add("persistence", Status::Warn, "disabled: first launches pay driver start-up; benches warm up longer".into())
-        }
+        Some(false) => add(
+            "persistence",
+            Status::Warn,
+            "disabled: first launches pay driver start-up; benches warm up longer".into(),
+        ),
         None => add("persistence", Status::Warn, "unknown".into()),
     }
     if gpu.processes.is_empty() {
@@ -119,7 +123,14 @@ pub fn static_checks(smi: &Smi, cc: Option<&str>, nvcc: Option<&str>, manifest: 
         let procs: Vec<String> = gpu
             .processes
             .iter()
-            .map(|p| format!("{} (pid {}, {} MiB)", p.name, p.pid.map_or("?".into(), |x| x.to_string()), fmt(p.used_memory_mib)))
+            .map(|p| {
+                format!(
+                    "{} (pid {}, {} MiB)",
+                    p.name,
+                    p.pid.map_or("?".into(), |x| x.to_string()),
+                    fmt(p.used_memory_mib)
+                )
+            })
             .collect();
         add("other processes", Status::Warn, format!("GPU busy: {}; timings will be noisy", procs.join(", ")));
     }
@@ -137,7 +148,9 @@ pub fn run(paths: &Paths) -> Result<()> {
         .timeout(Duration::from_secs(60))
         .log(paths.reports().join("preflight/nvidia-smi.xml"))
         .run()
-        .map_err(|_| CannotRun("no GPU here: nvidia-smi not found (no NVIDIA driver); run preflight on the GPU machine".into()))?;
+        .map_err(|_| {
+            CannotRun("no GPU here: nvidia-smi not found (no NVIDIA driver); run preflight on the GPU machine".into())
+        })?;
     if !smi_out.success() {
         return Err(CannotRun(format!("nvidia-smi -q -x failed: {}", smi_out.tail())).into());
     }
@@ -159,7 +172,11 @@ pub fn run(paths: &Paths) -> Result<()> {
     let mut add = |name: &str, status, detail: String| checks.push(Check { name: name.into(), status, detail });
     match &driver {
         Ok(driver) => match sanitize::device_info(driver, &paths.kernels_out()) {
-            Ok(d) => add("kernels load", Status::Ok, format!("{} SMs, fatbins from {}", d.sm_count, paths.kernels_out().display())),
+            Ok(d) => add(
+                "kernels load",
+                Status::Ok,
+                format!("{} SMs, fatbins from {}", d.sm_count, paths.kernels_out().display()),
+            ),
             Err(e) => add("kernels load", Status::Fail, format!("{e:#}; run `cargo xtask build`")),
         },
         Err(e) => add("kernels load", Status::Fail, format!("{e:#}")),
@@ -195,7 +212,9 @@ pub fn run(paths: &Paths) -> Result<()> {
         Ok(cs) => match smoke(&cs, &["--tool", "memcheck"]) {
             Ok(out) => match sanitizer::parse_summary(&format!("{}{}", out.stdout, out.stderr)) {
                 Some(s) if s.errors == 0 => add("compute-sanitizer", Status::Ok, cs.display().to_string()),
-                Some(s) => add("compute-sanitizer", Status::Fail, format!("memcheck smoke run found {} error(s)", s.errors)),
+                Some(s) => {
+                    add("compute-sanitizer", Status::Fail, format!("memcheck smoke run found {} error(s)", s.errors))
+                }
                 None => add("compute-sanitizer", Status::Fail, format!("no summary: {}", out.tail())),
             },
             Err(e) => add("compute-sanitizer", Status::Fail, format!("{e:#}")),
@@ -209,11 +228,8 @@ pub fn run(paths: &Paths) -> Result<()> {
         .collect();
     println!("{}", table::render(&["check", "status", "detail"], &rows));
     let gpu = smi.gpus.first();
-    let device = gpu.map(|g| Device {
-        name: g.name.clone(),
-        compute_capability: cc.clone().unwrap_or_default(),
-        sm_count: 0,
-    });
+    let device =
+        gpu.map(|g| Device { name: g.name.clone(), compute_capability: cc.clone().unwrap_or_default(), sm_count: 0 });
     let toolchain = Toolchain {
         nvcc: nvcc.as_ref().map(|n| n.version.clone()),
         nvcc_path: nvcc.as_ref().map(|n| n.path.display().to_string()),
@@ -221,7 +237,8 @@ pub fn run(paths: &Paths) -> Result<()> {
     };
     let failed: Vec<String> = checks.iter().filter(|c| c.status == Status::Fail).map(|c| c.name.clone()).collect();
     let report = paths.report("preflight");
-    Envelope::new("preflight", toolchain, device, &PreflightPayload { smi, compute_capability: cc, checks }).write(&report)?;
+    Envelope::new("preflight", toolchain, device, &PreflightPayload { smi, compute_capability: cc, checks })
+        .write(&report)?;
     println!("report: {}", report.display());
     if !failed.is_empty() {
         return Err(CheckFailed(format!("not ready: {}", failed.join(", "))).into());

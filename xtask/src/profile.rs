@@ -88,10 +88,11 @@ impl Launch {
             Some("s" | "second") => 1e6,
             _ => 1e-3, // ns, ncu's default
         };
-        let smem = match (row.num("launch__shared_mem_per_block_static"), row.num("launch__shared_mem_per_block_dynamic")) {
-            (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
-        };
+        let smem =
+            match (row.num("launch__shared_mem_per_block_static"), row.num("launch__shared_mem_per_block_dynamic")) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+            };
         Launch {
             kernel: row.kernel.clone(),
             duration_us: row.num(duration).map(|v| v * to_us),
@@ -226,7 +227,11 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         }
     }
     let report = paths.report("profile");
-    let device = Device { name: info.name.clone(), compute_capability: info.compute_capability.clone(), sm_count: info.sm_count };
+    let device = Device {
+        name: info.name.clone(),
+        compute_capability: info.compute_capability.clone(),
+        sm_count: info.sm_count,
+    };
     let toolchain = Toolchain { driver: info.driver.clone(), ..Toolchain::default() };
     Envelope::new("profile", toolchain, Some(device), &shapes).write(&report)?;
     println!("report: {} ({:.1} s under ncu)", report.display(), out.elapsed.as_secs_f64());
@@ -270,7 +275,13 @@ mod tests {
 
     #[test]
     fn compute_bound_low_tensor_activity() {
-        let l = Launch { tensor_active_pct: Some(12.0), waves_per_sm: Some(5.0), limit_registers: Some(20.0), limit_smem: Some(32.0), ..launch() };
+        let l = Launch {
+            tensor_active_pct: Some(12.0),
+            waves_per_sm: Some(5.0),
+            limit_registers: Some(20.0),
+            limit_smem: Some(32.0),
+            ..launch()
+        };
         let f = flags(&l, intensity("4,16,2048,64"));
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(f[0].contains("tensor pipe active 12%"));
@@ -279,7 +290,9 @@ mod tests {
 
     #[test]
     fn rows_from_the_fixture() {
-        let text = std::fs::read_to_string(format!("{}/tests/data/h200/ncu-csv-page-raw.csv", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let text =
+            std::fs::read_to_string(format!("{}/tests/data/h200/ncu-csv-page-raw.csv", env!("CARGO_MANIFEST_DIR")))
+                .unwrap();
         let t = ncu::parse(&text).unwrap();
         let l = Launch::from_row(&t.rows[0], &t.units, METRICS);
         assert!(l.duration_us.is_some_and(|us| us > 0.0 && us < 1e4), "{:?}", l.duration_us);

@@ -71,6 +71,13 @@ pub struct Options {
     pub jobs: usize,
 }
 
+impl Options {
+    /// All four tools at their default timeouts, no planted defects.
+    pub fn all(build_timeout: Duration, jobs: usize) -> Options {
+        Options { tools: Tool::ALL.to_vec(), timeout: None, defects: false, build_timeout, jobs }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ToolRun {
     pub tool: Tool,
@@ -93,7 +100,7 @@ impl ToolRun {
     }
 
     fn clean(&self) -> bool {
-        self.summary.is_some() && self.errors() == 0
+        self.summary.is_some_and(|s| s.leaked_bytes == 0) && self.errors() == 0
     }
 }
 
@@ -172,6 +179,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
                 r.log.display()
             )),
             Some(_) if r.errors() > 0 => problems.push(format!("{} reported {} error(s)", r.tool.name(), r.errors())),
+            Some(s) if s.leaked_bytes > 0 => problems.push(format!("memcheck found {} leaked bytes", s.leaked_bytes)),
             Some(_) => {}
         }
     }
@@ -284,7 +292,7 @@ fn findings_table<'a>(runs: impl Iterator<Item = &'a ToolRun>) -> String {
                 r.tool.name().to_string(),
                 r.kernels.clone(),
                 f.location.kernel.clone(),
-                format!("{}:{}", f.location.file, f.location.line),
+                f.location.source(),
                 f.what.clone(),
             ];
             match groups.iter_mut().find(|(k, _)| *k == key) {
@@ -296,7 +304,7 @@ fn findings_table<'a>(runs: impl Iterator<Item = &'a ToolRun>) -> String {
     if groups.is_empty() {
         return String::new();
     }
-    groups.sort_by(|a, b| b.1.cmp(&a.1));
+    groups.sort_by_key(|g| std::cmp::Reverse(g.1));
     let rows: Vec<Vec<String>> = groups
         .into_iter()
         .map(|(mut k, n)| {

@@ -52,7 +52,9 @@ struct RawWhat {
     size: Option<u64>,
     space: Option<String>,
     source: Option<RawAccess>,
-    destination: Option<RawAccess>,
+    /// Racecheck lists one destination per conflicting instruction.
+    #[serde(rename = "destination", default)]
+    destinations: Vec<RawAccess>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,6 +70,7 @@ struct RawWhere {
     func: Option<String>,
     path: Option<String>,
     line: Option<u32>,
+    pc: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -86,7 +89,19 @@ struct RawFrame {
 pub struct Location {
     pub kernel: String,
     pub file: String,
+    /// 0 when the report carries no line (then `pc` places it).
     pub line: u32,
+    pub pc: Option<String>,
+}
+
+impl Location {
+    /// `file.cu:12`, or `kernel+0x32a0` when the record has no line information.
+    pub fn source(&self) -> String {
+        match (self.line, &self.pc) {
+            (0, Some(pc)) => format!("{}+{pc}", self.kernel),
+            _ => format!("{}:{}", self.file, self.line),
+        }
+    }
 }
 
 /// One finding, normalised across tools.
@@ -120,6 +135,7 @@ fn location(w: Option<&RawWhere>) -> Location {
         kernel: w.func.clone().unwrap_or_default(),
         file: w.path.as_deref().map(short_path).unwrap_or_default().to_string(),
         line: w.line.unwrap_or(0),
+        pc: w.pc.clone(),
     })
     .unwrap_or_default()
 }
@@ -136,7 +152,8 @@ pub fn parse_xml(xml: &str) -> Result<Vec<Finding>> {
         .into_iter()
         .map(|r| {
             let what = r.what.as_ref();
-            let dest = what.and_then(|w| w.destination.as_ref());
+            let dests: &[RawAccess] = what.map_or(&[], |w| &w.destinations);
+            let dest = dests.first();
             let src = what.and_then(|w| w.source.as_ref());
             // Races carry their location inside what/source and what/destination.
             let (loc, other) = match (&r.location, src) {
@@ -162,7 +179,7 @@ pub fn parse_xml(xml: &str) -> Result<Vec<Finding>> {
                 block: r.who.as_ref().and_then(|w| w.block),
                 address: what.and_then(|w| w.address.clone()),
                 size: what.and_then(|w| w.size),
-                count: dest.and_then(|d| d.count).unwrap_or(1),
+                count: if dests.is_empty() { 1 } else { dests.iter().map(|d| d.count.unwrap_or(1)).sum() },
                 host_stack: r
                     .host_stack
                     .map(|s| s.frames.into_iter().filter_map(|f| f.func).collect())
@@ -189,12 +206,23 @@ impl Finding {
 pub struct Summary {
     pub errors: u64,
     pub warnings: u64,
+    /// From memcheck's `LEAK SUMMARY` (with `--leak-check full`).
+    pub leaked_bytes: u64,
 }
 
 /// Reads `ERROR SUMMARY: N errors` (memcheck, initcheck, synccheck) or
 /// `RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)`. `None` when no
 /// summary line exists: the tool checked nothing (or died).
 pub fn parse_summary(text: &str) -> Option<Summary> {
+    let leaked_bytes = text
+        .lines()
+        .find_map(|l| l.trim_start_matches('=').trim().strip_prefix("LEAK SUMMARY:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    counts(text).map(|s| Summary { leaked_bytes, ..s })
+}
+
+fn counts(text: &str) -> Option<Summary> {
     for line in text.lines() {
         let line = line.trim_start_matches('=').trim();
         if let Some(rest) = line.strip_prefix("ERROR SUMMARY:") {
@@ -204,12 +232,12 @@ pub fn parse_summary(text: &str) -> Option<Summary> {
                 && words[1].starts_with("error")
                 && let Ok(n) = words[0].parse()
             {
-                return Some(Summary { errors: n, warnings: 0 });
+                return Some(Summary { errors: n, warnings: 0, leaked_bytes: 0 });
             }
         } else if let Some(rest) = line.strip_prefix("RACECHECK SUMMARY:") {
             // "1 hazard displayed (1 error, 0 warnings)"
             let inner = rest.split_once('(')?.1.trim_end_matches(')');
-            let mut summary = Summary { errors: 0, warnings: 0 };
+            let mut summary = Summary { errors: 0, warnings: 0, leaked_bytes: 0 };
             for part in inner.split(',') {
                 let mut w = part.split_whitespace();
                 let n: u64 = w.next()?.parse().ok()?;
@@ -240,7 +268,8 @@ mod tests {
         let first = &f[0];
         assert_eq!((first.kind.as_str(), first.level.as_str()), ("Precise", "Error"));
         assert!(first.what.contains("out of bounds"), "{}", first.what);
-        assert_eq!(first.location, Location { kernel: "oob".into(), file: "k.cu".into(), line: 5 });
+        assert_eq!(first.location.source(), "k.cu:5");
+        assert_eq!(first.location.kernel, "oob");
         assert_eq!(first.thread, Some(Dim3 { x: 64, y: 0, z: 0 }));
         assert_eq!(first.block, Some(Dim3 { x: 8, y: 0, z: 0 }));
         assert_eq!(first.size, Some(4));
@@ -259,7 +288,7 @@ mod tests {
         assert_eq!(f[0].count, 1024);
         assert!(f[0].what.contains("Race condition (Write → Read)"), "{}", f[0].what);
         let s = parse_summary(&fixture("compute-sanitizer-racecheck-hazard.txt")).unwrap();
-        assert_eq!(s, Summary { errors: 1, warnings: 0 });
+        assert_eq!(s, Summary { errors: 1, warnings: 0, leaked_bytes: 0 });
     }
 
     #[test]
@@ -283,8 +312,40 @@ mod tests {
         ] {
             assert!(parse_xml(&fixture(name)).unwrap().is_empty(), "{name}");
         }
-        assert_eq!(parse_summary("========= ERROR SUMMARY: 0 errors\n"), Some(Summary { errors: 0, warnings: 0 }));
+        assert_eq!(
+            parse_summary("========= ERROR SUMMARY: 0 errors\n"),
+            Some(Summary { errors: 0, warnings: 0, leaked_bytes: 0 })
+        );
         assert_eq!(parse_summary("program output only\n"), None);
+    }
+
+    fn project(name: &str) -> String {
+        std::fs::read_to_string(format!("{}/tests/data/project/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    }
+
+    #[test]
+    fn our_planted_race_with_many_destinations() {
+        // FA_DEFECT_RACE on flash_fwd: one write conflicting with several reads per record.
+        let f = parse_xml(&project("racecheck-FA_DEFECT_RACE.xml")).unwrap();
+        assert_eq!(f.len(), 32);
+        assert!(f.iter().all(|r| r.kind == "Analysis" && r.other.is_some()));
+        // Writes by the V tile's cp.async against ldmatrix.trans reads of the same tile.
+        assert!(f.iter().any(|r| r.location.kernel == "cp_async_16"));
+        assert!(f.iter().any(|r| r.other.as_ref().is_some_and(|o| o.kernel == "ldmatrix_x4_trans")));
+        assert!(f[0].count > 5072, "counts of all destinations add up: {}", f[0].count);
+        assert_eq!(f[0].location.source(), "flash_fwd_f16_d64+0x32a0");
+        let s = parse_summary(&project("racecheck-FA_DEFECT_RACE.txt")).unwrap();
+        assert_eq!(s.errors, 32);
+    }
+
+    #[test]
+    fn our_planted_tail_overflow_and_leaks() {
+        let f = parse_xml(&project("memcheck-FA_DEFECT_OOB_TAIL.xml")).unwrap();
+        assert_eq!(f.len(), 5, "trimmed capture");
+        assert!(f[0].what.starts_with("Invalid __global__ write of size 4 bytes is out of bounds"));
+        assert_eq!(f[0].location.kernel, "flash_fwd_f16_d64");
+        let s = parse_summary(&project("memcheck-FA_DEFECT_OOB_TAIL.summary.txt")).unwrap();
+        assert_eq!((s.errors, s.leaked_bytes), (121, 100_360));
     }
 
     #[test]

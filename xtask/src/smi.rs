@@ -169,7 +169,10 @@ mod tests {
         assert_eq!(g.persistence_mode, Some(false));
         assert_eq!(g.sm_clock_mhz, None);
         assert_eq!(g.active_clock_reasons, vec!["sw_thermal_slowdown"]);
-        assert_eq!(g.processes, vec![Process { pid: Some(4242), name: "python3".into(), used_memory_mib: Some(1024.0) }]);
+        assert_eq!(
+            g.processes,
+            vec![Process { pid: Some(4242), name: "python3".into(), used_memory_mib: Some(1024.0) }]
+        );
     }
 
     #[test]

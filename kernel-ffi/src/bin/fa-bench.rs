@@ -180,7 +180,8 @@ fn bench_case(
     } else {
         method = "events-cold-l2";
         while !bench::converged(&samples, args.min_samples, args.target_spread) && start.elapsed() < budget {
-            let pairs: Vec<_> = (0..10).map(|_| Ok::<_, cudarc::driver::DriverError>((ev()?, ev()?))).collect::<Result<_, _>>()?;
+            let pairs: Vec<_> =
+                (0..10).map(|_| Ok::<_, cudarc::driver::DriverError>((ev()?, ev()?))).collect::<Result<_, _>>()?;
             for (a, b) in &pairs {
                 s.memset_zeros(flush)?; // evicts L2 and keeps the GPU busy while we enqueue
                 a.record(s)?;

@@ -1,0 +1,200 @@
+//! The committed optimisation history, `perf/ledger.jsonl`: one iteration a line,
+//! appended atomically (temp file + rename) under a lock file.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::process::write_file;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub iteration: u32,
+    pub timestamp: String,
+    pub git_rev: String,
+    pub device: Option<String>,
+    pub hypothesis: String,
+    /// What the author expected to move, and by how much.
+    pub prediction: Option<String>,
+    pub changed_files: Vec<String>,
+    pub verdict: String,
+    /// Why it was rejected or reverted.
+    pub reason: Option<String>,
+    pub build: Vec<KernelLine>,
+    pub test: Option<TestLine>,
+    pub sanitized: Option<bool>,
+    pub bench: Vec<BenchLine>,
+    /// Where the rejected attempt was saved.
+    pub patch: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelLine {
+    pub kernel: String,
+    pub arch: String,
+    pub registers: u32,
+    pub spill_bytes: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestLine {
+    pub cases: usize,
+    pub failed: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchLine {
+    pub case: String,
+    pub base_us: Option<f64>,
+    pub cand_us: f64,
+    pub tflops: f64,
+    pub change: Option<f64>,
+    pub ci_low: Option<f64>,
+    pub ci_high: Option<f64>,
+    pub verdict: Option<String>,
+    /// PyTorch SDPA (default backend) time / ours, where measured.
+    pub speedup_vs_torch: Option<f64>,
+}
+
+/// The full sanitize runs on every fifth iteration.
+pub fn sanitize_due(iteration: u32) -> bool {
+    iteration.is_multiple_of(5)
+}
+
+/// The number the next iteration will get.
+pub fn next_iteration(path: &Path) -> Result<u32> {
+    Ok(read(path)?.last().map_or(1, |e| e.iteration + 1))
+}
+
+pub fn read(path: &Path) -> Result<Vec<Entry>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1)))
+        .collect()
+}
+
+/// Holds `<path>.lock` (created exclusively) until dropped.
+pub struct Lock(PathBuf);
+
+impl Lock {
+    pub fn acquire(path: &Path, wait: Duration) -> Result<Lock> {
+        let lock = path.with_extension("lock");
+        if let Some(dir) = lock.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let start = Instant::now();
+        loop {
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&lock) {
+                Ok(_) => return Ok(Lock(lock)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && start.elapsed() < wait => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    bail!("{} is held by another run; if none is running, delete the lock file", lock.display())
+                }
+                Err(e) => return Err(e).with_context(|| format!("creating {}", lock.display())),
+            }
+        }
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Writes `contents` to `path` through a temp file and a rename: readers see the
+/// old file or the new one, never half of either.
+pub fn write_atomic(path: &Path, contents: &str) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    write_file(&tmp, contents)?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+/// Appends one entry under the lock; returns it with its iteration number set.
+pub fn append(path: &Path, mut entry: Entry) -> Result<Entry> {
+    let _lock = Lock::acquire(path, Duration::from_secs(60))?;
+    let mut entries = read(path)?;
+    entry.iteration = entries.last().map_or(1, |e| e.iteration + 1);
+    entries.push(entry.clone());
+    let mut text = String::new();
+    for e in &entries {
+        text.push_str(&serde_json::to_string(e)?);
+        text.push('\n');
+    }
+    write_atomic(path, &text)?;
+    Ok(entry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub fn entry(h: &str) -> Entry {
+        Entry {
+            iteration: 0,
+            timestamp: "t".into(),
+            git_rev: "r".into(),
+            device: None,
+            hypothesis: h.into(),
+            prediction: None,
+            changed_files: vec![],
+            verdict: "accepted".into(),
+            reason: None,
+            build: vec![],
+            test: None,
+            sanitized: None,
+            bench: vec![],
+            patch: None,
+        }
+    }
+
+    #[test]
+    fn appends_number_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("perf/ledger.jsonl");
+        assert_eq!(append(&path, entry("a")).unwrap().iteration, 1);
+        assert_eq!(append(&path, entry("b")).unwrap().iteration, 2);
+        let all = read(&path).unwrap();
+        assert_eq!(all.iter().map(|e| e.hypothesis.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert!(!path.with_extension("lock").exists(), "lock released");
+    }
+
+    #[test]
+    fn concurrent_appends_lose_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.jsonl");
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let path = &path;
+                s.spawn(move || {
+                    for i in 0..5 {
+                        append(path, entry(&format!("{t}-{i}"))).unwrap();
+                    }
+                });
+            }
+        });
+        let all = read(&path).unwrap();
+        assert_eq!(all.len(), 20);
+        let numbers: Vec<u32> = all.iter().map(|e| e.iteration).collect();
+        assert_eq!(numbers, (1..=20).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn held_lock_times_out_with_advice() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.jsonl");
+        let _held = Lock::acquire(&path, Duration::ZERO).unwrap();
+        let err = Lock::acquire(&path, Duration::from_millis(200)).err().unwrap().to_string();
+        assert!(err.contains("held by another run"), "{err}");
+    }
+}
