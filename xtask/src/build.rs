@@ -18,6 +18,7 @@ use crate::report::{Envelope, Toolchain};
 use crate::toolchain::{self, Nvcc};
 use crate::{CheckFailed, table};
 
+#[derive(Clone)]
 pub struct Options {
     pub timeout: Duration,
     /// Another manifest (tests plant breaches with one); its sources are relative to it.

@@ -5,6 +5,7 @@ mod bench;
 mod budget;
 mod build;
 mod check;
+mod ci;
 mod gpu;
 mod iterate;
 mod ledger;
@@ -125,6 +126,29 @@ enum Task {
         vs_torch: bool,
         #[arg(long, default_value_t = 1800)]
         bench_timeout: u64,
+    },
+    /// What CI runs: fmt, clippy, tests, static check, workflow lint; with --gpu the GPU gate.
+    Ci {
+        /// The GPU job: preflight, build, correctness matrix, regression gate.
+        #[arg(long)]
+        gpu: bool,
+        #[command(flatten)]
+        build: BuildArgs,
+        #[command(flatten)]
+        test: TestArgs,
+        /// Gate against this revision (built in a worktree; the PR's merge base in CI).
+        #[arg(long, conflicts_with = "base_dir")]
+        against: Option<String>,
+        /// Gate against a prebuilt base (DIR/kernels, DIR/fa-bench): for machines without cargo.
+        #[arg(long)]
+        base_dir: Option<PathBuf>,
+        /// Shapes to gate on (default: fa-bench's default set).
+        #[arg(long = "shape")]
+        shapes: Vec<String>,
+        #[arg(long, default_value_t = 5)]
+        processes: usize,
+        #[arg(long, default_value_t = 1000)]
+        budget_ms: u64,
     },
     /// One optimisation iteration: build, test, sanitize when due, bench vs the last
     /// accepted state, ledger entry; reverts the kernels on a rejection.
@@ -265,6 +289,32 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         }
         Task::Preflight => preflight::run(&paths),
         Task::Summary => summary::run(&paths),
+        Task::Ci { gpu, build, test, against, base_dir, shapes, processes, budget_ms } => {
+            if gpu && against.is_none() && base_dir.is_none() {
+                return Err(
+                    CannotRun("ci --gpu needs a base to gate against: --against REV or --base-dir DIR".into()).into()
+                );
+            }
+            ci::run(
+                &paths,
+                &ci::Options {
+                    gpu,
+                    build: build.options(),
+                    test: test.options(),
+                    bench: bench::Options {
+                        shapes,
+                        dtypes: "f16".into(),
+                        against,
+                        base_dir,
+                        processes,
+                        budget_ms,
+                        save_baseline: false,
+                        vs_torch: false,
+                        timeout: Duration::from_secs(3600),
+                    },
+                },
+            )
+        }
         Task::Iterate {
             hypothesis,
             predict,

@@ -103,7 +103,7 @@ impl Cmd {
         self
     }
 
-    /// Also copy the child's stderr to ours as it arrives (progress lines of long runs).
+    /// Also copy the child's output to ours as it arrives (progress lines of long runs).
     pub fn echo(mut self) -> Cmd {
         self.echo = true;
         self
@@ -147,8 +147,10 @@ impl Cmd {
         let start = Instant::now();
         let mut child = command.spawn().with_context(|| format!("could not start `{shown}`"))?;
         let pgid = child.id() as libc::pid_t;
-        let stdout = drain(child.stdout.take(), false);
-        let stderr = drain(child.stderr.take(), self.echo);
+        let stdout =
+            drain(child.stdout.take(), self.echo.then(|| Box::new(std::io::stdout()) as Box<dyn Write + Send>));
+        let stderr =
+            drain(child.stderr.take(), self.echo.then(|| Box::new(std::io::stderr()) as Box<dyn Write + Send>));
         let waited = child.wait_timeout(self.timeout).with_context(|| format!("waiting for `{shown}`"))?;
         let status = match waited {
             Some(status) => {
@@ -206,7 +208,7 @@ fn kill_group(pgid: libc::pid_t) {
 
 type Reader = std::thread::JoinHandle<String>;
 
-fn drain<R: Read + Send + 'static>(pipe: Option<R>, echo: bool) -> Option<Reader> {
+fn drain<R: Read + Send + 'static>(pipe: Option<R>, mut echo: Option<Box<dyn Write + Send>>) -> Option<Reader> {
     pipe.map(|mut p| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -215,8 +217,8 @@ fn drain<R: Read + Send + 'static>(pipe: Option<R>, echo: bool) -> Option<Reader
                 if n == 0 {
                     break;
                 }
-                if echo {
-                    let _ = std::io::stderr().write_all(&chunk[..n]);
+                if let Some(out) = echo.as_mut() {
+                    let _ = out.write_all(&chunk[..n]);
                 }
                 buf.extend_from_slice(&chunk[..n]);
             }

@@ -11,6 +11,7 @@ use crate::report::{Device, Envelope, Toolchain};
 use crate::schema::{TestCase, TestRun};
 use crate::{CannotRun, CheckFailed, table, tools};
 
+#[derive(Clone)]
 pub struct Options {
     pub filter: Option<String>,
     pub timeout: Duration,
