@@ -11,10 +11,17 @@
 
 namespace fa {
 
+// Warps per CTA (a tuning knob: `--define FA_WARPS=8` with a manifest whose launch
+// geometry matches). Each warp owns 16 query rows, so kBlockM = 16 × warps.
+#ifndef FA_WARPS
+#define FA_WARPS 4
+#endif
+
 template <int D>
 struct FwdConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
-  static constexpr int kWarps = 4;
+  static_assert(FA_WARPS == 4 || FA_WARPS == 8, "4 or 8 warps");
+  static constexpr int kWarps = FA_WARPS;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16 * kWarps;  // one 16-row mma tile per warp
   static constexpr int kBlockN = 64;
@@ -33,20 +40,60 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Copies rows [row0, row0 + ROWS) of a [rows_valid, D] matrix (row stride in
-// elements) into a swizzled shared tile; rows past rows_valid are zero-filled so
-// that 0 × garbage can never turn into NaN in P·V.
+// Copies ROWS-row tiles of a [rows, D] matrix into a swizzled shared tile with
+// cp.async, each thread always moving the same 16-byte column chunk of rows
+// r, r + kRowsPerPass, …: its shared addresses are fixed (the swizzle term depends
+// on r % 8 only, and kRowsPerPass is a multiple of 8), and its global address
+// advances by a constant. Everything but one multiply per tile is set up once.
 template <typename T, int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride, int row0, int rows_valid) {
-  constexpr int kChunks = D / 8;
-  #pragma unroll
-  for (int c = threadIdx.x; c < ROWS * kChunks; c += THREADS) {
-    const int r = c / kChunks, ch = c % kChunks;
-    const bool valid = row0 + r < rows_valid;
-    const T* src = valid ? gmem + (int64_t)(row0 + r) * row_stride + ch * 8 : gmem;
-    cp_async_16(smem_u32(smem + swizzle<D>(r, ch * 8)), src, valid ? 16 : 0);
+struct TileCopy {
+  static constexpr int kChunks = D / 8;
+  static constexpr int kRowsPerPass = THREADS / kChunks;
+  static constexpr int kPasses = ROWS / kRowsPerPass;
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 8 == 0,
+                "each thread keeps one chunk column and one swizzle phase");
+  uint32_t smem;        // this thread's chunk of its first row
+  const T* gmem;        // row `row` of the matrix at this thread's chunk column
+  int64_t pass_stride;  // elements between this thread's rows in consecutive passes
+  int row;
+
+  __device__ __forceinline__ TileCopy(T* tile, const T* base, int64_t row_stride) {
+    row = threadIdx.x / kChunks;
+    const int ch = threadIdx.x % kChunks;
+    smem = smem_u32(tile + swizzle<D>(row, ch * 8));
+    gmem = base + (int64_t)row * row_stride + ch * 8;
+    pass_stride = (int64_t)kRowsPerPass * row_stride;
   }
-}
+
+  // Rows [row0, row0 + ROWS); `offset` = row0 × row_stride. Rows ≥ rows_valid are
+  // zero-filled so that 0 × garbage can never turn into NaN in P·V.
+  __device__ __forceinline__ void copy(int64_t offset, int row0, int rows_valid) const {
+    const T* src = gmem + offset;
+    #pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const bool valid = row0 + row + i * kRowsPerPass < rows_valid;
+      cp_async_16(smem + i * kRowsPerPass * D * 2, valid ? src : gmem, valid ? 16 : 0);
+      src += pass_stride;
+    }
+  }
+};
+
+// Shared addresses of a warp's ldmatrix.x4 reads of a swizzled [rows, D] tile, for
+// 16-row × 16-column blocks. Lane l supplies row (l/8 selects one of 4 matrices)
+// `row_of(l)`, whose value mod 8 is l % 8, and chunk 2·j + chunk_bit(l) of block
+// column j: the swizzled chunk is (2j) ^ chunk_bit ^ (l % 8), so four XOR
+// patterns (j % 4) cover every block column, plus compile-time offsets.
+template <int D>
+struct FragAddr {
+  uint32_t base[4];
+  __device__ __forceinline__ FragAddr(uint32_t tile, int row, int chunk_bit) {
+    const int c = chunk_bit ^ (row & 7);
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) base[j] = tile + 2 * (row * D + (((2 * j) ^ c) << 3));
+  }
+  // Block row `rb` (16 rows), block column `cb` (16 columns), in bytes.
+  __device__ __forceinline__ uint32_t at(int rb, int cb) const { return base[cb % 4] + 2 * (rb * 16 * D + (cb / 4) * 64); }
+};
 
 // Planted defects, compiled in only by `cargo xtask sanitize --defects` (one
 // -DFA_DEFECT_* per build) to prove each compute-sanitizer tool catches its bug:
@@ -54,8 +101,9 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
 //   FA_DEFECT_RACE           no barrier between P·V reads of sV and the next V load (racecheck)
 //   FA_DEFECT_UNINIT         a split with no keys writes no partials; combine reads them (initcheck)
 //   FA_DEFECT_DIVERGENT_SYNC a barrier reached by half of each warp (synccheck)
-// and FA_PLANT_SLOWDOWN=N (`cargo xtask build --define FA_PLANT_SLOWDOWN=N`), a
-// deliberate slowdown that proves the regression gate catches one.
+// and, for proving the CI gate: FA_PLANT_SLOWDOWN=N (a dependent FMA chain per key
+// tile) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax scale), e.g.
+// `cargo xtask ci --gpu --define FA_PLANT_WRONG_RESULT …`.
 
 template <typename T, int D, bool CAUSAL>
 __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
@@ -74,6 +122,11 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   const int kvh = h / (p.heads / p.kv_heads);
   const int split = blockIdx.z;
   const int m0 = blockIdx.x * BM;
+#ifdef FA_PLANT_WRONG_RESULT
+  const float scale_log2 = p.scale_log2 * 1.01f;  // planted: a 1% wrong softmax scale
+#else
+  const float scale_log2 = p.scale_log2;
+#endif
   // Bottom-right causal alignment: row i sees keys j <= i + (Sk - Sq).
   const int diag = p.seqlen_k - p.seqlen_q;
 
@@ -99,15 +152,22 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   float row_sum[2] = {0.f, 0.f};
   uint32_t qf[D / 16][4];
 
+  const TileCopy<T, BN, D, Cfg::kThreads> k_copy(sK, k, p.k_row_stride);
+  const TileCopy<T, BN, D, Cfg::kThreads> v_copy(sV, v, p.v_row_stride);
+  // K fragments: matrices (keys +0..7, d +0..7), (keys +0..7, d +8..15), (keys +8..15, d +0..7), (…, d +8..15).
+  const FragAddr<D> k_frag(smem_u32(sK), (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+  // V fragments, transposed: (keys +0..7, d +0..7), (keys +8..15, d +0..7), (keys +0..7, d +8..15), (…).
+  const FragAddr<D> v_frag(smem_u32(sV), ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+
   if (n_begin < n_end) {
-    load_tile<T, BM, D, Cfg::kThreads>(sQ, q, p.q_row_stride, m0, p.seqlen_q);
-    load_tile<T, BN, D, Cfg::kThreads>(sK, k, p.k_row_stride, n_begin, p.seqlen_k);
+    TileCopy<T, BM, D, Cfg::kThreads>(sQ, q, p.q_row_stride).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
+    k_copy.copy((int64_t)n_begin * p.k_row_stride, n_begin, p.seqlen_k);
     cp_async_commit();
   }
 
   for (int n0 = n_begin; n0 < n_end; n0 += BN) {
     // cp.async groups in flight: [Q+K0] [V0] [K1] [V1] …
-    load_tile<T, BN, D, Cfg::kThreads>(sV, v, p.v_row_stride, n0, p.seqlen_k);
+    v_copy.copy((int64_t)n0 * p.v_row_stride, n0, p.seqlen_k);
     cp_async_commit();
     cp_async_wait<1>();  // K(n0) (and Q) landed
     __syncthreads();
@@ -128,11 +188,8 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     for (int kk = 0; kk < D / 16; ++kk) {
       #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
-        // Matrices: (keys np*16+0..7, d 0..7), (same keys, d 8..15), (keys +8..15, d 0..7), (…, d 8..15).
-        const int mat = lane / 8;
-        const int key = np * 16 + (mat / 2) * 8 + (lane % 8), col = kk * 16 + (mat % 2) * 8;
         uint32_t kf[4];
-        ldmatrix_x4(kf, smem_u32(sK + swizzle<D>(key, col)));
+        ldmatrix_x4(kf, k_frag.at(np, kk));
         mma_16816<T>(s[2 * np], qf[kk], kf[0], kf[1]);
         mma_16816<T>(s[2 * np + 1], qf[kk], kf[2], kf[3]);
       }
@@ -159,7 +216,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
       float mx = -INFINITY;
       #pragma unroll
       for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      mx = quad_max(mx) * p.scale_log2;
+      mx = quad_max(mx) * scale_log2;
       const float new_max = fmaxf(row_max[r], mx);
       // A row that has seen only masked keys keeps max −inf; subtract 0 instead so
       // that −inf − (−inf) never makes a NaN.
@@ -169,8 +226,8 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
       float sum = 0.f;
       #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], p.scale_log2, -base));
-        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], p.scale_log2, -base));
+        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], scale_log2, -base));
+        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -base));
         sum += s[nt][2 * r] + s[nt][2 * r + 1];
       }
       row_sum[r] = row_sum[r] * correction + sum;
@@ -184,7 +241,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     cp_async_wait<0>();  // V(n0) landed
     __syncthreads();     // and every warp is done reading sK
     if (n0 + BN < n_end) {
-      load_tile<T, BN, D, Cfg::kThreads>(sK, k, p.k_row_stride, n0 + BN, p.seqlen_k);
+      k_copy.copy((int64_t)(n0 + BN) * p.k_row_stride, n0 + BN, p.seqlen_k);
       cp_async_commit();
     }
 
@@ -198,11 +255,8 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
       pf[3] = Dtype<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
       #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
-        // Transposed matrices: (keys 0..7, d 0..7), (keys 8..15, d 0..7), (keys 0..7, d 8..15), (…).
-        const int mat = lane / 8;
-        const int key = kk * 16 + (mat % 2) * 8 + (lane % 8), col = dp * 16 + (mat / 2) * 8;
         uint32_t vf[4];
-        ldmatrix_x4_trans(vf, smem_u32(sV + swizzle<D>(key, col)));
+        ldmatrix_x4_trans(vf, v_frag.at(kk, dp));
         mma_16816<T>(o[2 * dp], pf, vf[0], vf[1]);
         mma_16816<T>(o[2 * dp + 1], pf, vf[2], vf[3]);
       }

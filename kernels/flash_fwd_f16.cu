@@ -5,7 +5,7 @@
 using namespace fa;
 
 #define FWD_ENTRY(D, CAUSAL, NAME)                                                         \
-  extern "C" __global__ void __launch_bounds__(FwdConfig<D>::kThreads) NAME(const FlashParams p) { \
+  extern "C" __global__ void __launch_bounds__(FwdConfig<D>::kThreads, 1) NAME(const FlashParams p) { \
     flash_fwd<__half, D, CAUSAL>(p);                                                           \
   }
 

@@ -18,9 +18,6 @@ use crate::planner::{self, Plan};
 use crate::schema::DeviceInfo;
 use crate::tensor::{self, Arg, Desc, Dtype, Problem};
 
-/// Dynamic shared memory above this needs an explicit opt-in per function.
-const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
-
 /// A device tensor of 16-bit elements (f16 or bf16 bits).
 pub struct Tensor {
     pub data: CudaSlice<u16>,
@@ -129,7 +126,9 @@ impl Attention {
             let module = ctx.load_module(Ptx::from_binary(image)).cuda(format!("loading {}", path.display()))?;
             for k in &src.kernels {
                 let func = module.load_function(&k.entry).cuda(format!("finding {} in {}", k.entry, path.display()))?;
-                if k.dynamic_smem > DEFAULT_SMEM_LIMIT {
+                // Opt in whenever dynamic shared memory is used: static + dynamic may pass
+                // 48 KB even when the dynamic part alone does not.
+                if k.dynamic_smem > 0 {
                     func.set_attribute(
                         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         k.dynamic_smem as i32,

@@ -39,9 +39,13 @@ pub struct TestCase {
     pub lse: bool,
     /// `cpu-f64` or `gpu-f32`.
     pub reference: String,
+    /// NaN (JSON null) when the case could not run, infinite when the output was not finite.
+    #[serde(with = "non_finite_as_null")]
     pub rel_l2: f64,
+    #[serde(with = "non_finite_as_null")]
     pub max_abs: f64,
     /// Largest LSE difference over rows with a finite reference LSE.
+    #[serde(with = "non_finite_as_null")]
     pub lse_max_abs: f64,
     pub tol_rel_l2: f64,
     pub tol_max_abs: f64,
@@ -51,6 +55,19 @@ pub struct TestCase {
     pub passed: bool,
     /// Set when the case could not run at all (launch or validation error).
     pub error: Option<String>,
+}
+
+/// JSON has no NaN or infinity: write them as null, read null back as NaN.
+mod non_finite_as_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.is_finite() { s.serialize_f64(*x) } else { s.serialize_none() }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
 }
 
 /// Output of `fa-bench` (and of `ci/bench_torch.py`, which writes the same schema).
@@ -89,4 +106,43 @@ pub struct BenchCase {
     /// CTAs of the attention kernel per call (0 for other implementations).
     pub ctas: u64,
     pub num_splits: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_case_round_trips_through_json() {
+        let case = TestCase {
+            name: "x".into(),
+            dtype: "f16".into(),
+            batch: 1,
+            heads: 1,
+            kv_heads: 1,
+            seqlen_q: 1,
+            seqlen_k: 1,
+            head_dim: 64,
+            causal: false,
+            layout: "bhsd".into(),
+            splits: "1".into(),
+            num_splits: 0,
+            lse: false,
+            reference: String::new(),
+            rel_l2: f64::NAN,
+            max_abs: f64::INFINITY,
+            lse_max_abs: 0.5,
+            tol_rel_l2: 0.0,
+            tol_max_abs: 0.0,
+            tol_lse: 0.0,
+            non_finite: 0,
+            passed: false,
+            error: Some("CUDA error".into()),
+        };
+        let text = serde_json::to_string(&case).unwrap();
+        assert!(text.contains("\"rel_l2\":null"), "{text}");
+        let back: TestCase = serde_json::from_str(&text).unwrap();
+        assert!(back.rel_l2.is_nan() && back.max_abs.is_nan());
+        assert_eq!(back.lse_max_abs, 0.5);
+    }
 }
