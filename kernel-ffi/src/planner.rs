@@ -11,16 +11,18 @@ pub struct Plan {
     pub keys_per_split: u32,
 }
 
-// Calibrated on an H200 (graph replay, D=64, `fa-bench --splits 1` against auto):
-// one 64-key block costs ~1.25 µs to a lone CTA, launch + Q load + epilogue ~2.2 µs,
-// and the combine kernel ~2.0-2.6 µs, i.e. about two key blocks.
+// Calibrated on an H200 (graph replay, D=64, `fa-bench --splits 1` against auto,
+// ledger iteration 2's kernel): one 64-key block costs ~0.8 µs to a lone CTA,
+// launch + Q load + epilogue ~2.3 µs, and the combine kernel ~1.9-2.4 µs, i.e.
+// about two and a half key blocks.
 /// Cost of one CTA beyond its key blocks (Q load, epilogue), in key-block units.
 const CTA_OVERHEAD: f64 = 0.5;
 /// Cost of the combine launch, in key-block units.
-const COMBINE_COST: f64 = 2.0;
+const COMBINE_COST: f64 = 2.5;
 /// Co-resident CTAs per SM that still add throughput on these latency-bound tiles:
-/// B=2 H=8 S=512 ran 4% slower as 3 splits at 3 CTAs/SM than unsplit at 1 CTA/SM.
-const USEFUL_CTAS_PER_SM: u32 = 2;
+/// measured, a second one does not (B=2 H=8 S=512: 9.1 µs unsplit at 1 CTA/SM,
+/// 11.5 µs as 2 splits, 11.8 µs as 3; B=1 H=16 S=512 D=128: 13.5 against 15.4).
+const USEFUL_CTAS_PER_SM: u32 = 1;
 
 /// `work_ctas` = batch × heads × query blocks; `ctas_per_sm` from the occupancy
 /// calculator. A problem that already fills ≥ 80% of one wave runs unsplit.
@@ -74,27 +76,24 @@ mod tests {
 
     #[test]
     fn seed_cases_fill_the_gpu() {
-        for sms in [H200_SMS, L4_SMS] {
-            for s in [256u32, 512] {
-                let work = ctas(1, 1, s.into());
-                let p = plan(sms, 3, work, s, 64);
-                let n_blocks = s.div_ceil(64);
-                // Small: every key block becomes its own split.
-                assert_eq!(p.num_splits, n_blocks, "S={s} on {sms} SMs: {p:?}");
-                assert_eq!(p.keys_per_split, 64);
-            }
+        // H200, measured: S=256 5.0 µs as 4 splits against 5.4 unsplit; S=512 5.5 µs as
+        // 8 splits against 8.6 unsplit. Every key block becomes its own split.
+        for s in [256u32, 512] {
+            let p = plan(H200_SMS, 3, ctas(1, 1, s.into()), s, 64);
+            assert_eq!((p.num_splits, p.keys_per_split), (s / 64, 64), "S={s}: {p:?}");
         }
-        // B=2 H=8 S=512: 3 splits at 3 CTAs/SM measured 4% slower than unsplit, so at
-        // most two co-resident CTAs count: 2 splits, 256 CTAs on 132 SMs.
-        assert_eq!(plan(H200_SMS, 3, ctas(2, 8, 512), 512, 64).num_splits, 2);
-        // B=1 H=16 S=512 D=128 at 2 CTAs/SM: 2 splits (measured 19.7 µs against 22.9 unsplit).
-        assert_eq!(plan(H200_SMS, 2, ctas(1, 16, 512), 512, 64).num_splits, 2);
+        // 128 CTAs already cover the H200's 132 SMs: unsplit (measured 9.1 µs against
+        // 11.5 with 2 splits for B=2 H=8 S=512; 13.5 against 15.4 for B=1 H=16 D=128).
+        assert_eq!(plan(H200_SMS, 3, ctas(2, 8, 512), 512, 64).num_splits, 1);
+        assert_eq!(plan(H200_SMS, 2, ctas(1, 16, 512), 512, 64).num_splits, 1);
+        // On the 58-SM L4 the same 128 CTAs are 2.2 waves; splitting cannot shorten that.
+        assert_eq!(plan(L4_SMS, 3, ctas(2, 8, 512), 512, 64).num_splits, 1);
     }
 
     #[test]
     fn two_key_blocks_do_not_pay_for_a_combine() {
-        // B=1 H=1 S=128 has two 64-key blocks: splitting saves one block (~1.25 µs) and
-        // costs the combine launch (~2-2.6 µs). Measured: 5.6 µs split, 4.7 µs unsplit.
+        // B=1 H=1 S=128 has two 64-key blocks: splitting saves one block (~0.8 µs) and
+        // costs the combine launch (~2 µs). Measured: 5.6 µs split, 3.9 µs unsplit.
         for sms in [H200_SMS, L4_SMS] {
             assert_eq!(plan(sms, 3, ctas(1, 1, 128), 128, 64).num_splits, 1);
         }
@@ -102,10 +101,11 @@ mod tests {
 
     #[test]
     fn l4_seed_shapes_spread_over_the_sms() {
-        // The seed's B=1 H=1 S=512 launched 8 CTAs on the 58-SM L4; now every key block
-        // is a CTA of its own.
+        // The seed's B=1 H=1 S=512 launched 8 CTAs on the 58-SM L4; now 4 splits of two
+        // key blocks each: 32 CTAs in one wave (64 one-block CTAs would need two).
         let p = plan(L4_SMS, 3, ctas(1, 1, 512), 512, 64);
-        assert_eq!(ctas(1, 1, 512) * u64::from(p.num_splits), 64);
+        assert_eq!(ctas(1, 1, 512) * u64::from(p.num_splits), 32);
+        assert_eq!(p.keys_per_split, 128);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `cargo xtask ci`: what the GitHub workflows run, so that running it locally
 //! reproduces CI. CPU mode: fmt, clippy, tests, the static check, workflow lint.
-//! `--gpu`: preflight, build, the correctness matrix and the regression gate
+//! `--gpu`: build, preflight, the correctness matrix and the regression gate
 //! against a base, with the bench table appended to `$GITHUB_STEP_SUMMARY`.
 
 use std::path::{Path, PathBuf};
@@ -57,10 +57,11 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
 }
 
 fn gpu(paths: &Paths, opts: &Options) -> Result<()> {
-    eprintln!("== ci --gpu: preflight");
-    preflight::run(paths)?;
+    // Build first: preflight loads the fatbins it checks.
     eprintln!("== ci --gpu: build");
     build::run(paths, &opts.build)?;
+    eprintln!("== ci --gpu: preflight");
+    preflight::run(paths)?;
     eprintln!("== ci --gpu: correctness matrix");
     let tested = test::run(paths, &opts.test);
     let gated = match &tested {
