@@ -121,7 +121,9 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   const int b = blockIdx.y / p.heads, h = blockIdx.y % p.heads;
   const int kvh = h / (p.heads / p.kv_heads);
   const int split = blockIdx.z;
-  const int m0 = blockIdx.x * BM;
+  // Causal: the last query blocks see the most keys; hand them out first so the
+  // longest CTAs do not start in the final wave.
+  const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
 #ifdef FA_PLANT_WRONG_RESULT
   const float scale_log2 = p.scale_log2 * 1.01f;  // planted: a 1% wrong softmax scale
 #else
