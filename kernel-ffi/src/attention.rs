@@ -94,6 +94,12 @@ impl Attention {
             )));
         }
         let manifest = Manifest::load(&manifest_path).map_err(|e| Error::MissingKernels(format!("{e:#}")))?;
+        // SAFETY: only tries to open the driver library; cudarc would panic on first use otherwise.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::Unsupported(
+                "no NVIDIA driver here (libcuda.so cannot be loaded); run on a machine with a GPU".into(),
+            ));
+        }
         let ctx = Ctx::new(ordinal).cuda(format!("creating a context on GPU {ordinal}"))?;
         // One stream, launches in order: per-buffer event tracking is pure overhead.
         // SAFETY: every buffer is used on `stream` only, so stream order is the only order needed.

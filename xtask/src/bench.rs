@@ -120,7 +120,18 @@ fn medians(runs: &[&ProcessRun]) -> BTreeMap<String, Vec<f64>> {
     out
 }
 
+/// Fewest processes per side behind a verdict or a stored baseline.
+pub const MIN_PROCESSES: usize = 5;
+
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    if opts.processes < MIN_PROCESSES && (opts.against.is_some() || opts.base_dir.is_some() || opts.save_baseline) {
+        return Err(CannotRun(format!(
+            "--processes {}: a verdict or a baseline needs at least {MIN_PROCESSES} per side",
+            opts.processes
+        ))
+        .into());
+    }
+    crate::gpu::require("bench")?;
     let cand = Side { bench: tools::binary(paths, "fa-bench")?, kernels: paths.kernels_out() };
     let base = match (&opts.against, &opts.base_dir) {
         (Some(rev), _) => Some(build_revision(paths, rev)?),
@@ -148,7 +159,8 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         let device = first.run.device.name.clone();
         let baseline_path = paths.root.join("ci/baselines").join(format!("{}.json", slug(&device)));
         runs.push(first);
-        let baseline = if opts.save_baseline { None } else { read_baseline(&baseline_path)? };
+        let baseline =
+            if opts.save_baseline || opts.processes < MIN_PROCESSES { None } else { read_baseline(&baseline_path)? };
         if opts.save_baseline || baseline.is_some() {
             for i in 1..opts.processes {
                 runs.push(run_process(&cand, "candidate", i, &dir, opts)?);
@@ -171,7 +183,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         } else {
             mode = "single".into();
             eprintln!(
-                "bench: no baseline at {} (write one with --save-baseline); timings only",
+                "bench: timings only (a comparison needs {} and --processes {MIN_PROCESSES} or more)",
                 baseline_path.display()
             );
         }

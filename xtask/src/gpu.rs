@@ -4,6 +4,11 @@ use std::time::Duration;
 
 use crate::process::Cmd;
 
+/// For the commands that cannot run without a GPU: a `CannotRun` naming why.
+pub fn require(task: &str) -> anyhow::Result<Vec<String>> {
+    detect().map_err(|why| crate::CannotRun(format!("`{task}` needs a GPU: {why}")).into())
+}
+
 /// `Ok(names)` when at least one GPU is visible, else `Err(reason)`.
 pub fn detect() -> Result<Vec<String>, String> {
     let out = Cmd::new("nvidia-smi")

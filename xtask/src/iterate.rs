@@ -143,6 +143,7 @@ fn slug(text: &str) -> String {
 }
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    crate::gpu::require("iterate")?;
     let ledger_path = paths.root.join("perf/ledger.jsonl");
     let n = ledger::next_iteration(&ledger_path)?;
     let accepted = paths.reports().join("accepted");

@@ -100,9 +100,8 @@ enum Task {
     Bench {
         #[command(flatten)]
         build: BuildArgs,
-        /// Shapes B,H,S,D[,causal] (default: fa-bench's default set).
-        #[arg(long = "shape")]
-        shapes: Vec<String>,
+        #[command(flatten)]
+        gate: GateArgs,
         /// f16, bf16 or f16,bf16.
         #[arg(long, default_value = "f16")]
         dtype: String,
@@ -112,20 +111,12 @@ enum Task {
         /// Compare with a prebuilt base: DIR/kernels (and DIR/fa-bench).
         #[arg(long)]
         base_dir: Option<PathBuf>,
-        /// Processes per side (at least 5 for a verdict).
-        #[arg(long, default_value_t = 5)]
-        processes: usize,
-        /// Time budget per case inside each process, in ms.
-        #[arg(long, default_value_t = 1500)]
-        budget_ms: u64,
         /// Write ci/baselines/<gpu>.json from this run.
         #[arg(long)]
         save_baseline: bool,
         /// Also time PyTorch SDPA (ci/bench_torch.py) and print the speedup table.
         #[arg(long)]
         vs_torch: bool,
-        #[arg(long, default_value_t = 1800)]
-        bench_timeout: u64,
     },
     /// What CI runs: fmt, clippy, tests, static check, workflow lint; with --gpu the GPU gate.
     Ci {
@@ -142,13 +133,8 @@ enum Task {
         /// Gate against a prebuilt base (DIR/kernels, DIR/fa-bench): for machines without cargo.
         #[arg(long)]
         base_dir: Option<PathBuf>,
-        /// Shapes to gate on (default: fa-bench's default set).
-        #[arg(long = "shape")]
-        shapes: Vec<String>,
-        #[arg(long, default_value_t = 5)]
-        processes: usize,
-        #[arg(long, default_value_t = 1000)]
-        budget_ms: u64,
+        #[command(flatten)]
+        gate: GateArgs,
     },
     /// One optimisation iteration: build, test, sanitize when due, bench vs the last
     /// accepted state, ledger entry; reverts the kernels on a rejection.
@@ -168,15 +154,11 @@ enum Task {
         build: BuildArgs,
         #[command(flatten)]
         test: TestArgs,
-        /// Shapes to bench (default: fa-bench's default set).
-        #[arg(long = "shape")]
-        shapes: Vec<String>,
+        #[command(flatten)]
+        gate: GateArgs,
+        /// f16, bf16 or f16,bf16.
         #[arg(long, default_value = "f16")]
         dtype: String,
-        #[arg(long, default_value_t = 5)]
-        processes: usize,
-        #[arg(long, default_value_t = 1000)]
-        budget_ms: u64,
     },
     /// The iteration history: table, Markdown and an SVG chart.
     Summary,
@@ -229,6 +211,36 @@ struct TestArgs {
     /// Timeout for the whole correctness run, in seconds.
     #[arg(long, default_value_t = 600)]
     test_timeout: u64,
+}
+
+/// The bench processes behind every gate (bench, ci --gpu, iterate).
+#[derive(Args, Clone)]
+struct GateArgs {
+    /// Shapes B,H,S,D[,causal] (default: fa-bench's default set).
+    #[arg(long = "shape")]
+    shapes: Vec<String>,
+    /// Processes per side (at least 5 for a verdict).
+    #[arg(long, default_value_t = 5)]
+    processes: usize,
+    /// Time budget per case inside each process, in ms.
+    #[arg(long, default_value_t = 1000)]
+    budget_ms: u64,
+}
+
+impl GateArgs {
+    fn options(&self, dtypes: &str) -> bench::Options {
+        bench::Options {
+            shapes: self.shapes.clone(),
+            dtypes: dtypes.to_string(),
+            against: None,
+            base_dir: None,
+            processes: self.processes,
+            budget_ms: self.budget_ms,
+            save_baseline: false,
+            vs_torch: false,
+            timeout: Duration::from_secs(3600),
+        }
+    }
 }
 
 impl BuildArgs {
@@ -289,97 +301,32 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         }
         Task::Preflight => preflight::run(&paths),
         Task::Summary => summary::run(&paths),
-        Task::Ci { gpu, build, test, against, base_dir, shapes, processes, budget_ms } => {
+        Task::Ci { gpu, build, test, against, base_dir, gate } => {
             if gpu && against.is_none() && base_dir.is_none() {
                 return Err(
                     CannotRun("ci --gpu needs a base to gate against: --against REV or --base-dir DIR".into()).into()
                 );
             }
-            ci::run(
-                &paths,
-                &ci::Options {
-                    gpu,
-                    build: build.options(),
-                    test: test.options(),
-                    bench: bench::Options {
-                        shapes,
-                        dtypes: "f16".into(),
-                        against,
-                        base_dir,
-                        processes,
-                        budget_ms,
-                        save_baseline: false,
-                        vs_torch: false,
-                        timeout: Duration::from_secs(3600),
-                    },
-                },
-            )
+            let bench = bench::Options { against, base_dir, ..gate.options("f16") };
+            ci::run(&paths, &ci::Options { gpu, build: build.options(), test: test.options(), bench })
         }
-        Task::Iterate {
-            hypothesis,
-            predict,
-            sanitize,
-            no_revert,
-            build,
-            test,
-            shapes,
-            dtype,
-            processes,
-            budget_ms,
-        } => {
+        Task::Iterate { hypothesis, predict, sanitize, no_revert, build, test, gate, dtype } => {
             let b = build.options();
             let opts = iterate::Options {
                 hypothesis,
                 prediction: predict,
                 sanitize,
                 no_revert,
-                bench: bench::Options {
-                    shapes,
-                    dtypes: dtype,
-                    against: None,
-                    base_dir: None,
-                    processes,
-                    budget_ms,
-                    save_baseline: false,
-                    vs_torch: false,
-                    timeout: Duration::from_secs(1800),
-                },
+                bench: gate.options(&dtype),
                 sanitize_opts: sanitize::Options::all(b.timeout, b.jobs),
                 build: b,
                 test: test.options(),
             };
             iterate::run(&paths, &opts)
         }
-        Task::Bench {
-            build,
-            shapes,
-            dtype,
-            against,
-            base_dir,
-            processes,
-            budget_ms,
-            save_baseline,
-            vs_torch,
-            bench_timeout,
-        } => {
-            if processes < 5 && (against.is_some() || base_dir.is_some() || save_baseline) {
-                return Err(CannotRun(format!("--processes {processes}: the gate needs at least 5 per side")).into());
-            }
+        Task::Bench { build, gate, dtype, against, base_dir, save_baseline, vs_torch } => {
             build::run(&paths, &build.options())?;
-            bench::run(
-                &paths,
-                &bench::Options {
-                    shapes,
-                    dtypes: dtype,
-                    against,
-                    base_dir,
-                    processes,
-                    budget_ms,
-                    save_baseline,
-                    vs_torch,
-                    timeout: Duration::from_secs(bench_timeout),
-                },
-            )
+            bench::run(&paths, &bench::Options { against, base_dir, save_baseline, vs_torch, ..gate.options(&dtype) })
         }
         Task::Profile { shapes, base_clocks, profile_timeout } => {
             let shapes = if shapes.is_empty() {

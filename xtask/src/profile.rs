@@ -151,6 +151,7 @@ fn intensity(shape: &str) -> f64 {
 }
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    crate::gpu::require("profile")?;
     let ncu = toolchain::cuda_tool("ncu")?;
     let bench = tools::binary(paths, "fa-bench")?;
     let info = sanitize::device_info(&tools::binary(paths, "fa-test")?, &paths.kernels_out())?;

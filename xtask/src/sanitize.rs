@@ -119,6 +119,7 @@ pub struct SanitizePayload {
 }
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    crate::gpu::require("sanitize")?;
     let sanitizer = toolchain::cuda_tool("compute-sanitizer")?;
     let driver = tools::binary(paths, "fa-test")?;
     let dir = paths.reports().join("sanitize");

@@ -18,6 +18,7 @@ pub struct Options {
 }
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    crate::gpu::require("test")?;
     let driver = tools::binary(paths, "fa-test")?;
     let raw = paths.reports().join("fa-test.json");
     let _ = std::fs::remove_file(&raw);

@@ -69,27 +69,24 @@ fn sanitize_set() -> Vec<Case> {
     for dtype in [Dtype::F16, Dtype::Bf16] {
         for head_dim in [64, 128] {
             for causal in [false, true] {
-                let case = |sq, sk, heads, kv_heads, layout, splits| Case {
-                    dtype,
+                let case = |seqlen_q, seqlen_k, heads, kv_heads, layout, splits| Case {
                     head_dim,
                     causal,
-                    batch: 1,
                     heads,
                     kv_heads,
-                    seqlen_q: sq,
-                    seqlen_k: sk,
+                    seqlen_q,
+                    seqlen_k,
                     layout,
                     splits,
-                    lse: true,
-                    scale: None,
                     gpu_reference: false,
+                    ..sanitize_set_ref(dtype)
                 };
                 cases.push(case(65, 130, 2, 2, Layout::Bhsd, Splits::Fixed(1)));
                 cases.push(case(130, 130, 4, 1, Layout::Bshd, Splits::Fixed(3)));
                 cases.push(case(1, 77, 2, 1, Layout::Bhsd, Splits::Auto));
             }
         }
-        cases.push(Case { gpu_reference: true, ..sanitize_set_ref(dtype) });
+        cases.push(sanitize_set_ref(dtype));
     }
     cases
 }
