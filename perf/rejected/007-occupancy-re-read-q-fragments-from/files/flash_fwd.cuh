@@ -1,0 +1,341 @@
+// FlashAttention-2-style forward pass on mma.sync tensor cores (sm_80+).
+//
+// One CTA owns kBlockM query rows of one (batch, head) and one key split; each
+// warp owns 16 of those rows end to end, so the online softmax needs no
+// cross-warp communication. Per key tile of kBlockN: S = Q·Kᵀ (fp32), online
+// softmax in the exp2 domain, O += P·V with P kept in registers.
+#pragma once
+
+#include "common.cuh"
+#include "flash_params.h"
+
+namespace fa {
+
+// Warps per CTA (a tuning knob: `--define FA_WARPS=8` with a manifest whose launch
+// geometry matches). Each warp owns 16 query rows, so kBlockM = 16 × warps.
+#ifndef FA_WARPS
+#define FA_WARPS 4
+#endif
+
+template <int D>
+struct FwdConfig {
+  static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
+  static_assert(FA_WARPS == 4 || FA_WARPS == 8, "4 or 8 warps");
+  static constexpr int kWarps = FA_WARPS;
+  static constexpr int kThreads = 32 * kWarps;
+  // CTAs per SM the register allocation must allow (__launch_bounds__'s second
+  // argument): 4 × 128 threads at ≤ 128 registers for D=64, 3 at ≤ 168 for D=128.
+  static constexpr int kMinBlocks = D == 64 ? 4 : 3;
+  static constexpr int kBlockM = 16 * kWarps;  // one 16-row mma tile per warp
+  static constexpr int kBlockN = 64;
+  static constexpr int kChunks = D / 8;         // 16-byte chunks per row
+  // Q tile, K tile, V tile, 16-bit elements. Must equal the manifest's dynamic_smem.
+  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * D * 2;
+  static_assert(kBlockN % 16 == 0 && D % 16 == 0, "mma k-steps are 16 wide");
+  static_assert((kBlockM * kChunks) % kThreads == 0 && (kBlockN * kChunks) % kThreads == 0,
+                "every thread copies the same number of chunks");
+};
+
+// exp2 on the SFU; ex2.approx(-inf) = +0, which is what masked scores need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Copies ROWS-row tiles of a [rows, D] matrix into a swizzled shared tile with
+// cp.async, each thread always moving the same 16-byte column chunk of rows
+// r, r + kRowsPerPass, …: its shared addresses are fixed (the swizzle term depends
+// on r % 8 only, and kRowsPerPass is a multiple of 8), and its global address
+// advances by a constant. Everything but one multiply per tile is set up once.
+template <typename T, int ROWS, int D, int THREADS>
+struct TileCopy {
+  static constexpr int kChunks = D / 8;
+  static constexpr int kRowsPerPass = THREADS / kChunks;
+  static constexpr int kPasses = ROWS / kRowsPerPass;
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 8 == 0,
+                "each thread keeps one chunk column and one swizzle phase");
+  uint32_t smem;        // this thread's chunk of its first row
+  const T* gmem;        // row `row` of the matrix at this thread's chunk column
+  int64_t pass_stride;  // elements between this thread's rows in consecutive passes
+  int row;
+
+  __device__ __forceinline__ TileCopy(T* tile, const T* base, int64_t row_stride) {
+    row = threadIdx.x / kChunks;
+    const int ch = threadIdx.x % kChunks;
+    smem = smem_u32(tile + swizzle<D>(row, ch * 8));
+    gmem = base + (int64_t)row * row_stride + ch * 8;
+    pass_stride = (int64_t)kRowsPerPass * row_stride;
+  }
+
+  // Rows [row0, row0 + ROWS); `offset` = row0 × row_stride. Rows ≥ rows_valid are
+  // zero-filled so that 0 × garbage can never turn into NaN in P·V.
+  __device__ __forceinline__ void copy(int64_t offset, int row0, int rows_valid) const {
+    const T* src = gmem + offset;
+    #pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const bool valid = row0 + row + i * kRowsPerPass < rows_valid;
+      cp_async_16(smem + i * kRowsPerPass * D * 2, valid ? src : gmem, valid ? 16 : 0);
+      src += pass_stride;
+    }
+  }
+};
+
+// Shared addresses of a warp's ldmatrix.x4 reads of a swizzled [rows, D] tile, for
+// 16-row × 16-column blocks. Lane l supplies row (l/8 selects one of 4 matrices)
+// `row_of(l)`, whose value mod 8 is l % 8, and chunk 2·j + chunk_bit(l) of block
+// column j: the swizzled chunk is (2j) ^ chunk_bit ^ (l % 8), so four XOR
+// patterns (j % 4) cover every block column, plus compile-time offsets.
+template <int D>
+struct FragAddr {
+  uint32_t base[4];
+  __device__ __forceinline__ FragAddr(uint32_t tile, int row, int chunk_bit) {
+    const int c = chunk_bit ^ (row & 7);
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) base[j] = tile + 2 * (row * D + (((2 * j) ^ c) << 3));
+  }
+  // Block row `rb` (16 rows), block column `cb` (16 columns), in bytes.
+  __device__ __forceinline__ uint32_t at(int rb, int cb) const { return base[cb % 4] + 2 * (rb * 16 * D + (cb / 4) * 64); }
+};
+
+// Planted defects, compiled in only by `cargo xtask sanitize --defects` (one
+// -DFA_DEFECT_* per build) to prove each compute-sanitizer tool catches its bug:
+//   FA_DEFECT_OOB_TAIL       tail rows past seqlen_q are stored (memcheck)
+//   FA_DEFECT_RACE           no barrier between P·V reads of sV and the next V load (racecheck)
+//   FA_DEFECT_UNINIT         a split with no keys writes no partials; combine reads them (initcheck)
+//   FA_DEFECT_DIVERGENT_SYNC a barrier reached by half of each warp (synccheck)
+// and, for proving the CI gate: FA_PLANT_SLOWDOWN=N (a dependent FMA chain per key
+// tile) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax scale), e.g.
+// `cargo xtask ci --gpu --define FA_PLANT_WRONG_RESULT …`.
+
+template <typename T, int D, bool CAUSAL>
+__device__ __forceinline__ void flash_fwd(const FlashParams& p) {
+  using Cfg = FwdConfig<D>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NT = BN / 8, DT = D / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // The launcher takes smem and threads from the manifest; a mismatch is a build bug.
+  if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads) __trap();
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + BM * D;
+  T* sV = sK + BN * D;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int b = blockIdx.y / p.heads, h = blockIdx.y % p.heads;
+  const int kvh = h / (p.heads / p.kv_heads);
+  const int split = blockIdx.z;
+  // Causal: the last query blocks see the most keys; hand them out first so the
+  // longest CTAs do not start in the final wave.
+  const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+#ifdef FA_PLANT_WRONG_RESULT
+  const float scale_log2 = p.scale_log2 * 1.01f;  // planted: a 1% wrong softmax scale
+#else
+  const float scale_log2 = p.scale_log2;
+#endif
+  // Bottom-right causal alignment: row i sees keys j <= i + (Sk - Sq).
+  const int diag = p.seqlen_k - p.seqlen_q;
+
+  const int n_begin = split * p.keys_per_split;
+  int n_end = min(p.seqlen_k, n_begin + p.keys_per_split);
+  if (CAUSAL) n_end = min(n_end, m0 + BM + diag);  // one past the last key any row here sees
+#ifdef FA_DEFECT_UNINIT
+  if (p.num_splits > 1 && n_begin >= n_end) return;
+#endif
+#ifdef FA_DEFECT_DIVERGENT_SYNC
+  if (lane < 16) __syncthreads();
+#endif
+
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + kvh * p.k_head_stride;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + kvh * p.v_head_stride;
+
+  float o[DT][4];
+  #pragma unroll
+  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  // Running max (in scaled log2 units) and partial row sums for rows g and g+8.
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+
+  // Q fragments are re-read from shared memory for every key tile rather than held
+  // in registers: 16 (D=64) or 32 (D=128) registers fewer per thread buys a CTA more
+  // per SM, for D/16 extra ldmatrix per tile against the 2·D/16·BN/16 of K and V.
+  const FragAddr<D> q_frag(smem_u32(sQ), warp * 16 + lane % 16, lane / 16);
+  const TileCopy<T, BN, D, Cfg::kThreads> k_copy(sK, k, p.k_row_stride);
+  const TileCopy<T, BN, D, Cfg::kThreads> v_copy(sV, v, p.v_row_stride);
+  // K fragments: matrices (keys +0..7, d +0..7), (keys +0..7, d +8..15), (keys +8..15, d +0..7), (…, d +8..15).
+  const FragAddr<D> k_frag(smem_u32(sK), (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+  // V fragments, transposed: (keys +0..7, d +0..7), (keys +8..15, d +0..7), (keys +0..7, d +8..15), (…).
+  const FragAddr<D> v_frag(smem_u32(sV), ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+
+  if (n_begin < n_end) {
+    TileCopy<T, BM, D, Cfg::kThreads>(sQ, q, p.q_row_stride).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
+    k_copy.copy((int64_t)n_begin * p.k_row_stride, n_begin, p.seqlen_k);
+    cp_async_commit();
+  }
+
+  for (int n0 = n_begin; n0 < n_end; n0 += BN) {
+    // cp.async groups in flight: [Q+K0] [V0] [K1] [V1] …
+    v_copy.copy((int64_t)n0 * p.v_row_stride, n0, p.seqlen_k);
+    cp_async_commit();
+    cp_async_wait<1>();  // K(n0) (and Q) landed
+    __syncthreads();
+
+    // ---- S = Q·Kᵀ for this warp's 16 rows × BN keys.
+    float s[NT][4];
+    #pragma unroll
+    for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qf[4];
+      ldmatrix_x4(qf, q_frag.at(0, kk));
+      #pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, k_frag.at(np, kk));
+        mma_16816<T>(s[2 * np], qf, kf[0], kf[1]);
+        mma_16816<T>(s[2 * np + 1], qf, kf[2], kf[3]);
+      }
+    }
+
+    // ---- Mask only tiles that cross the sequence end or the causal diagonal.
+    const int row_lo = m0 + warp * 16 + g;  // this thread's rows: row_lo, row_lo + 8
+    const bool tail = n0 + BN > p.seqlen_k;
+    const bool crosses = CAUSAL && n0 + BN - 1 > m0 + diag;
+    if (tail || crosses) {
+      #pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = row_lo + (e / 2) * 8, key = n0 + nt * 8 + 2 * t + (e % 2);
+          if (key >= p.seqlen_k || (CAUSAL && key > row + diag)) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+
+    // ---- Online softmax, exp2 domain: p = 2^(s·scale·log2e − max).
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+      #pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      mx = quad_max(mx) * scale_log2;
+      const float new_max = fmaxf(row_max[r], mx);
+      // A row that has seen only masked keys keeps max −inf; subtract 0 instead so
+      // that −inf − (−inf) never makes a NaN.
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      const float correction = fast_exp2(row_max[r] - base);
+      row_max[r] = new_max;
+      float sum = 0.f;
+      #pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], scale_log2, -base));
+        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -base));
+        sum += s[nt][2 * r] + s[nt][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * correction + sum;
+      #pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        o[dt][2 * r] *= correction;
+        o[dt][2 * r + 1] *= correction;
+      }
+    }
+
+    cp_async_wait<0>();  // V(n0) landed
+    __syncthreads();     // and every warp is done reading sK
+    if (n0 + BN < n_end) {
+      k_copy.copy((int64_t)(n0 + BN) * p.k_row_stride, n0 + BN, p.seqlen_k);
+      cp_async_commit();
+    }
+
+    // ---- O += P·V; the S accumulators of key tiles 2kk, 2kk+1 are exactly the A fragment.
+    #pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t pf[4];
+      pf[0] = Dtype<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      pf[1] = Dtype<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      pf[2] = Dtype<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[3] = Dtype<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      #pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, v_frag.at(kk, dp));
+        mma_16816<T>(o[2 * dp], pf, vf[0], vf[1]);
+        mma_16816<T>(o[2 * dp + 1], pf, vf[2], vf[3]);
+      }
+    }
+#ifdef FA_PLANT_SLOWDOWN
+    // A dependent FMA chain per tile: a measured, deliberate slowdown for proving the gate.
+    float chain = s[0][0];
+    #pragma unroll 1
+    for (int i = 0; i < FA_PLANT_SLOWDOWN; ++i) chain = fmaf(chain, 0.999f, 1e-7f);
+    if (chain != chain) o[0][0] += chain;  // never true for finite input; keeps the chain alive
+#endif
+#ifndef FA_DEFECT_RACE
+    __syncthreads();  // every warp is done reading sV before the next V load
+#endif
+  }
+
+  // ---- Epilogue: normalise, then write O (or the split's fp32 partial) and LSE.
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(row_sum[r]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key outputs zeros
+    const float lse = l > 0.f ? (row_max[r] + __log2f(l)) * 0.69314718056f : -INFINITY;
+    const int row = m0 + warp * 16 + g + 8 * r;
+#ifndef FA_DEFECT_OOB_TAIL
+    if (row >= p.seqlen_q) continue;
+#endif
+    const int64_t bh_row = ((int64_t)b * p.heads + h) * p.seqlen_q + row;
+    if (p.num_splits == 1) {
+      T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row * p.o_row_stride;
+      #pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        *reinterpret_cast<uint32_t*>(out + dt * 8 + 2 * t) =
+            Dtype<T>::pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+      }
+      if (p.lse != nullptr && t == 0) p.lse[bh_row] = lse;
+    } else {
+      const int64_t part = (int64_t)split * p.batch * p.heads * p.seqlen_q + bh_row;
+      float* out = p.o_partial + part * D;
+      #pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        *reinterpret_cast<float2*>(out + dt * 8 + 2 * t) = make_float2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+      }
+      if (t == 0) p.lse_partial[part] = lse;
+    }
+  }
+}
+
+// Merges split partials by log-sum-exp: O = Σ_s w_s·O_s / Σ_s w_s with
+// w_s = exp(lse_s − max_s lse_s). One warp per row; each lane owns D/32 columns.
+template <typename T, int D>
+__device__ __forceinline__ void flash_combine(const CombineParams& p) {
+  constexpr int kPerLane = D / 32;
+  const int64_t rows = (int64_t)p.batch * p.heads * p.seqlen_q;
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float mx = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, p.lse_partial[s * rows + row]);
+  float acc[kPerLane] = {};
+  float total = 0.f;
+  if (mx != -INFINITY) {  // else no split saw a key: zeros, lse −inf
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float w = __expf(p.lse_partial[s * rows + row] - mx);
+      total += w;
+      const float* src = p.o_partial + (s * rows + row) * D + lane * kPerLane;
+      #pragma unroll
+      for (int i = 0; i < kPerLane; ++i) acc[i] += w * src[i];
+    }
+  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  const int qrow = row % p.seqlen_q, bh = row / p.seqlen_q;
+  const int b = bh / p.heads, h = bh % p.heads;
+  T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)qrow * p.o_row_stride +
+           lane * kPerLane;
+  #pragma unroll
+  for (int i = 0; i < kPerLane; ++i) out[i] = Dtype<T>::from_float(acc[i] * inv);
+  if (p.lse != nullptr && lane == 0) p.lse[row] = total > 0.f ? mx + __logf(total) : -INFINITY;
+}
+
+}  // namespace fa
