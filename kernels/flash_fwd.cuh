@@ -11,20 +11,31 @@
 
 namespace fa {
 
-// Warps per CTA (a tuning knob: `--define FA_WARPS=8` with a manifest whose launch
-// geometry matches). Each warp owns 16 query rows, so kBlockM = 16 × warps.
-#ifndef FA_WARPS
-#define FA_WARPS 4
+// Tile configuration per head dim, chosen by `cargo xtask tune` and passed as
+// defines from the manifest (whose launch geometry must match): warps per CTA (each
+// owns 16 query rows, so kBlockM = 16 × warps) and keys per tile.
+#ifndef FA_WARPS_D64
+#define FA_WARPS_D64 4
+#endif
+#ifndef FA_WARPS_D128
+#define FA_WARPS_D128 4
+#endif
+#ifndef FA_BLOCK_N_D64
+#define FA_BLOCK_N_D64 64
+#endif
+#ifndef FA_BLOCK_N_D128
+#define FA_BLOCK_N_D128 64
 #endif
 
 template <int D>
 struct FwdConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
-  static_assert(FA_WARPS == 4 || FA_WARPS == 8, "4 or 8 warps");
-  static constexpr int kWarps = FA_WARPS;
+  static constexpr int kWarps = D == 64 ? FA_WARPS_D64 : FA_WARPS_D128;
+  static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16 * kWarps;  // one 16-row mma tile per warp
-  static constexpr int kBlockN = 64;
+  static constexpr int kBlockN = D == 64 ? FA_BLOCK_N_D64 : FA_BLOCK_N_D128;
+  static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "32, 64 or 128 keys per tile");
   static constexpr int kChunks = D / 8;         // 16-byte chunks per row
   // Q tile, K tile, V tile, 16-bit elements. Must equal the manifest's dynamic_smem.
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * D * 2;

@@ -32,6 +32,8 @@ pub struct Options {
     pub out_dir: Option<PathBuf>,
     /// Report name under `target/xtask/` (default `build`).
     pub report: String,
+    /// Where the sources are (default: the manifest's directory).
+    pub src_dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -44,6 +46,7 @@ impl Options {
             defines: Vec::new(),
             out_dir: None,
             report: "build".into(),
+            src_dir: None,
         }
     }
 }
@@ -85,7 +88,8 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     if let Some(only) = &opts.archs {
         manifest.sources.iter_mut().for_each(|s| s.archs.retain(|a| only.contains(a)));
     }
-    let src_dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let src_dir =
+        opts.src_dir.clone().unwrap_or_else(|| manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf());
     let nvcc = toolchain::nvcc(&paths.cuda_wheels)?;
     let out_dir = opts.out_dir.clone().unwrap_or_else(|| paths.kernels_out());
     let headers = header_digest(&src_dir)?;

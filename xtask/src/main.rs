@@ -29,6 +29,7 @@ mod table;
 mod test;
 mod toolchain;
 mod tools;
+mod tune;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -162,6 +163,19 @@ enum Task {
     },
     /// The iteration history: table, Markdown and an SVG chart.
     Summary,
+    /// Sweep tile configurations per head dim; `--apply` writes the winners to the manifest.
+    Tune {
+        #[command(flatten)]
+        build: BuildArgs,
+        /// Write the winning configuration per head dim into kernels/manifest.json.
+        #[arg(long)]
+        apply: bool,
+        /// Seconds a variant's correctness or bench run may take before it counts as hung.
+        #[arg(long, default_value_t = 180)]
+        variant_timeout: u64,
+        #[arg(long, default_value_t = 300)]
+        budget_ms: u64,
+    },
     /// GPU readiness: device, arch, nvcc vs driver, clocks, other processes, ncu, compute-sanitizer.
     Preflight,
     /// Nsight Compute with a minimal metric set on the bench driver.
@@ -301,6 +315,19 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         }
         Task::Preflight => preflight::run(&paths),
         Task::Summary => summary::run(&paths),
+        Task::Tune { build, apply, variant_timeout, budget_ms } => {
+            let b = build.options();
+            tune::run(
+                &paths,
+                &tune::Options {
+                    apply,
+                    build_timeout: b.timeout,
+                    jobs: b.jobs,
+                    variant_timeout: Duration::from_secs(variant_timeout),
+                    budget_ms,
+                },
+            )
+        }
         Task::Ci { gpu, build, test, against, base_dir, gate } => {
             if gpu && against.is_none() && base_dir.is_none() {
                 return Err(
