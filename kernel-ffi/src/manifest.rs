@@ -34,7 +34,7 @@ pub struct Source {
     /// Path relative to `kernels/`.
     pub file: String,
     pub archs: Vec<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub defines: Vec<String>,
     pub kernels: Vec<Kernel>,
 }
@@ -45,11 +45,11 @@ pub struct Kernel {
     pub entry: String,
     pub max_registers: u32,
     /// Dynamic shared memory the launcher requests, in bytes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub dynamic_smem: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub allow_spills: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub allow_stack: bool,
     /// Launch geometry the kernel was compiled for; kernel-ffi launches with it.
     #[serde(default)]
@@ -61,11 +61,20 @@ pub struct Kernel {
 pub struct Launch {
     pub threads: u32,
     /// Query rows per CTA (tiled kernels).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub block_m: u32,
     /// Keys per tile (tiled kernels).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub block_n: u32,
+}
+
+// Defaults stay out of the written manifest, so `tune --apply` keeps it terse.
+fn is_zero(x: &u32) -> bool {
+    *x == 0
+}
+
+fn is_false(x: &bool) -> bool {
+    !*x
 }
 
 impl Manifest {

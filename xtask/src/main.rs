@@ -317,6 +317,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         Task::Summary => summary::run(&paths),
         Task::Tune { build, apply, variant_timeout, budget_ms } => {
             let b = build.options();
+            build::run(&paths, &b)?; // the committed configuration: fa-test --info loads it
             tune::run(
                 &paths,
                 &tune::Options {

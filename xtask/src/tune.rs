@@ -160,7 +160,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     }
     let winners = winners(&results);
     print_table(&results, &winners);
-    if opts.apply {
+    if opts.apply && !winners.is_empty() {
         let mut m = manifest.clone();
         for c in winners.values() {
             m = c.apply_to(&m);
@@ -228,7 +228,8 @@ fn evaluate(
     // Correctness on the covering set, this head dim only.
     let test_json = dir.join("fa-test.json");
     let tested = Cmd::new(fa_test)
-        .args(["--set", "sanitize", "--filter", &format!("-d{}-", config.head_dim), "--json"])
+        // `--filter=…`: the value starts with '-'.
+        .args(["--set", "sanitize", &format!("--filter=-d{}-", config.head_dim), "--json"])
         .arg(test_json.display().to_string())
         .env("FA_KERNEL_DIR", kernels.display().to_string())
         .timeout(opts.variant_timeout)

@@ -336,8 +336,10 @@ fn run() -> Result<()> {
         "smoke" => vec![sanitize_set_ref(Dtype::F16)],
         other => anyhow::bail!("unknown case set `{other}`; use full, sanitize or smoke"),
     };
+    let cases: Vec<Case> =
+        all.into_iter().filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str()))).collect();
     if list {
-        all.iter().for_each(|c| println!("{}", c.name()));
+        cases.iter().for_each(|c| println!("{}", c.name()));
         return Ok(());
     }
     let seed = seed
@@ -347,8 +349,6 @@ fn run() -> Result<()> {
         println!("{}", serde_json::to_string(att.device())?);
         return Ok(());
     }
-    let cases: Vec<Case> =
-        all.into_iter().filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str()))).collect();
     eprintln!(
         "fa-test: {} cases on {} (sm count {}), seed {seed}",
         cases.len(),
