@@ -125,6 +125,13 @@ impl Manifest {
             .map(|(_, a)| a.clone())
     }
 
+    /// `pick_arch` for a compute capability written `major.minor` (as nvidia-smi and
+    /// `fa-test --info` print it); `None` if it is malformed or nothing matches.
+    pub fn arch_for(&self, compute_capability: &str) -> Option<String> {
+        let (a, b) = compute_capability.trim().split_once('.')?;
+        self.pick_arch(a.parse().ok()?, b.parse().ok()?)
+    }
+
     pub fn kernel(&self, entry: &str) -> Option<&Kernel> {
         self.sources.iter().flat_map(|s| &s.kernels).find(|k| k.entry == entry)
     }
@@ -149,6 +156,9 @@ mod tests {
         assert_eq!(m.pick_arch(8, 9).as_deref(), Some("sm_89"));
         assert_eq!(m.pick_arch(8, 0), None, "sm_89 code does not run on sm_80");
         assert_eq!(m.pick_arch(10, 0), None);
+        assert_eq!(m.arch_for("9.0").as_deref(), Some("sm_90a"));
+        assert_eq!(m.arch_for(" 8.9\n").as_deref(), Some("sm_89"));
+        assert_eq!(m.arch_for("nine"), None);
         let mut plain = m.clone();
         plain.archs.remove("sm_90a");
         assert_eq!(plain.pick_arch(9, 0).as_deref(), Some("sm_90"));

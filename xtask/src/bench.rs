@@ -12,9 +12,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::paths::Paths;
+use crate::paths::{Paths, slug};
 use crate::process::{Cmd, write_file};
-use crate::report::{Device, Envelope, Toolchain};
+use crate::report::{Device, Envelope, Toolchain, read_json};
 use crate::schema::{BenchCase, BenchRun};
 use crate::stats::{self, Comparison, Verdict};
 use crate::{CannotRun, CheckFailed, table, toolchain, tools};
@@ -87,12 +87,6 @@ pub struct BenchPayload {
     pub torch: Vec<TorchRatio>,
 }
 
-/// `NVIDIA H200` → `nvidia-h200`: the baseline file name.
-pub fn slug(device: &str) -> String {
-    let s: String = device.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-    s.split('-').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("-")
-}
-
 /// Per-shape comparisons of per-process medians (shapes present on both sides).
 pub fn compare_runs(base: &BTreeMap<String, Vec<f64>>, cand: &BTreeMap<String, Vec<f64>>) -> Vec<ShapeComparison> {
     cand.iter()
@@ -110,9 +104,10 @@ pub fn compare_runs(base: &BTreeMap<String, Vec<f64>>, cand: &BTreeMap<String, V
         .collect()
 }
 
-fn medians(runs: &[&ProcessRun]) -> BTreeMap<String, Vec<f64>> {
+/// Per-process medians per case, of one side's processes.
+pub fn side_medians(runs: &[ProcessRun], side: &str) -> BTreeMap<String, Vec<f64>> {
     let mut out: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for r in runs {
+    for r in runs.iter().filter(|r| r.side == side) {
         for c in &r.run.cases {
             out.entry(c.name.clone()).or_default().push(c.median_us);
         }
@@ -147,13 +142,8 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let mode;
     if let Some(base) = &base {
         mode = "a/b".to_string();
-        for i in 0..opts.processes {
-            eprintln!("== bench: process pair {}/{}", i + 1, opts.processes);
-            runs.push(run_process(base, "base", i, &dir, opts)?);
-            runs.push(run_process(&cand, "candidate", i, &dir, opts)?);
-        }
-        let (b, c): (Vec<&ProcessRun>, Vec<&ProcessRun>) = runs.iter().partition(|r| r.side == "base");
-        comparisons = compare_runs(&medians(&b), &medians(&c));
+        runs = interleaved(base, &cand, &dir, opts)?;
+        comparisons = compare_runs(&side_medians(&runs, "base"), &side_medians(&runs, "candidate"));
     } else {
         let first = run_process(&cand, "candidate", 0, &dir, opts)?;
         let device = first.run.device.name.clone();
@@ -166,20 +156,19 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
                 runs.push(run_process(&cand, "candidate", i, &dir, opts)?);
             }
         }
-        let all: Vec<&ProcessRun> = runs.iter().collect();
         if opts.save_baseline {
             mode = "save-baseline".into();
             let b = Baseline {
                 device: device.clone(),
                 git_rev: crate::report::git_state().0,
-                medians_us: medians(&all),
-                sm_clock_mhz: median_clock(&all),
+                medians_us: side_medians(&runs, "candidate"),
+                sm_clock_mhz: median_clock(&runs.iter().collect::<Vec<_>>()),
             };
             write_file(&baseline_path, serde_json::to_string_pretty(&b)? + "\n")?;
             println!("baseline for {device}: {}", baseline_path.display());
         } else if let Some(b) = baseline {
             mode = format!("baseline {}", baseline_path.display());
-            comparisons = compare_runs(&b.medians_us, &medians(&all));
+            comparisons = compare_runs(&b.medians_us, &side_medians(&runs, "candidate"));
         } else {
             mode = "single".into();
             eprintln!(
@@ -228,6 +217,17 @@ fn read_baseline(path: &Path) -> Result<Option<Baseline>> {
     }
 }
 
+/// Base and candidate processes alternating, A B A B …, `opts.processes` of each.
+pub fn interleaved(base: &Side, cand: &Side, dir: &Path, opts: &Options) -> Result<Vec<ProcessRun>> {
+    let mut runs = Vec::new();
+    for i in 0..opts.processes {
+        eprintln!("== bench: process pair {}/{}", i + 1, opts.processes);
+        runs.push(run_process(base, "base", i, dir, opts)?);
+        runs.push(run_process(cand, "candidate", i, dir, opts)?);
+    }
+    Ok(runs)
+}
+
 pub fn run_process(side: &Side, label: &str, i: usize, dir: &Path, opts: &Options) -> Result<ProcessRun> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let json = dir.join(format!("{label}-{i}.json"));
@@ -248,8 +248,7 @@ pub fn run_process(side: &Side, label: &str, i: usize, dir: &Path, opts: &Option
     if !out.success() {
         return Err(CannotRun(format!("{} failed ({}): {}", side.bench.display(), out.status, out.tail())).into());
     }
-    let text = std::fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?;
-    let run: BenchRun = serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
+    let run: BenchRun = read_json(&json)?;
     Ok(ProcessRun { side: label.into(), run, sm_clock_mhz })
 }
 
@@ -381,9 +380,8 @@ fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<To
     if !out.success() {
         bail!(CannotRun(format!("ci/bench_torch.py failed (is PyTorch installed?): {}", out.tail())));
     }
-    let torch: Vec<BenchRun> = serde_json::from_str(&std::fs::read_to_string(&json)?).context("parsing torch.json")?;
-    let fa: Vec<&ProcessRun> = runs.iter().filter(|r| r.side == "candidate").collect();
-    let ratios = torch_ratios(&medians(&fa), &torch);
+    let torch: Vec<BenchRun> = read_json(&json)?;
+    let ratios = torch_ratios(&side_medians(runs, "candidate"), &torch);
     let backends: Vec<String> = torch.iter().map(|t| t.implementation.clone()).collect();
     let mut header = vec!["shape".to_string(), "fa us".to_string()];
     header.extend(backends.iter().map(|b| format!("{b} us (speedup)")));

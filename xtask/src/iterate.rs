@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::bench::{self, Side};
+use crate::build::BuildPayload;
 use crate::ledger::{self, BenchLine, Entry, KernelLine, TestLine};
 use crate::paths::Paths;
 use crate::process::{Cmd, write_file};
-use crate::report::{git_state, rfc3339};
+use crate::report::{Envelope, git_state, read_json, rfc3339};
 use crate::schema::{BenchRun, TestRun};
 use crate::stats::Verdict;
 use crate::{CheckFailed, build, sanitize, test, tools};
@@ -136,10 +137,9 @@ pub fn revert(snapshot: &Path, current: &Path, changes: &[Change], rejected: &Pa
     Ok((patch_path, kept))
 }
 
+/// A short directory name for an attempt: the first six words of the hypothesis.
 fn slug(text: &str) -> String {
-    let s: String = text.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-    let words: Vec<&str> = s.split('-').filter(|w| !w.is_empty()).take(6).collect();
-    words.join("-")
+    crate::paths::slug(text).split('-').take(6).collect::<Vec<_>>().join("-")
 }
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
@@ -220,28 +220,22 @@ fn evaluate(
     entry: &mut Entry,
 ) -> Result<Verdict> {
     let built = build::run(paths, &opts.build);
-    if let Ok(text) = std::fs::read_to_string(paths.report("build")) {
-        let v: serde_json::Value = serde_json::from_str(&text)?;
-        entry.build = v["payload"]["kernels"]
-            .as_array()
-            .map(|ks| {
-                ks.iter()
-                    .filter_map(|k| {
-                        Some(KernelLine {
-                            kernel: k["name"].as_str()?.into(),
-                            arch: k["arch"].as_str()?.into(),
-                            registers: k["registers"].as_u64()? as u32,
-                            spill_bytes: (k["spill_stores"].as_u64()? + k["spill_loads"].as_u64()?) as u32,
-                        })
-                    })
-                    .collect()
+    if let Ok(report) = read_json::<Envelope<BuildPayload>>(&paths.report("build")) {
+        entry.build = report
+            .payload
+            .kernels
+            .iter()
+            .map(|k| KernelLine {
+                kernel: k.name.clone(),
+                arch: k.arch.clone(),
+                registers: k.registers,
+                spill_bytes: k.spill_bytes(),
             })
-            .unwrap_or_default();
+            .collect();
     }
     built?;
     let tested = test::run(paths, &opts.test);
-    if let Ok(text) = std::fs::read_to_string(paths.reports().join("fa-test.json")) {
-        let run: TestRun = serde_json::from_str(&text)?;
+    if let Ok(run) = read_json::<TestRun>(&paths.reports().join("fa-test.json")) {
         entry.device = Some(run.device.name.clone());
         entry.test = Some(TestLine { cases: run.cases.len(), failed: run.cases.iter().filter(|c| !c.passed).count() });
     }
@@ -253,32 +247,16 @@ fn evaluate(
     }
     let dir = paths.reports().join("bench");
     let cand = Side { bench: tools::binary(paths, "fa-bench")?, kernels: paths.kernels_out() };
-    let mut runs = Vec::new();
-    if baseline {
-        runs.push(bench::run_process(&cand, "candidate", 0, &dir, &opts.bench)?);
+    let runs = if baseline {
+        vec![bench::run_process(&cand, "candidate", 0, &dir, &opts.bench)?]
     } else {
         let base = Side { bench: cand.bench.clone(), kernels: base_kernels.to_path_buf() };
-        for i in 0..opts.bench.processes {
-            runs.push(bench::run_process(&base, "base", i, &dir, &opts.bench)?);
-            runs.push(bench::run_process(&cand, "candidate", i, &dir, &opts.bench)?);
-        }
-    }
-    let per_side = |side: &str| {
-        let mut m: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
-        for r in runs.iter().filter(|r| r.side == side) {
-            for c in &r.run.cases {
-                m.entry(c.name.clone()).or_default().push(c.median_us);
-            }
-        }
-        m
+        bench::interleaved(&base, &cand, &dir, &opts.bench)?
     };
-    let (b, c) = (per_side("base"), per_side("candidate"));
+    let (b, c) = (bench::side_medians(&runs, "base"), bench::side_medians(&runs, "candidate"));
     let comparisons = bench::compare_runs(&b, &c);
     let last: &BenchRun = &runs.last().expect("at least one bench process").run;
-    let torch = std::fs::read_to_string(paths.reports().join("bench/torch.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<Vec<BenchRun>>(&t).ok())
-        .unwrap_or_default();
+    let torch: Vec<BenchRun> = read_json(&paths.reports().join("bench/torch.json")).unwrap_or_default();
     for case in &last.cases {
         let cand_us = crate::stats::median(&c[&case.name]);
         let cmp = comparisons.iter().find(|x| x.name == case.name);

@@ -58,6 +58,13 @@ impl Paths {
     }
 }
 
+/// `NVIDIA H200` → `nvidia-h200`: lower-case alphanumeric words joined by `-`,
+/// safe as a file name.
+pub fn slug(text: &str) -> String {
+    let s: String = text.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    s.split('-').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("-")
+}
+
 /// `a/b/flash_fwd.cu` → `flash_fwd`.
 pub fn stem(file: &str) -> &str {
     let name = Path::new(file).file_name().and_then(|n| n.to_str()).unwrap_or(file);

@@ -58,14 +58,14 @@ pub fn static_checks(smi: &Smi, cc: Option<&str>, nvcc: Option<&str>, manifest: 
             smi.cuda_version.as_deref().unwrap_or("?")
         ),
     );
-    match cc.and_then(|c| c.split_once('.')).and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?))) {
-        Some((major, minor)) => match manifest.pick_arch(major, minor) {
-            Some(arch) => add("arch", Status::Ok, format!("compute capability {major}.{minor} runs the {arch} build")),
+    match cc {
+        Some(cc) => match manifest.arch_for(cc) {
+            Some(arch) => add("arch", Status::Ok, format!("compute capability {cc} runs the {arch} build")),
             None => add(
                 "arch",
                 Status::Fail,
                 format!(
-                    "compute capability {major}.{minor} matches no manifest arch ({}); add one to kernels/manifest.json",
+                    "compute capability {cc} matches no manifest arch ({}); add one to kernels/manifest.json",
                     manifest.archs.keys().cloned().collect::<Vec<_>>().join(", ")
                 ),
             ),

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::process::{Cmd, write_file};
@@ -67,6 +67,12 @@ impl<T: Serialize> Envelope<T> {
         std::fs::rename(&tmp, path)
             .map_err(|e| anyhow::anyhow!("renaming {} to {}: {e}", tmp.display(), path.display()))
     }
+}
+
+/// Reads a JSON file another process wrote; errors name the file.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
 /// `(rev, dirty)`. `XTASK_GIT_REV` overrides, for copies of the tree without `.git`

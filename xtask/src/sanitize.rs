@@ -133,9 +133,8 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let mut defects = Vec::new();
     if opts.defects {
         let manifest = Manifest::load(&paths.manifest())?;
-        let (major, minor) = parse_cc(&device.compute_capability)?;
         let arch = manifest
-            .pick_arch(major, minor)
+            .arch_for(&device.compute_capability)
             .with_context(|| format!("no manifest arch runs on compute capability {}", device.compute_capability))?;
         for (define, tool) in DEFECTS {
             let kernels = dir.join(format!("kernels-{define}"));
@@ -250,11 +249,6 @@ pub fn device_info(driver: &Path, kernels: &Path) -> Result<DeviceInfo> {
         return Err(CannotRun(format!("{} --info failed: {}", driver.display(), out.tail())).into());
     }
     serde_json::from_str(out.stdout.trim()).context("parsing fa-test --info")
-}
-
-fn parse_cc(cc: &str) -> Result<(i32, i32)> {
-    let (a, b) = cc.split_once('.').with_context(|| format!("compute capability `{cc}` is not major.minor"))?;
-    Ok((a.parse()?, b.parse()?))
 }
 
 fn run_table(runs: &[ToolRun], defects: &[DefectRun]) -> String {

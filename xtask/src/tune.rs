@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::manifest::{Launch, Manifest};
 use crate::paths::Paths;
 use crate::process::{Cmd, write_file};
-use crate::report::{Device, Envelope, Toolchain};
+use crate::report::{Device, Envelope, Toolchain, read_json};
 use crate::schema::{BenchRun, TestRun};
 use crate::{CheckFailed, build, sanitize, table, tools};
 
@@ -144,12 +144,9 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let fa_test = tools::binary(paths, "fa-test")?;
     let fa_bench = tools::binary(paths, "fa-bench")?;
     let info = sanitize::device_info(&fa_test, &paths.kernels_out())?;
-    let (major, minor) = info
-        .compute_capability
-        .split_once('.')
-        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-        .context("reading the compute capability")?;
-    let arch = manifest.pick_arch(major, minor).context("no manifest arch runs on this GPU")?;
+    let arch = manifest
+        .arch_for(&info.compute_capability)
+        .with_context(|| format!("no manifest arch runs on compute capability {}", info.compute_capability))?;
     let dir = paths.reports().join("tune");
     let mut results = Vec::new();
     for (i, config) in sweep().into_iter().enumerate() {
@@ -241,8 +238,7 @@ fn evaluate(
         Err(e) => return fail(result, "failed", e),
         Ok(_) => {}
     }
-    let run: Result<TestRun> =
-        std::fs::read_to_string(&test_json).map_err(anyhow::Error::from).and_then(|t| Ok(serde_json::from_str(&t)?));
+    let run: Result<TestRun> = read_json(&test_json);
     match run {
         Ok(run) if !run.cases.is_empty() && run.cases.iter().all(|c| c.passed) => {}
         Ok(run) => {
@@ -268,8 +264,7 @@ fn evaluate(
         Ok(out) if !out.success() => return fail(result, "failed", anyhow::anyhow!("{}", out.tail())),
         Ok(_) => {}
     }
-    let bench: Result<BenchRun> =
-        std::fs::read_to_string(&bench_json).map_err(anyhow::Error::from).and_then(|t| Ok(serde_json::from_str(&t)?));
+    let bench: Result<BenchRun> = read_json(&bench_json);
     match bench {
         Ok(b) => {
             result.medians_us = b.cases.iter().map(|c| (c.name.clone(), c.median_us)).collect();
