@@ -8,6 +8,7 @@
 
 #include "common.cuh"
 #include "flash_params.h"
+#include "softmax.cuh"
 
 namespace fa {
 
@@ -43,13 +44,6 @@ struct FwdConfig {
   static_assert((kBlockM * kChunks) % kThreads == 0 && (kBlockN * kChunks) % kThreads == 0,
                 "every thread copies the same number of chunks");
 };
-
-// exp2 on the SFU; ex2.approx(-inf) = +0, which is what masked scores need.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Copies ROWS-row tiles of a [rows, D] matrix into a swizzled shared tile with
 // cp.async, each thread always moving the same 16-byte column chunk of rows
@@ -212,44 +206,8 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     const int row_lo = m0 + warp * 16 + g;  // this thread's rows: row_lo, row_lo + 8
     const bool tail = n0 + BN > p.seqlen_k;
     const bool crosses = CAUSAL && n0 + BN - 1 > m0 + diag;
-    if (tail || crosses) {
-      #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = row_lo + (e / 2) * 8, key = n0 + nt * 8 + 2 * t + (e % 2);
-          if (key >= p.seqlen_k || (CAUSAL && key > row + diag)) s[nt][e] = -INFINITY;
-        }
-      }
-    }
-
-    // ---- Online softmax, exp2 domain: p = 2^(s·scale·log2e − max).
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-      #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      mx = quad_max(mx) * scale_log2;
-      const float new_max = fmaxf(row_max[r], mx);
-      // A row that has seen only masked keys keeps max −inf; subtract 0 instead so
-      // that −inf − (−inf) never makes a NaN.
-      const float base = new_max == -INFINITY ? 0.f : new_max;
-      const float correction = fast_exp2(row_max[r] - base);
-      row_max[r] = new_max;
-      float sum = 0.f;
-      #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], scale_log2, -base));
-        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -base));
-        sum += s[nt][2 * r] + s[nt][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * correction + sum;
-      #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        o[dt][2 * r] *= correction;
-        o[dt][2 * r + 1] *= correction;
-      }
-    }
+    if (tail || crosses) mask_tile<CAUSAL>(s, n0, row_lo, t, p.seqlen_k, diag);
+    softmax_step(s, o, row_max, row_sum, scale_log2);
 
     cp_async_wait<0>();  // V(n0) landed
     __syncthreads();     // and every warp is done reading sK
@@ -258,14 +216,11 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
       cp_async_commit();
     }
 
-    // ---- O += P·V; the S accumulators of key tiles 2kk, 2kk+1 are exactly the A fragment.
+    // ---- O += P·V with P straight from the S accumulators.
     #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       uint32_t pf[4];
-      pf[0] = Dtype<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      pf[1] = Dtype<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      pf[2] = Dtype<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[3] = Dtype<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      p_fragment<T>(pf, s, kk);
       #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vf[4];
@@ -287,34 +242,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   }
 
   // ---- Epilogue: normalise, then write O (or the split's fp32 partial) and LSE.
-  #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(row_sum[r]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key outputs zeros
-    const float lse = l > 0.f ? (row_max[r] + __log2f(l)) * 0.69314718056f : -INFINITY;
-    const int row = m0 + warp * 16 + g + 8 * r;
-#ifndef FA_DEFECT_OOB_TAIL
-    if (row >= p.seqlen_q) continue;
-#endif
-    const int64_t bh_row = ((int64_t)b * p.heads + h) * p.seqlen_q + row;
-    if (p.num_splits == 1) {
-      T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row * p.o_row_stride;
-      #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        *reinterpret_cast<uint32_t*>(out + dt * 8 + 2 * t) =
-            Dtype<T>::pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-      }
-      if (p.lse != nullptr && t == 0) p.lse[bh_row] = lse;
-    } else {
-      const int64_t part = (int64_t)split * p.batch * p.heads * p.seqlen_q + bh_row;
-      float* out = p.o_partial + part * D;
-      #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        *reinterpret_cast<float2*>(out + dt * 8 + 2 * t) = make_float2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-      }
-      if (t == 0) p.lse_partial[part] = lse;
-    }
-  }
+  store_rows<T, D>(p, o, row_max, row_sum, m0 + warp * 16 + g, b, h, split, t);
 }
 
 // Merges split partials by log-sum-exp: O = Σ_s w_s·O_s / Σ_s w_s with

@@ -26,6 +26,20 @@ struct FlashParams {
   float scale_log2;        // softmax scale × log2(e)
 };
 
+// A CUtensorMap's bytes, encoded on the host by cuTensorMapEncodeTiled and read
+// by TMA from kernel parameter space (hence __grid_constant__ parameters).
+struct alignas(64) TmaDesc {
+  uint64_t opaque[16];
+};
+
+// The Hopper kernel's parameters: tensor maps of Q [B, H, Sq, D] and K, V
+// [B, Hkv, Sk, D] (4-D, innermost first: d, seq, head, batch; boxes of 64 columns
+// × the tile's rows, 128-byte swizzle), plus the portable kernel's parameters.
+struct HopperParams {
+  TmaDesc q_map, k_map, v_map;
+  FlashParams p;
+};
+
 struct CombineParams {
   const float* o_partial;
   const float* lse_partial;

@@ -5,7 +5,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::sys::{
+    self as cu, CUdevice_attribute, CUfunction_attribute, CUtensorMapDataType, CUtensorMapFloatOOBfill,
+    CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
+};
 use cudarc::driver::{
     CudaContext as Ctx, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
@@ -13,7 +16,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::error::{CudaContext, Error, Result, invalid};
 use crate::manifest::{Launch, Manifest};
-use crate::params::{CombineParams, FlashParams, ReferenceParams};
+use crate::params::{CombineParams, FlashParams, HopperParams, ReferenceParams, TmaDesc};
 use crate::planner::{self, Plan};
 use crate::schema::DeviceInfo;
 use crate::tensor::{self, Arg, Desc, Dtype, Problem};
@@ -39,12 +42,48 @@ pub enum Splits {
     Fixed(u32),
 }
 
+/// Which forward kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    /// The Hopper kernel where it is loaded (sm_90a), else the portable one.
+    #[default]
+    Auto,
+    /// The sm_80+ mma.sync kernel.
+    Portable,
+    /// The sm_90a wgmma/TMA kernel; an error on other devices.
+    Hopper,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 3] = [Variant::Auto, Variant::Portable, Variant::Hopper];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Auto => "auto",
+            Variant::Portable => "portable",
+            Variant::Hopper => "hopper",
+        }
+    }
+}
+
+impl std::str::FromStr for Variant {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Variant, String> {
+        Variant::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown kernel variant `{s}`: expected auto, portable or hopper"))
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
     pub causal: bool,
     /// Defaults to 1/sqrt(head_dim).
     pub scale: Option<f32>,
     pub splits: Splits,
+    pub variant: Variant,
 }
 
 /// What a forward call launched.
@@ -53,6 +92,8 @@ pub struct Launched {
     pub num_splits: u32,
     /// CTAs of the attention kernel (0 when nothing was launched).
     pub ctas: u64,
+    /// The kernel that ran (never `Auto`).
+    pub variant: Variant,
 }
 
 struct Kernel {
@@ -197,13 +238,34 @@ impl Attention {
         self.stream.synchronize().cuda("waiting for the stream (a kernel failed)")
     }
 
-    fn fwd_name(dtype: Dtype, head_dim: usize, causal: bool) -> String {
-        format!("flash_fwd_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" })
+    fn fwd_name(variant: Variant, dtype: Dtype, head_dim: usize, causal: bool) -> String {
+        let family = if variant == Variant::Hopper { "flash_fwd_hopper" } else { "flash_fwd" };
+        format!("{family}_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" })
+    }
+
+    /// Whether the Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
+    pub fn has_hopper(&self) -> bool {
+        self.kernels.keys().any(|k| k.starts_with("flash_fwd_hopper_"))
+    }
+
+    /// The kernel `forward` runs for this problem: `Auto` takes the Hopper kernel
+    /// where loaded, except without keys (nothing for TMA to load).
+    pub fn resolve(&self, p: &Problem, variant: Variant) -> Result<Variant> {
+        match variant {
+            Variant::Auto if self.has_hopper() && p.seqlen_k > 0 => Ok(Variant::Hopper),
+            Variant::Auto | Variant::Portable => Ok(Variant::Portable),
+            Variant::Hopper if self.has_hopper() => Ok(Variant::Hopper),
+            Variant::Hopper => Err(Error::Unsupported(format!(
+                "the Hopper kernel needs compute capability 9.0 (sm_90a fatbins); {} is {}; use the portable variant",
+                self.device.name, self.device.compute_capability
+            ))),
+        }
     }
 
     /// The split plan `forward` would use for this problem.
     pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
-        let k = self.kernel(&Self::fwd_name(dtype, p.head_dim, opts.causal))?;
+        let variant = self.resolve(p, opts.variant)?;
+        let k = self.kernel(&Self::fwd_name(variant, dtype, p.head_dim, opts.causal))?;
         let block_n = k.launch.block_n;
         let n_blocks = (p.seqlen_k as u32).div_ceil(block_n).max(1);
         let plan = match opts.splits {
@@ -243,11 +305,12 @@ impl Attention {
         {
             invalid!("lse holds {} floats but batch × heads × seqlen_q = {rows}", l.len());
         }
+        let variant = self.resolve(&p, opts.variant)?;
         if rows == 0 {
-            return Ok(Launched { num_splits: 0, ctas: 0 }); // empty result: nothing to launch
+            return Ok(Launched { num_splits: 0, ctas: 0, variant }); // empty result: nothing to launch
         }
         let plan = self.plan(&p, q.dtype, opts)?;
-        let name = Self::fwd_name(q.dtype, p.head_dim, opts.causal);
+        let name = Self::fwd_name(variant, q.dtype, p.head_dim, opts.causal);
         let kern = self.kernel(&name)?;
         let m_blocks = (p.seqlen_q as u32).div_ceil(kern.launch.block_m);
         let splits = plan.num_splits;
@@ -296,12 +359,27 @@ impl Attention {
             block_dim: (kern.launch.threads, 1, 1),
             shared_mem_bytes: kern.dynamic_smem,
         };
-        // SAFETY: matches `flash_fwd_<dtype>_d<D>[_causal](const FlashParams p)` in
-        // kernels/flash_fwd_<dtype>.cu. validate() proved every (b, h, s) row of q/k/v/out
-        // lies inside its buffer, strides are 16-byte multiples and pointers 16-byte
-        // aligned; lse (if any) holds B·H·Sq floats; the partials hold splits·B·H·Sq(·D).
-        // The buffers outlive the launch because the stream frees in order.
-        unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;
+        if variant == Variant::Hopper {
+            let map = |t: &Tensor, rows: u32| tensor_map(ptr(t), t.dtype, &t.desc, rows);
+            let hparams = HopperParams {
+                q_map: map(q, kern.launch.block_m)?,
+                k_map: map(k, kern.launch.block_n)?,
+                v_map: map(v, kern.launch.block_n)?,
+                p: params,
+            };
+            // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal](const __grid_constant__
+            // HopperParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
+            // exactly the validated q/k/v extents (TMA zero-fills and never reads past them);
+            // the rest as for the portable kernel below.
+            unsafe { s.launch_builder(&kern.func).arg(&hparams).launch(cfg) }.cuda(format!("launching {name}"))?;
+        } else {
+            // SAFETY: matches `flash_fwd_<dtype>_d<D>[_causal](const FlashParams p)` in
+            // kernels/flash_fwd_<dtype>.cu. validate() proved every (b, h, s) row of q/k/v/out
+            // lies inside its buffer, strides are 16-byte multiples and pointers 16-byte
+            // aligned; lse (if any) holds B·H·Sq floats; the partials hold splits·B·H·Sq(·D).
+            // The buffers outlive the launch because the stream frees in order.
+            unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;
+        }
 
         if let (Some(o_part), Some(lse_part)) = (o_part.as_mut(), lse_part.as_mut()) {
             let cname = format!("flash_combine_{}_d{}", q.dtype.name(), p.head_dim);
@@ -327,7 +405,8 @@ impl Attention {
             // splits·rows(·D) partials written above and writes `out` rows validated above.
             unsafe { s.launch_builder(&comb.func).arg(&cparams).launch(cfg) }.cuda(format!("launching {cname}"))?;
         }
-        Ok(Launched { num_splits: splits, ctas: u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits) })
+        let ctas = u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits);
+        Ok(Launched { num_splits: splits, ctas, variant })
     }
 
     /// The fp32 GPU reference: returns (out [B, H, Sq, D], lse [B, H, Sq]) on the host.
@@ -391,6 +470,45 @@ impl Attention {
         let l = s.clone_dtoh(&l).cuda("copying the reference LSE")?;
         Ok((o, l))
     }
+}
+
+/// A TMA map of a [B, H, S, D] tensor at `ptr`: 4-D innermost first (d, seq, head,
+/// batch), boxes of 64 columns × `rows` rows with the 128-byte swizzle the wgmma
+/// descriptors expect. A zero-length sequence is described as one row; the kernel
+/// issues no load for it.
+fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Result<TmaDesc> {
+    let [b, h, seq, d] = desc.dims.map(|x| x as u64);
+    let [sb, sh, ss] = desc.strides.map(|x| x as u64 * 2);
+    let dims = [d, seq.max(1), h, b];
+    let strides = [ss, sh, sb];
+    let boxes = [64u32, rows, 1, 1];
+    let element_strides = [1u32; 4];
+    let data_type = match dtype {
+        Dtype::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        Dtype::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    };
+    let mut map = std::mem::MaybeUninit::<cu::CUtensorMap>::uninit();
+    // SAFETY: the four-element arrays outlive the call, which only writes the 128-byte map
+    // (CUtensorMap is 128-byte aligned, above the 64 bytes the driver requires).
+    let res = unsafe {
+        cu::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            data_type,
+            4,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            element_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    res.result().cuda(format!("encoding a TMA map of dims {dims:?} with byte strides {strides:?}"))?;
+    // SAFETY: written by the successful call above.
+    Ok(TmaDesc(unsafe { map.assume_init() }.opaque))
 }
 
 fn device_ptr<T>(buf: &CudaSlice<T>, stream: &CudaStream) -> u64 {

@@ -15,6 +15,6 @@ pub mod reference;
 pub mod schema;
 pub mod tensor;
 
-pub use attention::{Attention, Launched, Options, Splits, Tensor};
+pub use attention::{Attention, Launched, Options, Splits, Tensor, Variant};
 pub use error::{Error, Result};
 pub use tensor::{Desc, Dtype, Layout, Problem};

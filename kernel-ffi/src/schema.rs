@@ -32,6 +32,9 @@ pub struct TestCase {
     pub head_dim: usize,
     pub causal: bool,
     pub layout: String,
+    /// The kernel that ran: `portable` or `hopper` (empty in reports from before it existed).
+    #[serde(default)]
+    pub variant: String,
     /// Requested: `auto` or a fixed count.
     pub splits: String,
     /// Launched.
@@ -106,6 +109,9 @@ pub struct BenchCase {
     /// CTAs of the attention kernel per call (0 for other implementations).
     pub ctas: u64,
     pub num_splits: u32,
+    /// The kernel that ran (`portable`, `hopper`; empty for other implementations).
+    #[serde(default)]
+    pub variant: String,
 }
 
 #[cfg(test)]
@@ -125,6 +131,7 @@ mod tests {
             head_dim: 64,
             causal: false,
             layout: "bhsd".into(),
+            variant: "hopper".into(),
             splits: "1".into(),
             num_splits: 0,
             lse: false,

@@ -30,6 +30,8 @@ pub struct Options {
     pub processes: usize,
     /// Per-case time budget inside each process.
     pub budget_ms: u64,
+    /// fa-bench's --variant (auto, portable, hopper).
+    pub variant: String,
     pub save_baseline: bool,
     pub vs_torch: bool,
     pub timeout: Duration,
@@ -241,6 +243,10 @@ pub fn run_process(side: &Side, label: &str, i: usize, dir: &Path, opts: &Option
         .echo();
     for s in &opts.shapes {
         cmd = cmd.arg("--shape").arg(s.clone());
+    }
+    // Only when asked: a prebuilt base from before variants existed rejects the flag.
+    if opts.variant != "auto" {
+        cmd = cmd.args(["--variant", &opts.variant]);
     }
     let sampler = ClockSampler::start();
     let out = cmd.run()?;

@@ -239,6 +239,9 @@ struct GateArgs {
     /// Time budget per case inside each process, in ms.
     #[arg(long, default_value_t = 1000)]
     budget_ms: u64,
+    /// Kernel to time: auto (Hopper where loaded), portable or hopper.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "portable", "hopper"])]
+    variant: String,
 }
 
 impl GateArgs {
@@ -250,6 +253,7 @@ impl GateArgs {
             base_dir: None,
             processes: self.processes,
             budget_ms: self.budget_ms,
+            variant: self.variant.clone(),
             save_baseline: false,
             vs_torch: false,
             timeout: Duration::from_secs(3600),

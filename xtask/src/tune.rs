@@ -63,15 +63,16 @@ impl Config {
         let mut m = manifest.clone();
         let prefixes = [format!("FA_WARPS_D{}=", self.head_dim), format!("FA_BLOCK_N_D{}=", self.head_dim)];
         let suffix = format!("_d{}", self.head_dim);
+        // The portable kernel's entries only: the Hopper kernel's tiles are fixed in its header.
+        let portable = |entry: &str| entry.starts_with("flash_fwd_") && !entry.starts_with("flash_fwd_hopper_");
         for src in &mut m.sources {
-            if !src.kernels.iter().any(|k| k.entry.starts_with("flash_fwd_")) {
+            if !src.kernels.iter().any(|k| portable(&k.entry)) {
                 continue;
             }
             src.defines.retain(|d| !prefixes.iter().any(|p| d.starts_with(p.as_str())));
             src.defines.extend(self.defines());
             for k in src.kernels.iter_mut().filter(|k| {
-                k.entry.starts_with("flash_fwd_")
-                    && (k.entry.ends_with(&suffix) || k.entry.contains(&format!("{suffix}_")))
+                portable(&k.entry) && (k.entry.ends_with(&suffix) || k.entry.contains(&format!("{suffix}_")))
             }) {
                 k.launch = Some(Launch { threads: 32 * self.warps, block_m: self.block_m(), block_n: self.block_n });
                 k.dynamic_smem = self.dynamic_smem();
@@ -226,7 +227,7 @@ fn evaluate(
     let test_json = dir.join("fa-test.json");
     let tested = Cmd::new(fa_test)
         // `--filter=…`: the value starts with '-'.
-        .args(["--set", "sanitize", &format!("--filter=-d{}-", config.head_dim), "--json"])
+        .args(["--set", "sanitize", "--variant", "portable", &format!("--filter=-d{}-", config.head_dim), "--json"])
         .arg(test_json.display().to_string())
         .env("FA_KERNEL_DIR", kernels.display().to_string())
         .timeout(opts.variant_timeout)
@@ -249,7 +250,7 @@ fn evaluate(
     }
     let bench_json = dir.join("fa-bench.json");
     let mut cmd = Cmd::new(fa_bench)
-        .args(["--budget-ms", &opts.budget_ms.to_string(), "--json"])
+        .args(["--variant", "portable", "--budget-ms", &opts.budget_ms.to_string(), "--json"])
         .arg(bench_json.display().to_string())
         .env("FA_KERNEL_DIR", kernels.display().to_string())
         .timeout(opts.variant_timeout)

@@ -15,7 +15,7 @@ use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use kernel_ffi::bench::{self, Shape};
 use kernel_ffi::schema::{BenchCase, BenchRun};
-use kernel_ffi::{Attention, Desc, Dtype, Layout, Options, Splits, Tensor};
+use kernel_ffi::{Attention, Desc, Dtype, Layout, Options, Splits, Tensor, Variant};
 
 #[derive(Parser)]
 #[command(about = "Time the FlashAttention kernels")]
@@ -29,6 +29,9 @@ struct Args {
     /// Key splits: auto or a count (1 = unsplit).
     #[arg(long, default_value = "auto")]
     splits: String,
+    /// Kernel: auto (Hopper where loaded), portable or hopper.
+    #[arg(long, default_value = "auto")]
+    variant: Variant,
     /// Time budget per case in milliseconds.
     #[arg(long, default_value_t = 3000)]
     budget_ms: u64,
@@ -80,8 +83,8 @@ fn run() -> Result<()> {
                 .with_context(|| format!("benchmarking {}", shape.name(dtype)))?;
             if let Some(c) = case {
                 eprintln!(
-                    "{:<28} {:>10.2} us  [{:.2}, {:.2}]  {:>7.1} TFLOP/s  n={:<4} {} splits={}",
-                    c.name, c.median_us, c.q1_us, c.q3_us, c.tflops, c.samples, c.method, c.num_splits
+                    "{:<28} {:>10.2} us  [{:.2}, {:.2}]  {:>7.1} TFLOP/s  n={:<4} {} splits={} {}",
+                    c.name, c.median_us, c.q1_us, c.q3_us, c.tflops, c.samples, c.method, c.num_splits, c.variant
                 );
                 cases.push(c);
             }
@@ -125,7 +128,7 @@ fn bench_case(
     let k = random_tensor(att, dtype, desc, 2)?;
     let v = random_tensor(att, dtype, desc, 3)?;
     let mut out = att.alloc_poisoned(dtype, desc)?;
-    let opts = Options { causal: shape.causal, scale: None, splits };
+    let opts = Options { causal: shape.causal, scale: None, splits, variant: args.variant };
     let s = att.stream();
     let call = |out: &mut Tensor| att.forward(&q, &k, &v, out, None, &opts);
     let launched = call(&mut out)?;
@@ -216,5 +219,6 @@ fn bench_case(
         tflops: shape.flops() / (st.median * 1e-6) / 1e12,
         ctas: launched.ctas,
         num_splits: launched.num_splits,
+        variant: launched.variant.name().into(),
     }))
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use kernel_ffi::io::{HostTensor16, read_qkv, write_outputs};
-use kernel_ffi::{Attention, Layout, Options, Splits};
+use kernel_ffi::{Attention, Layout, Options, Splits, Variant};
 
 #[derive(Parser)]
 #[command(about = "Run the FlashAttention forward kernel on tensors from a safetensors file")]
@@ -32,6 +32,9 @@ struct Args {
     /// Key splits: auto (planner) or a count.
     #[arg(long, default_value = "auto", value_parser = parse_splits)]
     splits: Splits,
+    /// Kernel: auto (Hopper where loaded), portable or hopper.
+    #[arg(long, default_value = "auto")]
+    variant: Variant,
     /// Also write the per-row log-sum-exp (F32 [B, H, Sq]).
     #[arg(long)]
     lse: bool,
@@ -72,7 +75,7 @@ fn run() -> Result<()> {
     let mut out = att.alloc_poisoned(q.dtype, q.desc)?;
     let [b, h, s, _] = q.desc.dims;
     let mut lse = if args.lse { Some(att.stream().clone_htod(&vec![f32::NAN; (b * h * s).max(1)])?) } else { None };
-    let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits };
+    let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits, variant: args.variant };
     let launched = att.forward(&qd, &kd, &vd, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let out = HostTensor16 { dtype: q.dtype, desc: q.desc, bits: att.download(&out)? };
@@ -83,10 +86,11 @@ fn run() -> Result<()> {
     let bytes = write_outputs(&out, args.layout, lse.as_deref())?;
     std::fs::write(&args.output, bytes).with_context(|| format!("writing {}", args.output.display()))?;
     eprintln!(
-        "fa-run: {} {:?} on {}, {} split(s), {} CTAs → {}",
+        "fa-run: {} {:?} on {}, {} kernel, {} split(s), {} CTAs → {}",
         q.dtype.name(),
         q.desc.dims,
         att.device().name,
+        launched.variant.name(),
         launched.num_splits,
         launched.ctas,
         args.output.display()

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use kernel_ffi::check::{compare, compare_lse, tolerances};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::schema::{TestCase, TestRun};
-use kernel_ffi::{Attention, Desc, Dtype, Layout, Options, Problem, Splits};
+use kernel_ffi::{Attention, Desc, Dtype, Layout, Options, Problem, Splits, Variant};
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -25,6 +25,7 @@ struct Case {
     lse: bool,
     scale: Option<f32>,
     gpu_reference: bool,
+    variant: Variant,
 }
 
 impl Case {
@@ -44,7 +45,7 @@ impl Case {
 
     fn name(&self) -> String {
         format!(
-            "{}-d{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}",
+            "{}-d{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "-causal" } else { "" },
@@ -57,6 +58,7 @@ impl Case {
             self.splits_label(),
             if self.lse { "-lse" } else { "" },
             if self.scale.is_some() { "-scaled" } else { "" },
+            if self.variant == Variant::Hopper { "-hopper" } else { "" },
         )
     }
 }
@@ -88,6 +90,14 @@ fn sanitize_set() -> Vec<Case> {
         }
         cases.push(sanitize_set_ref(dtype));
     }
+    with_hopper(cases)
+}
+
+/// The cases for the portable kernel, then each again for the Hopper kernel
+/// (named `…-hopper`; run only where it is loaded).
+fn with_hopper(mut cases: Vec<Case>) -> Vec<Case> {
+    let hopper: Vec<Case> = cases.iter().map(|c| Case { variant: Variant::Hopper, ..c.clone() }).collect();
+    cases.extend(hopper);
     cases
 }
 
@@ -106,6 +116,7 @@ fn sanitize_set_ref(dtype: Dtype) -> Case {
         lse: true,
         scale: None,
         gpu_reference: true,
+        variant: Variant::Portable,
     }
 }
 
@@ -136,6 +147,7 @@ fn matrix() -> Vec<Case> {
                             lse: (i + si + usize::from(causal)) % 2 == 0,
                             scale: (i % 3 == 0).then_some(0.3),
                             gpu_reference: false,
+                            variant: Variant::Portable,
                         });
                     }
                 }
@@ -156,6 +168,7 @@ fn matrix() -> Vec<Case> {
         lse: true,
         scale: None,
         gpu_reference: false,
+        variant: Variant::Portable,
     };
     // The seed problems, as the planner sees them.
     cases.extend([seed(Dtype::F16, 128, 1, 1), seed(Dtype::F16, 512, 1, 1), seed(Dtype::Bf16, 512, 2, 8)]);
@@ -174,6 +187,7 @@ fn matrix() -> Vec<Case> {
         lse: true,
         scale: None,
         gpu_reference: true,
+        variant: Variant::Portable,
     };
     cases.extend([
         large(Dtype::F16, 64, true, 2, 8, 8, 1024, 1024, Layout::Bshd, Splits::Auto),
@@ -182,7 +196,7 @@ fn matrix() -> Vec<Case> {
         large(Dtype::Bf16, 64, true, 1, 2, 1, 4096, 4096, Layout::Bhsd, Splits::Auto),
         large(Dtype::F16, 128, false, 1, 4, 4, 3000, 1001, Layout::Bhsd, Splits::Fixed(2)),
     ]);
-    cases
+    with_hopper(cases)
 }
 
 /// SplitMix64: fresh, reproducible inputs from one seed.
@@ -222,7 +236,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     let mut out = att.alloc_poisoned(dtype, qd)?;
     let rows = b * h * sq;
     let mut lse = if case.lse { Some(att.stream().clone_htod(&vec![f32::NAN; rows.max(1)])?) } else { None };
-    let opts = Options { causal: case.causal, scale: case.scale, splits: case.splits };
+    let opts = Options { causal: case.causal, scale: case.scale, splits: case.splits, variant: case.variant };
     let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let got_bits = att.download(&out)?;
@@ -284,6 +298,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         head_dim: d,
         causal: case.causal,
         layout: case.layout_label().into(),
+        variant: launched.variant.name().into(),
         splits: case.splits_label(),
         num_splits: launched.num_splits,
         lse: case.lse,
@@ -322,6 +337,9 @@ struct Args {
     /// Print the device (JSON) and exit: proves the driver loads the fatbins.
     #[arg(long)]
     info: bool,
+    /// Only this kernel's cases: portable or hopper (default: both, Hopper where loaded).
+    #[arg(long)]
+    variant: Option<Variant>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -329,15 +347,21 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    let Args { json, filter, seed, set, list, info } = clap::Parser::parse();
+    let Args { json, filter, seed, set, list, info, variant } = clap::Parser::parse();
+    if variant == Some(Variant::Auto) {
+        anyhow::bail!("--variant takes portable or hopper (cases name their kernel)");
+    }
     let all = match set.as_str() {
         "full" => matrix(),
         "sanitize" => sanitize_set(),
         "smoke" => vec![sanitize_set_ref(Dtype::F16)],
         other => anyhow::bail!("unknown case set `{other}`; use full, sanitize or smoke"),
     };
-    let cases: Vec<Case> =
-        all.into_iter().filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str()))).collect();
+    let mut cases: Vec<Case> = all
+        .into_iter()
+        .filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str())))
+        .filter(|c| variant.is_none_or(|v| v == c.variant))
+        .collect();
     if list {
         cases.iter().for_each(|c| println!("{}", c.name()));
         return Ok(());
@@ -348,6 +372,14 @@ fn run() -> Result<()> {
     if info {
         println!("{}", serde_json::to_string(att.device())?);
         return Ok(());
+    }
+    if !att.has_hopper() {
+        if variant == Some(Variant::Hopper) {
+            anyhow::bail!("--variant hopper: {} has no Hopper kernel (needs sm_90)", att.device().name);
+        }
+        let before = cases.len();
+        cases.retain(|c| c.variant != Variant::Hopper);
+        eprintln!("fa-test: {} Hopper cases not run: {} is not sm_90", before - cases.len(), att.device().name);
     }
     eprintln!(
         "fa-test: {} cases on {} (sm count {}), seed {seed}",
@@ -370,6 +402,7 @@ fn run() -> Result<()> {
             head_dim: case.head_dim,
             causal: case.causal,
             layout: case.layout_label().into(),
+            variant: case.variant.name().into(),
             splits: case.splits_label(),
             num_splits: 0,
             lse: case.lse,

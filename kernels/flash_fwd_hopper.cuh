@@ -1,0 +1,182 @@
+// Hopper (sm_90a) forward pass: TMA loads into a shared-memory ring completed on
+// mbarriers, wgmma for Q·Kᵀ and P·V, warp specialisation.
+//
+// A CTA owns kBlockM = 64 × kConsumers query rows of one (batch, head, split).
+// Warpgroup 0 is the producer: it gives most of its registers away (setmaxnreg)
+// and one thread issues TMA loads of Q once and of K and V per key tile into a
+// kStages-deep ring. Each consumer warpgroup owns 64 query rows end to end:
+// S = Q·Kᵀ (wgmma, both operands in shared memory), the shared online softmax on
+// the accumulators, O += P·V (wgmma, P from registers, V transposed on read).
+// While one consumer warpgroup does its softmax, the other's wgmmas keep the
+// tensor cores busy. Barriers per stage:
+//   full_k/full_v  the producer's expect_tx arrival + TMA bytes; consumers wait
+//   empty_k/empty_v every consumer thread arrives once its wgmma has read the stage
+#pragma once
+
+#include "hopper.cuh"
+#include "softmax.cuh"
+
+namespace fa {
+
+template <int D>
+struct HopperConfig {
+  static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
+  static constexpr int kConsumers = 2;  // warpgroups of 64 query rows
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = D == 64 ? 4 : 2;
+  static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKVBytes = kBlockN * D * 2;
+  // Registers per thread after setmaxnreg: 128 × 40 + 256 × 232 ≤ 65536.
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
+  // Q, the K and V rings, 4 barriers per stage + Q's, and slack to align the base to 1024.
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 8 * (4 * kStages + 1) + 1024;
+  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
+  static_assert(kBlockM <= 256 && kBlockN <= 256, "a TMA box spans at most 256 rows");
+};
+
+template <typename T, int D, bool CAUSAL>
+__device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
+  using Cfg = HopperConfig<D>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages, NT = BN / 8, DT = D / 8;
+  const FlashParams& p = hp.p;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads) __trap();
+  // Swizzle atoms need 1024-byte alignment; the dynamic base only promises 16.
+  const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t sQ = base;
+  const uint32_t sK = sQ + Cfg::kQBytes;          // stage i at sK + i × kKVBytes
+  const uint32_t sV = sK + S * Cfg::kKVBytes;
+  const uint32_t bars = sV + S * Cfg::kKVBytes;   // full_k[S], full_v[S], empty_k[S], empty_v[S], q
+  auto full_k = [&](int i) { return bars + 8 * i; };
+  auto full_v = [&](int i) { return bars + 8 * (S + i); };
+  auto empty_k = [&](int i) { return bars + 8 * (2 * S + i); };
+  auto empty_v = [&](int i) { return bars + 8 * (3 * S + i); };
+  const uint32_t bar_q = bars + 8 * 4 * S;
+
+  const int b = blockIdx.y / p.heads, h = blockIdx.y % p.heads;
+  const int kvh = h / (p.heads / p.kv_heads);
+  const int split = blockIdx.z;
+  const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  // longest causal blocks first
+  const int diag = p.seqlen_k - p.seqlen_q;  // bottom-right causal: row i sees keys j <= i + diag
+  const int n_begin = split * p.keys_per_split;
+  int n_end = min(p.seqlen_k, n_begin + p.keys_per_split);
+  if (CAUSAL) n_end = min(n_end, m0 + BM + diag);
+  const int tiles = n_end > n_begin ? (n_end - n_begin + BN - 1) / BN : 0;
+
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < S; ++i) {
+      mbar_init(full_k(i), 1);
+      mbar_init(full_v(i), 1);
+      mbar_init(empty_k(i), 128 * Cfg::kConsumers);
+      mbar_init(empty_v(i), 128 * Cfg::kConsumers);
+    }
+    mbar_init(bar_q, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- Producer: one thread issues every TMA load.
+    regs_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0 && tiles > 0) {
+      tma_prefetch_desc(&hp.k_map);
+      tma_prefetch_desc(&hp.v_map);
+      mbar_expect_tx(bar_q, Cfg::kQBytes);
+      #pragma unroll
+      for (int c = 0; c < Cfg::kPanels; ++c) tma_load_4d(sQ + c * BM * 128, &hp.q_map, bar_q, c * 64, m0, h, b);
+      for (int j = 0; j < tiles; ++j) {
+        const int st = j % S, n0 = n_begin + j * BN;
+        // The stage's previous tile (j − S) must have been read by every consumer.
+        if (j >= S) mbar_wait(empty_k(st), ((j / S) - 1) & 1);
+        mbar_expect_tx(full_k(st), Cfg::kKVBytes);
+        #pragma unroll
+        for (int c = 0; c < Cfg::kPanels; ++c)
+          tma_load_4d(sK + st * Cfg::kKVBytes + c * BN * 128, &hp.k_map, full_k(st), c * 64, n0, kvh, b);
+        if (j >= S) mbar_wait(empty_v(st), ((j / S) - 1) & 1);
+        mbar_expect_tx(full_v(st), Cfg::kKVBytes);
+        #pragma unroll
+        for (int c = 0; c < Cfg::kPanels; ++c)
+          tma_load_4d(sV + st * Cfg::kKVBytes + c * BN * 128, &hp.v_map, full_v(st), c * 64, n0, kvh, b);
+      }
+    }
+    return;
+  }
+
+  // ---- Consumers.
+  regs_alloc<Cfg::kConsumerRegs>();
+  const int cw = wg - 1;                                   // consumer index: rows m0 + 64·cw …
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row_lo = m0 + 64 * cw + 16 * warp + g;        // this thread's rows: row_lo, row_lo + 8
+  const int wg_last_row = m0 + 64 * cw + 63;
+  const float scale_log2 = p.scale_log2;
+
+  float o[DT][4];
+  #pragma unroll
+  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+
+  // Descriptors (see gmma_desc): Q rows of this warpgroup, K rows, V transposed.
+  // A k-step of 16 columns advances 32 bytes inside a 128-byte swizzled row;
+  // past 64 columns it moves to the next panel.
+  const uint32_t q_rows = sQ + 64 * cw * 128;
+  auto q_desc = [&](int kk) { return gmma_desc(q_rows + (kk / 4) * BM * 128 + (kk % 4) * 32, 0, 1024); };
+  auto k_desc = [&](int st, int kk) {
+    return gmma_desc(sK + st * Cfg::kKVBytes + (kk / 4) * BN * 128 + (kk % 4) * 32, 0, 1024);
+  };
+  // Keys 16kk…16kk+15 are 16 rows of 128 bytes; the head dim's panels lie BN·128 apart.
+  auto v_desc = [&](int st, int kk) { return gmma_desc(sV + st * Cfg::kKVBytes + kk * 16 * 128, BN * 128, 1024); };
+
+  if (tiles > 0) mbar_wait(bar_q, 0);
+  for (int j = 0; j < tiles; ++j) {
+    const int st = j % S, n0 = n_begin + j * BN;
+    const uint32_t parity = (j / S) & 1;
+    // Causal: a tile entirely right of this warpgroup's diagonal contributes
+    // nothing; skip its maths but keep the barrier protocol.
+    const bool live = !CAUSAL || n0 <= wg_last_row + diag;
+
+    float s[NT][4];
+    mbar_wait(full_k(st), parity);
+    if (live) {
+      wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<T, BN>(s, q_desc(kk), k_desc(st, kk), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(s);
+    }
+    mbar_arrive(empty_k(st));
+
+    uint32_t pf[BN / 16][4];
+    if (live) {
+      const bool tail = n0 + BN > p.seqlen_k;
+      const bool crosses = CAUSAL && n0 + BN - 1 > m0 + 64 * cw + 16 * warp + diag;
+      if (tail || crosses) mask_tile<CAUSAL>(s, n0, row_lo, t, p.seqlen_k, diag);
+      softmax_step(s, o, row_max, row_sum, scale_log2);
+      #pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
+    }
+
+    mbar_wait(full_v(st), parity);
+    if (live) {
+      wgmma_fence_operands(o);
+      wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+    }
+    mbar_arrive(empty_v(st));
+  }
+
+  store_rows<T, D>(p, o, row_max, row_sum, row_lo, b, h, split, t);
+}
+
+}  // namespace fa
