@@ -6,8 +6,9 @@
 // and one thread issues TMA loads of Q once and of K and V per key tile into a
 // kStages-deep ring. Each consumer warpgroup owns 64 query rows end to end:
 // S = Q·Kᵀ (wgmma, both operands in shared memory), the shared online softmax on
-// the accumulators, O += P·V (wgmma, P from registers, V transposed on read).
-// While one consumer warpgroup does its softmax, the other's wgmmas keep the
+// the accumulators, O += P·V (wgmma, P from registers, V transposed on read),
+// software-pipelined so that a tile's softmax overlaps the previous tile's P·V;
+// and while one consumer warpgroup does its softmax, the other's wgmmas keep the
 // tensor cores busy. Barriers per stage:
 //   full_k/full_v  the producer's expect_tx arrival + TMA bytes; consumers wait
 //   empty_k/empty_v every consumer thread arrives once its wgmma has read the stage
@@ -18,9 +19,35 @@
 
 namespace fa {
 
-template <int D>
+// Consumer schedule per head dim and masking, as compile-time defines (the
+// manifest's; chosen by an A/B/C run of all three on an H200, ledger iteration 10):
+//   0 serial     Q·Kᵀ, softmax, P·V one after another in each warpgroup; the two
+//                consumer warpgroups overlap each other only by chance
+//   1 pipelined  tile j's Q·Kᵀ and tile j−1's P·V issued together, tile j's
+//                softmax overlapping that P·V (FlashAttention-3's intra-warpgroup
+//                overlap)
+//   2 ping-pong  pipelined, and the consumer warpgroups take turns issuing their
+//                wgmmas (named barriers), so one's softmax runs under the other's
+//                matrix products
+#ifndef FA_HOPPER_MODE_D64
+#define FA_HOPPER_MODE_D64 0
+#endif
+#ifndef FA_HOPPER_MODE_D128
+#define FA_HOPPER_MODE_D128 2
+#endif
+#ifndef FA_HOPPER_MODE_D64_CAUSAL
+#define FA_HOPPER_MODE_D64_CAUSAL 2
+#endif
+#ifndef FA_HOPPER_MODE_D128_CAUSAL
+#define FA_HOPPER_MODE_D128_CAUSAL 2
+#endif
+
+template <int D, bool CAUSAL>
 struct HopperConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
+  static constexpr int kMode = D == 64 ? (CAUSAL ? FA_HOPPER_MODE_D64_CAUSAL : FA_HOPPER_MODE_D64)
+                                       : (CAUSAL ? FA_HOPPER_MODE_D128_CAUSAL : FA_HOPPER_MODE_D128);
+  static_assert(kMode >= 0 && kMode <= 2, "mode 0 (serial), 1 (pipelined) or 2 (ping-pong)");
   static constexpr int kConsumers = 2;  // warpgroups of 64 query rows
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = 64 * kConsumers;
@@ -40,7 +67,7 @@ struct HopperConfig {
 
 template <typename T, int D, bool CAUSAL>
 __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
-  using Cfg = HopperConfig<D>;
+  using Cfg = HopperConfig<D, CAUSAL>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages, NT = BN / 8, DT = D / 8;
   const FlashParams& p = hp.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -133,46 +160,124 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   // Keys 16kk…16kk+15 are 16 rows of 128 bytes; the head dim's panels lie BN·128 apart.
   auto v_desc = [&](int st, int kk) { return gmma_desc(sV + st * Cfg::kKVBytes + kk * 16 * 128, BN * 128, 1024); };
 
-  if (tiles > 0) mbar_wait(bar_q, 0);
-  for (int j = 0; j < tiles; ++j) {
-    const int st = j % S, n0 = n_begin + j * BN;
-    const uint32_t parity = (j / S) & 1;
-    // Causal: a tile entirely right of this warpgroup's diagonal contributes
-    // nothing; skip its maths but keep the barrier protocol.
-    const bool live = !CAUSAL || n0 <= wg_last_row + diag;
+  // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
+  // they come last, and only the barrier protocol runs for them. Ping-pong needs
+  // both warpgroups to take the same number of turns, so it computes them (masked).
+  constexpr bool kPingPong = Cfg::kMode == 2;
+  const int live =
+      CAUSAL && !kPingPong ? max(0, min(tiles, (wg_last_row + diag + 1 - n_begin + BN - 1) / BN)) : tiles;
 
-    float s[NT][4];
-    mbar_wait(full_k(st), parity);
-    if (live) {
-      wgmma_fence();
-      #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<T, BN>(s, q_desc(kk), k_desc(st, kk), kk > 0);
-      wgmma_commit();
+  float s[NT][4];
+  uint32_t pf[BN / 16][4];
+  float correction[2];
+  // S = Q·K_j, asynchronous: committed as its own wgmma group.
+  auto issue_qk = [&](int st) {
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<T, BN>(s, q_desc(kk), k_desc(st, kk), kk > 0);
+    wgmma_commit();
+  };
+  // O += P·V_j, asynchronous, P from registers.
+  auto issue_pv = [&](int st) {
+    wgmma_fence_operands(o);
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
+    wgmma_commit();
+  };
+  auto softmax = [&](int j) {
+    const int n0 = n_begin + j * BN;
+    const bool tail = n0 + BN > p.seqlen_k;
+    const bool crosses = CAUSAL && n0 + BN - 1 > m0 + 64 * cw + 16 * warp + diag;
+    if (tail || crosses) mask_tile<CAUSAL>(s, n0, row_lo, t, p.seqlen_k, diag);
+    softmax_rows(s, row_max, row_sum, correction, scale_log2);
+  };
+  auto pack_p = [&] {
+    #pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
+  };
+  auto kv_phase = [&](int j) { return (uint32_t)(j / S) & 1; };
+  // Ping-pong turns: each wgmma issue point is one turn; warpgroup 0 goes first.
+  // Warpgroup c waits at barrier 1 + c and hands over at the other's; the last
+  // hand-over of warpgroup 1 is left out so that every arrival is consumed.
+  const int turns = live > 0 ? live + 1 : 0;
+  int turn = 0;
+  auto take_turn = [&] {
+    if constexpr (kPingPong) named_bar_sync(1 + cw, 256);
+  };
+  auto pass_turn = [&] {
+    if constexpr (kPingPong) {
+      if (!(cw == 1 && ++turn == turns)) named_bar_arrive(1 + (cw ^ 1), 256);
+    }
+  };
+  if (kPingPong && cw == 1 && turns > 0) named_bar_arrive(1, 256);
+
+  if (live > 0) mbar_wait(bar_q, 0);
+  if constexpr (Cfg::kMode == 0) {
+    for (int j = 0; j < live; ++j) {
+      const int st = j % S;
+      mbar_wait(full_k(st), kv_phase(j));
+      issue_qk(st);
       wgmma_wait<0>();
       wgmma_fence_operands(s);
-    }
-    mbar_arrive(empty_k(st));
-
-    uint32_t pf[BN / 16][4];
-    if (live) {
-      const bool tail = n0 + BN > p.seqlen_k;
-      const bool crosses = CAUSAL && n0 + BN - 1 > m0 + 64 * cw + 16 * warp + diag;
-      if (tail || crosses) mask_tile<CAUSAL>(s, n0, row_lo, t, p.seqlen_k, diag);
-      softmax_step(s, o, row_max, row_sum, scale_log2);
-      #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
-    }
-
-    mbar_wait(full_v(st), parity);
-    if (live) {
-      wgmma_fence_operands(o);
-      wgmma_fence();
-      #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
-      wgmma_commit();
+      mbar_arrive(empty_k(st));
+      softmax(j);
+      rescale(o, correction);
+      pack_p();
+      mbar_wait(full_v(st), kv_phase(j));
+      issue_pv(st);
       wgmma_wait<0>();
       wgmma_fence_operands(o);
+      mbar_arrive(empty_v(st));
     }
+  } else {
+    // Software pipeline: while the tensor cores run P_{j−1}·V_{j−1}, the
+    // warpgroup does tile j's softmax; O is rescaled once that P·V has landed.
+    if (live > 0) {
+      mbar_wait(full_k(0), 0);
+      take_turn();
+      issue_qk(0);
+      pass_turn();
+      wgmma_wait<0>();
+      wgmma_fence_operands(s);
+      mbar_arrive(empty_k(0));
+      softmax(0);  // O is still zero: nothing to rescale
+      pack_p();
+    }
+    for (int j = 1; j < live; ++j) {
+      const int st = j % S, prev = (j - 1) % S;
+      mbar_wait(full_k(st), kv_phase(j));
+      mbar_wait(full_v(prev), kv_phase(j - 1));
+      take_turn();
+      issue_qk(st);
+      issue_pv(prev);
+      pass_turn();
+      wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
+      wgmma_fence_operands(s);
+      mbar_arrive(empty_k(st));
+      softmax(j);
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+      mbar_arrive(empty_v(prev));
+      rescale(o, correction);
+      pack_p();
+    }
+    if (live > 0) {
+      const int st = (live - 1) % S;
+      mbar_wait(full_v(st), kv_phase(live - 1));
+      take_turn();
+      issue_pv(st);
+      pass_turn();
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+      mbar_arrive(empty_v(st));
+    }
+  }
+  for (int j = live; j < tiles; ++j) {  // dead causal tiles: release them unread
+    const int st = j % S;
+    mbar_wait(full_k(st), kv_phase(j));
+    mbar_arrive(empty_k(st));
+    mbar_wait(full_v(st), kv_phase(j));
     mbar_arrive(empty_v(st));
   }
 

@@ -35,6 +35,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+// ------------------------------------------------------- named barriers --
+// `threads` threads meet at barrier `id` (1…15; 0 is __syncthreads): sync waits,
+// arrive only counts itself in. Used to take turns between consumer warpgroups.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ------------------------------------------------------------------ TMA --
 // One box of a 4-D tensor map at coordinates (c0 innermost … c3) into shared
 // memory; completes `bytes` (the whole box, zero-filled where out of bounds) on `bar`.

@@ -32,12 +32,14 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int row_lo,
   }
 }
 
-// One key tile of the online softmax: s becomes p = 2^(s·scale·log2e − max) (in
-// place), the running max / partial sums of rows g and g+8 advance, and the
-// output accumulators are rescaled by 2^(old max − new max).
-template <int NT, int DT>
-__device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&o)[DT][4], float (&row_max)[2],
-                                             float (&row_sum)[2], float scale_log2) {
+// One key tile of the online softmax, without touching O: s becomes
+// p = 2^(s·scale·log2e − max) in place, the running max / partial sums of rows g
+// and g+8 advance, and `correction` gets 2^(old max − new max), by which O must
+// be rescaled before this tile's P·V is added (the Hopper kernel does that once
+// the previous tile's asynchronous P·V has landed).
+template <int NT>
+__device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
+                                             float (&correction)[2], float scale_log2) {
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
@@ -48,7 +50,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&o)[DT][4
     // A row that has seen only masked keys keeps max −inf; subtract 0 instead so
     // that −inf − (−inf) never makes a NaN.
     const float base = new_max == -INFINITY ? 0.f : new_max;
-    const float correction = fast_exp2(row_max[r] - base);
+    correction[r] = fast_exp2(row_max[r] - base);
     row_max[r] = new_max;
     float sum = 0.f;
     #pragma unroll
@@ -57,13 +59,28 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&o)[DT][4
       s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -base));
       sum += s[nt][2 * r] + s[nt][2 * r + 1];
     }
-    row_sum[r] = row_sum[r] * correction + sum;
-    #pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      o[dt][2 * r] *= correction;
-      o[dt][2 * r + 1] *= correction;
-    }
+    row_sum[r] = row_sum[r] * correction[r] + sum;
   }
+}
+
+template <int DT>
+__device__ __forceinline__ void rescale(float (&o)[DT][4], const float (&correction)[2]) {
+  #pragma unroll
+  for (int dt = 0; dt < DT; ++dt) {
+    o[dt][0] *= correction[0];
+    o[dt][1] *= correction[0];
+    o[dt][2] *= correction[1];
+    o[dt][3] *= correction[1];
+  }
+}
+
+// Both at once, for a kernel whose P·V is synchronous.
+template <int NT, int DT>
+__device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&o)[DT][4], float (&row_max)[2],
+                                             float (&row_sum)[2], float scale_log2) {
+  float correction[2];
+  softmax_rows(s, row_max, row_sum, correction, scale_log2);
+  rescale(o, correction);
 }
 
 // P of key columns 16kk..16kk+15 as an m16n8k16 A fragment: the accumulators of

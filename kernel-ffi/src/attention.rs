@@ -249,10 +249,11 @@ impl Attention {
     }
 
     /// The kernel `forward` runs for this problem: `Auto` takes the Hopper kernel
-    /// where loaded, except without keys (nothing for TMA to load).
-    pub fn resolve(&self, p: &Problem, variant: Variant) -> Result<Variant> {
+    /// where loaded and measured faster (`planner::prefer_hopper`).
+    pub fn resolve(&self, p: &Problem, causal: bool, variant: Variant) -> Result<Variant> {
+        let flops = planner::attention_flops(p.batch, p.heads, p.seqlen_q, p.seqlen_k, p.head_dim, causal);
         match variant {
-            Variant::Auto if self.has_hopper() && p.seqlen_k > 0 => Ok(Variant::Hopper),
+            Variant::Auto if self.has_hopper() && planner::prefer_hopper(p.head_dim, flops) => Ok(Variant::Hopper),
             Variant::Auto | Variant::Portable => Ok(Variant::Portable),
             Variant::Hopper if self.has_hopper() => Ok(Variant::Hopper),
             Variant::Hopper => Err(Error::Unsupported(format!(
@@ -264,7 +265,7 @@ impl Attention {
 
     /// The split plan `forward` would use for this problem.
     pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
-        let variant = self.resolve(p, opts.variant)?;
+        let variant = self.resolve(p, opts.causal, opts.variant)?;
         let k = self.kernel(&Self::fwd_name(variant, dtype, p.head_dim, opts.causal))?;
         let block_n = k.launch.block_n;
         let n_blocks = (p.seqlen_k as u32).div_ceil(block_n).max(1);
@@ -305,7 +306,7 @@ impl Attention {
         {
             invalid!("lse holds {} floats but batch × heads × seqlen_q = {rows}", l.len());
         }
-        let variant = self.resolve(&p, opts.variant)?;
+        let variant = self.resolve(&p, opts.causal, opts.variant)?;
         if rows == 0 {
             return Ok(Launched { num_splits: 0, ctas: 0, variant }); // empty result: nothing to launch
         }

@@ -26,8 +26,7 @@ impl Shape {
 
     /// 4·B·H·S²·D (two matmuls of 2·S²·D each), halved for causal.
     pub fn flops(&self) -> f64 {
-        let f = 4.0 * (self.batch * self.heads) as f64 * (self.seqlen as f64).powi(2) * self.head_dim as f64;
-        if self.causal { f / 2.0 } else { f }
+        crate::planner::attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
     }
 
     /// `B,H,S,D` or `B,H,S,D,causal`.

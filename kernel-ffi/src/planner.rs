@@ -56,6 +56,34 @@ pub fn plan(sm_count: u32, ctas_per_sm: u32, work_ctas: u64, seqlen_k: u32, bloc
     best.1
 }
 
+/// Whether the Hopper kernel beats the portable one on an sm_90 device. Its fixed
+/// cost per call is higher (384 threads, barrier set-up, the TMA pipeline filling:
+/// 4.1 µs against 2.9 µs for one tiny CTA on an H200), its throughput about twice
+/// as high, and the portable kernel is relatively stronger at D=64. Measured on an
+/// H200 with graph replay (ledger iteration 9's notes): D=128 wins from 2.1 GFLOP
+/// (B1 H16 S512, 1.16x) and at 1.07 GFLOP causal (1.23x), loses at 0.13 GFLOP
+/// (0.77x); D=64 loses at 1.07 GFLOP (B2 H8 S512, 0.92x) and wins at 2.1 (1.44x).
+/// The thresholds sit between those points; `flops` as `attention_flops` counts.
+pub fn prefer_hopper(head_dim: usize, flops: f64) -> bool {
+    let threshold = if head_dim >= 128 { 0.5e9 } else { 1.5e9 };
+    flops >= threshold
+}
+
+/// Matrix-product FLOPs of an attention forward by the usual convention (the
+/// one FlashAttention papers and the bench's TFLOP/s use): 4·B·H·Sq·Sk·D, halved
+/// for causal.
+pub fn attention_flops(
+    batch: usize,
+    heads: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+    head_dim: usize,
+    causal: bool,
+) -> f64 {
+    let f = 4.0 * (batch * heads) as f64 * seqlen_q as f64 * seqlen_k as f64 * head_dim as f64;
+    if causal { f / 2.0 } else { f }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +157,21 @@ mod tests {
     fn degenerate_inputs_do_not_panic() {
         assert_eq!(plan(0, 0, 0, 0, 0).num_splits, 1);
         assert_eq!(plan(132, 1, 1, 0, 64).num_splits, 1);
+    }
+
+    #[test]
+    fn hopper_only_where_it_measured_faster() {
+        let f = |b, h, s, d, causal| prefer_hopper(d, attention_flops(b, h, s, s, d, causal));
+        // Measured losses on an H200 (portable faster).
+        assert!(!f(1, 1, 512, 64, false));
+        assert!(!f(2, 8, 512, 64, false));
+        assert!(!f(1, 4, 256, 128, false));
+        assert!(!f(1, 1, 1024, 64, false));
+        // Measured wins.
+        assert!(f(1, 16, 512, 128, false));
+        assert!(f(1, 1, 2048, 128, true));
+        assert!(f(1, 2, 2048, 64, false));
+        assert!(f(4, 16, 2048, 64, false));
+        assert_eq!(attention_flops(1, 1, 2048, 2048, 128, true), attention_flops(1, 1, 2048, 2048, 128, false) / 2.0);
     }
 }
