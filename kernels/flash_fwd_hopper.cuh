@@ -42,6 +42,14 @@ namespace fa {
 #define FA_HOPPER_MODE_D128_CAUSAL 2
 #endif
 
+// K/V ring depth per head dim (shared memory: Q + 2 × stages × 128 keys × D × 2 B).
+#ifndef FA_HOPPER_STAGES_D64
+#define FA_HOPPER_STAGES_D64 4
+#endif
+#ifndef FA_HOPPER_STAGES_D128
+#define FA_HOPPER_STAGES_D128 2
+#endif
+
 template <int D, bool CAUSAL>
 struct HopperConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
@@ -52,7 +60,7 @@ struct HopperConfig {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = 128;
-  static constexpr int kStages = D == 64 ? 4 : 2;
+  static constexpr int kStages = D == 64 ? FA_HOPPER_STAGES_D64 : FA_HOPPER_STAGES_D128;
   static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
