@@ -51,6 +51,10 @@ pub struct Kernel {
     pub allow_spills: bool,
     #[serde(default, skip_serializing_if = "is_false")]
     pub allow_stack: bool,
+    /// SASS opcodes the compiled entry must contain, e.g. `HGMMA` for wgmma: proof
+    /// that the tensor-core path survived compilation (checked by `cargo xtask build`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sass_requires: Vec<String>,
     /// Launch geometry the kernel was compiled for; kernel-ffi launches with it.
     #[serde(default)]
     pub launch: Option<Launch>,

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::manifest::{Arch, Kernel, Manifest};
 use crate::ptxas::KernelResources;
+use crate::sass::LOCAL_MEMORY;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Breach {
@@ -114,6 +115,52 @@ pub fn check_all(manifest: &Manifest, records: &[KernelResources]) -> Vec<Breach
     out
 }
 
+/// One entry's SASS opcode counts for one arch (from `cuobjdump -sass`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SassRecord {
+    pub kernel: String,
+    pub arch: String,
+    pub opcodes: std::collections::BTreeMap<String, u32>,
+}
+
+/// Every manifest entry's SASS: the opcodes it requires are there, and no local
+/// memory instruction is, unless the entry allows spills or a stack.
+pub fn check_sass(manifest: &Manifest, records: &[SassRecord]) -> Vec<Breach> {
+    let mut out = Vec::new();
+    for rec in records {
+        let Some(kernel) = manifest.kernel(&rec.kernel) else { continue };
+        let breach = |what: String, value: u32, budget: u32, hint: &str| Breach {
+            kernel: rec.kernel.clone(),
+            arch: rec.arch.clone(),
+            what,
+            value: value.into(),
+            budget: budget.into(),
+            hint: hint.to_string(),
+        };
+        for op in &kernel.sass_requires {
+            if rec.opcodes.get(op).copied().unwrap_or(0) == 0 {
+                out.push(breach(
+                    format!("SASS {op} instructions"),
+                    0,
+                    1,
+                    "the instruction the kernel is written for did not survive compilation: check the \
+                     -gencode (wgmma needs sm_90a) and the inline asm wrappers",
+                ));
+            }
+        }
+        let local: u32 = LOCAL_MEMORY.iter().filter_map(|op| rec.opcodes.get(*op)).sum();
+        if local > 0 && !kernel.allow_spills && !kernel.allow_stack {
+            out.push(breach(
+                "SASS local memory instructions (LDL/STL)".into(),
+                local,
+                0,
+                "registers spilled or an array is indexed at run time; see the ptxas line of this entry",
+            ));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,10 +245,38 @@ mod tests {
             dynamic_smem: 0,
             allow_spills: false,
             allow_stack: true,
+            sass_requires: Vec::new(),
             launch: None,
         });
         let b = check_all(&m, &fixture());
         assert_eq!(b.iter().filter(|b| b.what == "entry without a budget").count(), 3);
         assert_eq!(b.iter().filter(|b| b.what == "entry missing from ptxas report").count(), 3);
+    }
+
+    #[test]
+    fn missing_tensor_core_instructions_and_local_memory_in_real_sass() {
+        let mut m = manifest();
+        m.sources[0].kernels[1].sass_requires = vec!["HGMMA".into(), "UTMALDG".into()];
+        m.sources[0].kernels[2].sass_requires = vec!["HMMA".into()];
+        let counts = crate::sass::opcode_counts(include_str!("../tests/data/sass/flash-fwd-sm90a-excerpt.sass"));
+        let record = |kernel: &str, from: &str| SassRecord {
+            kernel: kernel.into(),
+            arch: "sm_90a".into(),
+            opcodes: counts[from].clone(),
+        };
+        // The Hopper kernel's SASS satisfies HGMMA + UTMALDG; the portable one's lacks HGMMA.
+        assert!(check_sass(&m, &[record("tiles", "flash_fwd_hopper_f16_d64")]).is_empty());
+        let b = check_sass(&m, &[record("tiles", "flash_fwd_f16_d64")]);
+        assert_eq!(b.len(), 2, "{b:#?}");
+        assert!(b.iter().any(|b| b.what == "SASS HGMMA instructions" && b.value == 0 && b.budget == 1));
+        // Local memory is a breach unless the entry allows spills or a stack.
+        let mut spilled = record("spilly", "flash_fwd_f16_d64");
+        spilled.opcodes.insert("STL".into(), 3);
+        spilled.opcodes.insert("LDL".into(), 2);
+        let b = check_sass(&m, std::slice::from_ref(&spilled));
+        assert_eq!(b.len(), 1, "{b:#?}");
+        assert_eq!((b[0].what.as_str(), b[0].value), ("SASS local memory instructions (LDL/STL)", 5));
+        m.sources[0].kernels[2].allow_spills = true;
+        assert!(check_sass(&m, &[spilled]).is_empty());
     }
 }

@@ -9,12 +9,13 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::budget::{self, Breach};
+use crate::budget::{self, Breach, SassRecord};
 use crate::manifest::Manifest;
 use crate::paths::{Paths, stem};
 use crate::process::{Cmd, write_file};
 use crate::ptxas::{self, KernelResources};
 use crate::report::{Envelope, Toolchain};
+use crate::sass::{self, OpcodeCounts};
 use crate::toolchain::{self, Nvcc};
 use crate::{CheckFailed, table};
 
@@ -60,6 +61,9 @@ pub struct BuildPayload {
     pub flags: Vec<String>,
     pub units: Vec<Unit>,
     pub kernels: Vec<KernelResources>,
+    /// SASS opcode counts per entry and arch.
+    #[serde(default)]
+    pub sass: Vec<SassRecord>,
     pub breaches: Vec<Breach>,
     pub ptxas_warnings: Vec<String>,
 }
@@ -80,6 +84,9 @@ pub struct Unit {
 struct Stamp {
     hash: String,
     ptxas: String,
+    /// Absent in stamps from before the SASS check: such a unit recompiles once.
+    #[serde(default)]
+    sass: Option<OpcodeCounts>,
 }
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
@@ -91,6 +98,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let src_dir =
         opts.src_dir.clone().unwrap_or_else(|| manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf());
     let nvcc = toolchain::nvcc(&paths.cuda_wheels)?;
+    let cuobjdump = cuobjdump_beside(&nvcc)?;
     let out_dir = opts.out_dir.clone().unwrap_or_else(|| paths.kernels_out());
     let headers = header_digest(&src_dir)?;
 
@@ -125,8 +133,8 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     write_file(&out_dir.join("manifest.json"), serde_json::to_string_pretty(&manifest)? + "\n")?;
     let total = jobs.len();
     let started = Instant::now();
-    let results = run_jobs(&nvcc, jobs, opts, total)?;
-    let fresh = results.iter().filter(|(u, _)| !u.cached).count();
+    let results = run_jobs(&nvcc, &cuobjdump, jobs, opts, total)?;
+    let fresh = results.iter().filter(|(u, ..)| !u.cached).count();
     eprintln!(
         "xtask build: {total} units ({fresh} compiled, {} cached) in {:.1} s",
         total - fresh,
@@ -136,19 +144,28 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let mut kernels = Vec::new();
     let mut warnings = Vec::new();
     let mut units = Vec::new();
-    for (unit, log) in results {
+    let mut sass_records = Vec::new();
+    for (unit, log, counts) in results {
+        sass_records.extend(counts.into_iter().map(|(kernel, opcodes)| SassRecord {
+            kernel,
+            arch: unit.arch.clone(),
+            opcodes,
+        }));
         let report = ptxas::parse(&log);
         kernels.extend(report.kernels);
         warnings.extend(report.warnings.into_iter().map(|w| format!("{} {}: {w}", unit.source, unit.arch)));
         units.push(unit);
     }
     kernels.sort_by(|a, b| (&a.name, &a.arch).cmp(&(&b.name, &b.arch)));
-    let breaches = budget::check_all(&manifest, &kernels);
+    sass_records.sort_by(|a, b| (&a.kernel, &a.arch).cmp(&(&b.kernel, &b.arch)));
+    let mut breaches = budget::check_all(&manifest, &kernels);
+    breaches.extend(budget::check_sass(&manifest, &sass_records));
     let payload = BuildPayload {
         nvcc_version: nvcc.version.clone(),
         flags: FLAGS.iter().map(|s| s.to_string()).collect(),
         units,
         kernels,
+        sass: sass_records,
         breaches,
         ptxas_warnings: warnings,
     };
@@ -157,7 +174,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let report_path = paths.report(&opts.report);
     Envelope::new("build", toolchain, None, &payload).write(&report_path)?;
 
-    println!("{}", resource_table(&payload.kernels, &manifest));
+    println!("{}", resource_table(&payload.kernels, &payload.sass, &manifest));
     for w in &payload.ptxas_warnings {
         println!("ptxas warning: {w}");
     }
@@ -184,7 +201,10 @@ struct Job {
 }
 
 /// Runs units on `opts.jobs` workers; returns each unit with its ptxas text, in input order.
-fn run_jobs(nvcc: &Nvcc, jobs: Vec<Job>, opts: &Options, total: usize) -> Result<Vec<(Unit, String)>> {
+/// Each unit with its ptxas text and SASS opcode counts, in input order.
+type Compiled = (Unit, String, OpcodeCounts);
+
+fn run_jobs(nvcc: &Nvcc, cuobjdump: &Path, jobs: Vec<Job>, opts: &Options, total: usize) -> Result<Vec<Compiled>> {
     let queue = Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
     let done = Mutex::new(Vec::new());
     let failures = Mutex::new(Vec::new());
@@ -196,14 +216,14 @@ fn run_jobs(nvcc: &Nvcc, jobs: Vec<Job>, opts: &Options, total: usize) -> Result
                     let Some((idx, job)) = queue.lock().unwrap().pop() else {
                         break;
                     };
-                    let result = compile(nvcc, &job, opts.timeout);
+                    let result = compile(nvcc, cuobjdump, &job, opts.timeout);
                     let mut n = finished.lock().unwrap();
                     *n += 1;
                     match result {
-                        Ok((unit, log)) => {
+                        Ok((unit, log, sass)) => {
                             let how = if unit.cached { "cached".to_string() } else { format!("{:.1} s", unit.seconds) };
                             eprintln!("[{}/{total}] {} {}: {how}", *n, job.source, job.arch);
-                            done.lock().unwrap().push((idx, unit, log));
+                            done.lock().unwrap().push((idx, unit, log, sass));
                         }
                         Err(e) => {
                             eprintln!("[{}/{total}] {} {}: FAILED", *n, job.source, job.arch);
@@ -220,10 +240,10 @@ fn run_jobs(nvcc: &Nvcc, jobs: Vec<Job>, opts: &Options, total: usize) -> Result
     }
     let mut done = done.into_inner().unwrap();
     done.sort_by_key(|(idx, ..)| *idx);
-    Ok(done.into_iter().map(|(_, u, l)| (u, l)).collect())
+    Ok(done.into_iter().map(|(_, u, l, s)| (u, l, s)).collect())
 }
 
-fn compile(nvcc: &Nvcc, job: &Job, timeout: Duration) -> Result<(Unit, String)> {
+fn compile(nvcc: &Nvcc, cuobjdump: &Path, job: &Job, timeout: Duration) -> Result<Compiled> {
     let stamp_path = job.output.with_extension("stamp.json");
     let unit = |cached, seconds| Unit {
         source: job.source.clone(),
@@ -237,8 +257,9 @@ fn compile(nvcc: &Nvcc, job: &Job, timeout: Duration) -> Result<(Unit, String)> 
     if let Some(stamp) = stamp
         && stamp.hash == job.hash
         && job.output.is_file()
+        && let Some(sass) = stamp.sass
     {
-        return Ok((unit(true, 0.0), stamp.ptxas));
+        return Ok((unit(true, 0.0), stamp.ptxas, sass));
     }
     let tmp = job.output.with_extension("fatbin.tmp");
     let log = job.output.with_extension("log");
@@ -253,9 +274,23 @@ fn compile(nvcc: &Nvcc, job: &Job, timeout: Duration) -> Result<(Unit, String)> 
         .run_checked()?;
     std::fs::rename(&tmp, &job.output).with_context(|| format!("moving {} into place", tmp.display()))?;
     let ptxas = format!("{}{}", out.stdout, out.stderr);
-    let stamp = Stamp { hash: job.hash.clone(), ptxas: ptxas.clone() };
+    let dump = Cmd::new(cuobjdump)
+        .arg("-sass")
+        .arg(job.output.display().to_string())
+        .timeout(timeout)
+        .log(job.output.with_extension("sass"))
+        .quiet()
+        .run_checked()?;
+    let sass = sass::opcode_counts(&dump.stdout);
+    let stamp = Stamp { hash: job.hash.clone(), ptxas: ptxas.clone(), sass: Some(sass.clone()) };
     write_file(&stamp_path, serde_json::to_vec(&stamp)?)?;
-    Ok((unit(false, out.elapsed.as_secs_f64()), ptxas))
+    Ok((unit(false, out.elapsed.as_secs_f64()), ptxas, sass))
+}
+
+/// cuobjdump from the toolkit nvcc came from (the wheels ship it too).
+fn cuobjdump_beside(nvcc: &Nvcc) -> Result<PathBuf> {
+    let beside = nvcc.path.with_file_name(format!("cuobjdump{}", std::env::consts::EXE_SUFFIX));
+    if beside.is_file() { Ok(beside) } else { toolchain::cuda_tool("cuobjdump") }
 }
 
 /// Digest of every header beside the sources: a header change rebuilds every unit.
@@ -278,11 +313,13 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn resource_table(kernels: &[KernelResources], manifest: &Manifest) -> String {
+fn resource_table(kernels: &[KernelResources], sass: &[SassRecord], manifest: &Manifest) -> String {
     let rows = kernels
         .iter()
         .map(|k| {
             let budget = manifest.kernel(&k.name);
+            let ops = sass.iter().find(|s| s.kernel == k.name && s.arch == k.arch).map(|s| &s.opcodes);
+            let count = |op: &str| ops.and_then(|o| o.get(op)).copied().unwrap_or(0);
             vec![
                 k.name.clone(),
                 k.arch.clone(),
@@ -296,10 +333,27 @@ fn resource_table(kernels: &[KernelResources], manifest: &Manifest) -> String {
                 k.spill_stores.to_string(),
                 k.spill_loads.to_string(),
                 k.barriers.to_string(),
+                format!("{}/{}", count("HMMA"), count("HGMMA")),
+                (count("LDL") + count("STL")).to_string(),
             ]
         })
         .collect::<Vec<_>>();
-    table::render(&["kernel", "arch", "regs", "smem", "dyn smem", "stack", "spill st", "spill ld", "bars"], &rows)
+    table::render(
+        &[
+            "kernel",
+            "arch",
+            "regs",
+            "smem",
+            "dyn smem",
+            "stack",
+            "spill st",
+            "spill ld",
+            "bars",
+            "HMMA/HGMMA",
+            "LDL+STL",
+        ],
+        &rows,
+    )
 }
 
 fn breach_table(breaches: &[Breach]) -> String {

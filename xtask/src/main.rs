@@ -20,6 +20,7 @@ mod ptxas;
 mod report;
 mod sanitize;
 mod sanitizer;
+mod sass;
 #[path = "../../kernel-ffi/src/schema.rs"]
 mod schema;
 mod smi;
