@@ -19,35 +19,52 @@
 
 namespace fa {
 
-// Consumer schedule per head dim and masking, as compile-time defines (the
-// manifest's; chosen by an A/B/C run of all three on an H200, ledger iteration 10):
+// Per configuration (head dim × causal), compile-time defines from the manifest,
+// each chosen by same-run A/B timings on an H200 (ledger iterations 10 and 12):
+//
+// FA_HOPPER_MODE_*, the consumer schedule:
 //   0 serial     Q·Kᵀ, softmax, P·V one after another in each warpgroup; the two
 //                consumer warpgroups overlap each other only by chance
 //   1 pipelined  tile j's Q·Kᵀ and tile j−1's P·V issued together, tile j's
 //                softmax overlapping that P·V (FlashAttention-3's intra-warpgroup
 //                overlap)
-//   2 ping-pong  pipelined, and the consumer warpgroups take turns issuing their
-//                wgmmas (named barriers), so one's softmax runs under the other's
-//                matrix products
+//   2 ping-pong  pipelined, and the two consumer warpgroups take turns issuing
+//                their wgmmas (named barriers), so one's softmax runs under the
+//                other's matrix products
+// FA_HOPPER_CONSUMERS_*: consumer warpgroups (64 query rows each) per CTA: 2, or 1
+//   with two CTAs per SM (each gets half the registers and must fit in half the
+//   shared memory), so that one CTA's prologue (Q and first-tile latency) and
+//   epilogue overlap the other's main loop. D=128 needs a whole SM.
+// FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B).
 #ifndef FA_HOPPER_MODE_D64
 #define FA_HOPPER_MODE_D64 0
+#endif
+#ifndef FA_HOPPER_MODE_D64_CAUSAL
+#define FA_HOPPER_MODE_D64_CAUSAL 1
 #endif
 #ifndef FA_HOPPER_MODE_D128
 #define FA_HOPPER_MODE_D128 2
 #endif
-#ifndef FA_HOPPER_MODE_D64_CAUSAL
-#define FA_HOPPER_MODE_D64_CAUSAL 2
-#endif
 #ifndef FA_HOPPER_MODE_D128_CAUSAL
 #define FA_HOPPER_MODE_D128_CAUSAL 2
 #endif
-
-// K/V ring depth per head dim (shared memory: Q + 2 × stages × 128 keys × D × 2 B).
+#ifndef FA_HOPPER_CONSUMERS_D64
+#define FA_HOPPER_CONSUMERS_D64 2
+#endif
+#ifndef FA_HOPPER_CONSUMERS_D64_CAUSAL
+#define FA_HOPPER_CONSUMERS_D64_CAUSAL 1
+#endif
 #ifndef FA_HOPPER_STAGES_D64
 #define FA_HOPPER_STAGES_D64 4
 #endif
+#ifndef FA_HOPPER_STAGES_D64_CAUSAL
+#define FA_HOPPER_STAGES_D64_CAUSAL 3
+#endif
 #ifndef FA_HOPPER_STAGES_D128
 #define FA_HOPPER_STAGES_D128 2
+#endif
+#ifndef FA_HOPPER_STAGES_D128_CAUSAL
+#define FA_HOPPER_STAGES_D128_CAUSAL 2
 #endif
 
 template <int D, bool CAUSAL>
@@ -56,17 +73,22 @@ struct HopperConfig {
   static constexpr int kMode = D == 64 ? (CAUSAL ? FA_HOPPER_MODE_D64_CAUSAL : FA_HOPPER_MODE_D64)
                                        : (CAUSAL ? FA_HOPPER_MODE_D128_CAUSAL : FA_HOPPER_MODE_D128);
   static_assert(kMode >= 0 && kMode <= 2, "mode 0 (serial), 1 (pipelined) or 2 (ping-pong)");
-  static constexpr int kConsumers = 2;  // warpgroups of 64 query rows
+  static constexpr int kConsumers = D == 64 ? (CAUSAL ? FA_HOPPER_CONSUMERS_D64_CAUSAL : FA_HOPPER_CONSUMERS_D64) : 2;
+  static_assert(kConsumers == 1 || kConsumers == 2, "1 or 2 consumer warpgroups");
+  static_assert(kMode != 2 || kConsumers == 2, "ping-pong takes turns between two consumer warpgroups");
+  static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = 128;
-  static constexpr int kStages = D == 64 ? FA_HOPPER_STAGES_D64 : FA_HOPPER_STAGES_D128;
+  static constexpr int kStages = D == 64 ? (CAUSAL ? FA_HOPPER_STAGES_D64_CAUSAL : FA_HOPPER_STAGES_D64)
+                                         : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
   static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
-  // Registers per thread after setmaxnreg: 128 × 40 + 256 × 232 ≤ 65536.
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
+  // Registers per thread after setmaxnreg, within 65536 per SM: 128 × 40 + 256 × 232
+  // for one CTA, 2 × (128 × 24 + 128 × 232) for two.
+  static constexpr int kProducerRegs = kConsumers == 1 ? 24 : 40, kConsumerRegs = 232;
+  static_assert((128 * kProducerRegs + 128 * kConsumers * kConsumerRegs) * kCtasPerSm <= 65536, "register file");
   // Q, the K and V rings, 4 barriers per stage + Q's, and slack to align the base to 1024.
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 8 * (4 * kStages + 1) + 1024;
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");

@@ -6,7 +6,7 @@
 using namespace fa;
 
 #define HOPPER_ENTRY(D, CAUSAL, NAME)                                                                 \
-  extern "C" __global__ void __launch_bounds__(HopperConfig<D, CAUSAL>::kThreads, 1)                         \
+  extern "C" __global__ void __launch_bounds__(HopperConfig<D, CAUSAL>::kThreads, HopperConfig<D, CAUSAL>::kCtasPerSm)                         \
       NAME(const __grid_constant__ HopperParams p) {                                                  \
     flash_fwd_hopper<__half, D, CAUSAL>(p);                                                          \
   }
