@@ -2,7 +2,7 @@
 // mbarriers, wgmma for Q·Kᵀ and P·V, warp specialisation.
 //
 // A work item is kBlockM = 64 × kConsumers query rows of one (batch, head, split);
-// CTAs are persistent and loop over items (see flash_fwd_hopper).
+// CTAs take one item, or (persistent) loop over several (see hopper_item).
 // Warpgroup 0 is the producer: it gives most of its registers away (setmaxnreg)
 // and one thread issues TMA loads of Q once per item and of K and V per key tile
 // into a kStages-deep ring. Each consumer warpgroup owns 64 query rows end to end:
@@ -37,6 +37,9 @@ namespace fa {
 //   shared memory), so that one CTA's prologue (Q and first-tile latency) and
 //   epilogue overlap the other's main loop. D=128 needs a whole SM.
 // FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B).
+// FA_HOPPER_PERSISTENT_*: 1 = as many CTAs as fit at once, each looping over its
+//   units (1-D grid; the manifest's launch geometry says `persistent`), 0 = one
+//   CTA per query block (3-D grid: block, batch × head, split).
 #ifndef FA_HOPPER_MODE_D64
 #define FA_HOPPER_MODE_D64 0
 #endif
@@ -69,6 +72,18 @@ namespace fa {
 #ifndef FA_HOPPER_STAGES_D128
 #define FA_HOPPER_STAGES_D128 2
 #endif
+#ifndef FA_HOPPER_PERSISTENT_D64
+#define FA_HOPPER_PERSISTENT_D64 0
+#endif
+#ifndef FA_HOPPER_PERSISTENT_D64_CAUSAL
+#define FA_HOPPER_PERSISTENT_D64_CAUSAL 1
+#endif
+#ifndef FA_HOPPER_PERSISTENT_D128
+#define FA_HOPPER_PERSISTENT_D128 0
+#endif
+#ifndef FA_HOPPER_PERSISTENT_D128_CAUSAL
+#define FA_HOPPER_PERSISTENT_D128_CAUSAL 1
+#endif
 #ifndef FA_HOPPER_STAGES_D128_CAUSAL
 #define FA_HOPPER_STAGES_D128_CAUSAL 2
 #endif
@@ -88,6 +103,9 @@ struct HopperConfig {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = D == 64 ? (CAUSAL ? FA_HOPPER_STAGES_D64_CAUSAL : FA_HOPPER_STAGES_D64)
                                          : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
+  static constexpr bool kPersistent =
+      D == 64 ? (CAUSAL ? FA_HOPPER_PERSISTENT_D64_CAUSAL : FA_HOPPER_PERSISTENT_D64)
+              : (CAUSAL ? FA_HOPPER_PERSISTENT_D128_CAUSAL : FA_HOPPER_PERSISTENT_D128);
   static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
@@ -108,27 +126,32 @@ struct HopperWork {
   int m0, b, h, kvh, split, n_begin, tiles;
 };
 
-// The k-th item of this CTA. Units are handed out with a grid stride; unit u is
-// query block u mod per_head of (batch, head, split) u / per_head, so CTAs that
-// run together share a head's K/V in L2. Causal units are pairs of query blocks,
-// the longest and the shortest left (m_blocks − 1 − i and i), so every unit costs
-// the same and a static schedule stays balanced. Divisions are by host-computed
-// FastDiv constants: a run-time division is ~20 dependent instructions, and these
-// sit between the CTA's start and its first TMA load.
-template <int BM, int BN, bool CAUSAL>
+// The k-th item of this CTA. Not persistent: the one query block the 3-D grid
+// names (causal: the last blocks, which see the most keys, first). Persistent:
+// units are handed out with a grid stride; unit u is query block u mod per_head
+// of (batch, head, split) u / per_head, so CTAs that run together share a head's
+// K/V in L2; causal units are pairs of query blocks, the longest and the shortest
+// left (m_blocks − 1 − i and i), so every unit costs the same and the static
+// schedule stays balanced. Divisions are by host-computed FastDiv constants: a
+// run-time division is ~20 dependent instructions, and these sit between the
+// CTA's start and its first TMA load.
+template <int BM, int BN, bool CAUSAL, bool PERSISTENT>
 __device__ __forceinline__ HopperWork hopper_item(const FlashParams& p, const HopperSched& s, int k) {
   HopperWork r{};
-  const int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
-  r.done = unit >= s.units;
+  constexpr bool kPairs = CAUSAL && PERSISTENT;
+  const int unit = PERSISTENT ? blockIdx.x + (kPairs ? k >> 1 : k) * gridDim.x : 0;
+  r.done = PERSISTENT ? unit >= s.units : k > 0;
   if (r.done) return r;
-  const int t = fast_div(s.per_head, unit), i = unit - t * s.per_head.div;
-  const int split = fast_div(s.bh, t), bh = t - split * s.bh.div;
+  const int t = PERSISTENT ? fast_div(s.per_head, unit) : 0;
+  const int i = PERSISTENT ? unit - t * s.per_head.div : (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+  const int split = PERSISTENT ? fast_div(s.bh, t) : blockIdx.z;
+  const int bh = PERSISTENT ? t - split * s.bh.div : blockIdx.y;
   r.b = fast_div(s.heads, bh);
   r.h = bh - r.b * s.heads.div;
   r.kvh = fast_div(s.group, r.h);
   r.split = split;
-  const int m_idx = CAUSAL ? ((k & 1) == 0 ? s.m_blocks - 1 - i : i) : i;
-  r.valid = !(CAUSAL && (k & 1) == 1 && m_idx == s.m_blocks - 1 - i);
+  const int m_idx = kPairs ? ((k & 1) == 0 ? s.m_blocks - 1 - i : i) : i;
+  r.valid = !(kPairs && (k & 1) == 1 && m_idx == s.m_blocks - 1 - i);
   r.m0 = m_idx * BM;
   r.n_begin = split * p.keys_per_split;
   int n_end = min(p.seqlen_k, r.n_begin + p.keys_per_split);
@@ -137,10 +160,10 @@ __device__ __forceinline__ HopperWork hopper_item(const FlashParams& p, const Ho
   return r;
 }
 
-// Persistent: the grid is at most one CTA per SM slot and each CTA loops over its
-// items (hopper_item). The K/V ring and its phases run on across items, and Q has
-// its own full/empty pair, so the producer loads the next item's Q and first
-// tiles while the consumers still finish (and store) the current one.
+// Each CTA loops over its items (hopper_item: one, or a persistent CTA's many).
+// The K/V ring and its phases run on across items, and Q has its own full/empty
+// pair, so the producer loads the next item's Q and first tiles while the
+// consumers still finish (and store) the current one.
 template <typename T, int D, bool CAUSAL>
 __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   using Cfg = HopperConfig<D, CAUSAL>;
@@ -148,7 +171,8 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   const FlashParams& p = hp.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Launch geometry comes from the manifest (persistent: a 1-D grid); a mismatch is a build bug.
-  if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads || gridDim.y != 1 || gridDim.z != 1)
+  if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads ||
+      (Cfg::kPersistent && (gridDim.y != 1 || gridDim.z != 1)))
     __trap();
   // Swizzle atoms need 1024-byte alignment; the dynamic base only promises 16.
   const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
@@ -188,7 +212,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     tma_prefetch_desc(&hp.v_map);
     int g = 0, q_uses = 0;
     for (int k = 0;; ++k) {
-      const HopperWork wk = hopper_item<BM, BN, CAUSAL>(p, hp.sched, k);
+      const HopperWork wk = hopper_item<BM, BN, CAUSAL, Cfg::kPersistent>(p, hp.sched, k);
       if (wk.done) break;
       if (!wk.valid || wk.tiles == 0) continue;
       // Q's previous item must have had its last Q·Kᵀ.
@@ -260,7 +284,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
 
   int g0 = 0, q_uses = 0;  // ring position of the item's first tile; items with Q loaded so far
   for (int k = 0;; ++k) {
-    const HopperWork wk = hopper_item<BM, BN, CAUSAL>(p, hp.sched, k);
+    const HopperWork wk = hopper_item<BM, BN, CAUSAL, Cfg::kPersistent>(p, hp.sched, k);
     if (wk.done) break;
     if (!wk.valid) continue;
     const int row_lo = wk.m0 + 64 * cw + 16 * warp + g_;  // this thread's rows: row_lo, row_lo + 8
