@@ -211,7 +211,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     tma_prefetch_desc(&hp.k_map);
     tma_prefetch_desc(&hp.v_map);
     int g = 0, q_uses = 0;
-    for (int k = 0;; ++k) {
+    for (int k = 0; Cfg::kPersistent || k == 0; ++k) {
       const HopperWork wk = hopper_item<BM, BN, CAUSAL, Cfg::kPersistent>(p, hp.sched, k);
       if (wk.done) break;
       if (!wk.valid || wk.tiles == 0) continue;
@@ -282,8 +282,12 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
   };
 
-  int g0 = 0, q_uses = 0;  // ring position of the item's first tile; items with Q loaded so far
-  for (int k = 0;; ++k) {
+  // Ring position of the item's first tile, items with Q loaded so far. A CTA that
+  // is not persistent has exactly one item, so the loop and these fold to constants
+  // (ledger iteration 14 ran its non-causal entries through the loop: 4-10% slower).
+  int g0_run = 0, q_uses = 0;
+  for (int k = 0; Cfg::kPersistent || k == 0; ++k) {
+    const int g0 = Cfg::kPersistent ? g0_run : 0;
     const HopperWork wk = hopper_item<BM, BN, CAUSAL, Cfg::kPersistent>(p, hp.sched, k);
     if (wk.done) break;
     if (!wk.valid) continue;
@@ -311,7 +315,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     auto qk_landed = [&](int j) {
       wgmma_fence_operands(s);
       mbar_arrive(empty_k(stage(g0 + j)));
-      if (j == live - 1) mbar_arrive(empty_q);
+      if (Cfg::kPersistent && j == live - 1) mbar_arrive(empty_q);
     };
     // Ping-pong turns: each wgmma issue point is one turn; warpgroup 0 goes first.
     // Warpgroup c waits at barrier 1 + c and hands over at the other's; the last
@@ -331,7 +335,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     if (wk.tiles > 0) {
       mbar_wait(full_q, q_uses & 1);
       ++q_uses;
-      if (live == 0) mbar_arrive(empty_q);
+      if (Cfg::kPersistent && live == 0) mbar_arrive(empty_q);
     }
     if constexpr (Cfg::kMode == 0) {
       for (int j = 0; j < live; ++j) {
@@ -397,7 +401,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       mbar_wait(full_v(st), phase(g0 + j));
       mbar_arrive(empty_v(st));
     }
-    g0 += wk.tiles;
+    g0_run += wk.tiles;
     store_rows<T, D>(p, o, row_max, row_sum, row_lo, wk.b, wk.h, wk.split, t);
   }
 }
