@@ -32,30 +32,12 @@ struct alignas(64) TmaDesc {
   uint64_t opaque[16];
 };
 
-// Division by an invariant d ≥ 1: q = umulhi(n, mul) >> shr for 0 <= n < 2^31.
-struct FastDiv {
-  uint32_t div, mul, shr;
-};
-
-// The persistent Hopper kernel's work decomposition: `units` (query blocks, or
-// causal pairs of them) = per_head × (batch × heads) × splits.
-struct HopperSched {
-  int32_t units;
-  int32_t m_blocks;
-  FastDiv per_head;  // units per (batch, head, split)
-  FastDiv bh;        // batch × heads
-  FastDiv heads;
-  FastDiv group;     // heads / kv_heads (query heads per K/V head)
-};
-
 // The Hopper kernel's parameters: tensor maps of Q [B, H, Sq, D] and K, V
 // [B, Hkv, Sk, D] (4-D, innermost first: d, seq, head, batch; boxes of 64 columns
-// × the tile's rows, 128-byte swizzle), the portable kernel's parameters, and the
-// work decomposition.
+// × the tile's rows, 128-byte swizzle), plus the portable kernel's parameters.
 struct HopperParams {
   TmaDesc q_map, k_map, v_map;
   FlashParams p;
-  HopperSched sched;
 };
 
 struct CombineParams {

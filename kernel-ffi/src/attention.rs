@@ -16,7 +16,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::error::{CudaContext, Error, Result, invalid};
 use crate::manifest::{Launch, Manifest};
-use crate::params::{CombineParams, FastDiv, FlashParams, HopperParams, HopperSched, ReferenceParams, TmaDesc};
+use crate::params::{CombineParams, FlashParams, HopperParams, ReferenceParams, TmaDesc};
 use crate::planner::{self, Plan};
 use crate::schema::DeviceInfo;
 use crate::tensor::{self, Arg, Desc, Dtype, Problem};
@@ -100,8 +100,6 @@ struct Kernel {
     func: CudaFunction,
     dynamic_smem: u32,
     launch: Launch,
-    /// Resident CTAs per SM at this launch geometry (the occupancy calculator).
-    ctas_per_sm: u32,
 }
 
 pub struct Attention {
@@ -187,10 +185,7 @@ impl Attention {
                 let launch = k.launch.ok_or_else(|| {
                     Error::MissingKernels(format!("{} has no \"launch\" geometry in the manifest", k.entry))
                 })?;
-                let ctas_per_sm = func
-                    .occupancy_max_active_blocks_per_multiprocessor(launch.threads, k.dynamic_smem as usize, None)
-                    .cuda(format!("querying {}'s occupancy", k.entry))?;
-                kernels.insert(k.entry.clone(), Kernel { func, dynamic_smem: k.dynamic_smem, launch, ctas_per_sm });
+                kernels.insert(k.entry.clone(), Kernel { func, dynamic_smem: k.dynamic_smem, launch });
             }
             modules.push(module);
         }
@@ -281,7 +276,10 @@ impl Attention {
                 Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n }
             }
             Splits::Auto => {
-                let per_sm = k.ctas_per_sm;
+                let per_sm = k
+                    .func
+                    .occupancy_max_active_blocks_per_multiprocessor(k.launch.threads, k.dynamic_smem as usize, None)
+                    .cuda("querying occupancy")?;
                 let work = (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(k.launch.block_m));
                 planner::plan(self.device.sm_count, per_sm, work, p.seqlen_k as u32, block_n)
             }
@@ -357,20 +355,11 @@ impl Attention {
             keys_per_split: plan.keys_per_split as i32,
             scale_log2: p.scale * std::f32::consts::LOG2_E,
         };
-        // A persistent kernel: as many CTAs as fit at once, each looping over its units
-        // (query blocks; causal: pairs of them, longest with shortest).
-        let per_head = if opts.causal { m_blocks.div_ceil(2) } else { m_blocks };
-        let units = u64::from(per_head) * (p.batch * p.heads) as u64 * u64::from(splits);
-        let slots = u64::from(self.device.sm_count) * u64::from(kern.ctas_per_sm.max(1));
-        // A persistent kernel decodes its units from a 1-D grid of at most the resident
-        // CTAs; the others take (query block, batch × head, split) from a 3-D grid.
-        let grid_dim = if kern.launch.persistent {
-            (units.min(slots) as u32, 1, 1)
-        } else {
-            (m_blocks, (p.batch * p.heads) as u32, splits)
+        let cfg = LaunchConfig {
+            grid_dim: (m_blocks, (p.batch * p.heads) as u32, splits),
+            block_dim: (kern.launch.threads, 1, 1),
+            shared_mem_bytes: kern.dynamic_smem,
         };
-        let cfg =
-            LaunchConfig { grid_dim, block_dim: (kern.launch.threads, 1, 1), shared_mem_bytes: kern.dynamic_smem };
         if variant == Variant::Hopper {
             let map = |t: &Tensor, rows: u32| tensor_map(ptr(t), t.dtype, &t.desc, rows);
             let hparams = HopperParams {
@@ -378,14 +367,6 @@ impl Attention {
                 k_map: map(k, kern.launch.block_n)?,
                 v_map: map(v, kern.launch.block_n)?,
                 p: params,
-                sched: HopperSched {
-                    units: units as i32,
-                    m_blocks: m_blocks as i32,
-                    per_head: FastDiv::new(per_head),
-                    bh: FastDiv::new((p.batch * p.heads) as u32),
-                    heads: FastDiv::new(p.heads as u32),
-                    group: FastDiv::new((p.heads / p.kv_heads) as u32),
-                },
             };
             // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal](const __grid_constant__
             // HopperParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
@@ -425,7 +406,7 @@ impl Attention {
             // splits·rows(·D) partials written above and writes `out` rows validated above.
             unsafe { s.launch_builder(&comb.func).arg(&cparams).launch(cfg) }.cuda(format!("launching {cname}"))?;
         }
-        let ctas = u64::from(grid_dim.0) * u64::from(grid_dim.1) * u64::from(grid_dim.2);
+        let ctas = u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits);
         Ok(Launched { num_splits: splits, ctas, variant })
     }
 
