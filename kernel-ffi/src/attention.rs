@@ -523,3 +523,18 @@ fn driver_version() -> Option<String> {
     let ok = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
     (ok == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variant_names_round_trip_and_unknown_ones_say_what_is_accepted() {
+        for v in Variant::ALL {
+            assert_eq!(v.name().parse::<Variant>(), Ok(v));
+        }
+        let err = "wgmma".parse::<Variant>().unwrap_err();
+        assert!(err.contains("`wgmma`") && err.contains("auto, portable or hopper"), "{err}");
+        assert_eq!(Variant::default(), Variant::Auto);
+    }
+}
