@@ -230,6 +230,19 @@ impl Attention {
         self.upload(dtype, desc, &vec![dtype.nan(); desc.span()])
     }
 
+    /// A new LSE buffer for `rows` rows, filled with NaN (at least one element, so
+    /// that an empty problem still has a valid allocation).
+    pub fn alloc_lse(&self, rows: usize) -> Result<CudaSlice<f32>> {
+        self.stream.clone_htod(&vec![f32::NAN; rows.max(1)]).cuda("allocating the LSE buffer")
+    }
+
+    /// The first `rows` values of an LSE buffer.
+    pub fn download_lse(&self, lse: &CudaSlice<f32>, rows: usize) -> Result<Vec<f32>> {
+        let mut all = self.stream.clone_dtoh(lse).cuda("copying the LSE to the host")?;
+        all.truncate(rows);
+        Ok(all)
+    }
+
     pub fn download(&self, t: &Tensor) -> Result<Vec<u16>> {
         self.stream.clone_dtoh(&t.data).cuda("copying a tensor to the host")
     }

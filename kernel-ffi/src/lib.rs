@@ -12,6 +12,7 @@ pub mod manifest;
 pub mod params;
 pub mod planner;
 pub mod reference;
+pub mod rng;
 pub mod schema;
 pub mod tensor;
 

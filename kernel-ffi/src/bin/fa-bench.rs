@@ -14,6 +14,7 @@ use clap::Parser;
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use kernel_ffi::bench::{self, Shape};
+use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{BenchCase, BenchRun};
 use kernel_ffi::{Attention, Desc, Dtype, Layout, Options, Splits, Tensor, Variant};
 
@@ -103,16 +104,7 @@ fn run() -> Result<()> {
 }
 
 fn random_tensor(att: &Attention, dtype: Dtype, desc: Desc, seed: u64) -> Result<Tensor> {
-    let mut x = seed | 1;
-    let bits: Vec<u16> = (0..desc.span())
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            dtype.from_f32((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
-        })
-        .collect();
-    Ok(att.upload(dtype, desc, &bits)?)
+    Ok(att.upload(dtype, desc, &Rng::new(seed).bits(dtype, desc.span(), -1.0, 1.0))?)
 }
 
 fn bench_case(

@@ -74,13 +74,13 @@ fn run() -> Result<()> {
     );
     let mut out = att.alloc_poisoned(q.dtype, q.desc)?;
     let [b, h, s, _] = q.desc.dims;
-    let mut lse = if args.lse { Some(att.stream().clone_htod(&vec![f32::NAN; (b * h * s).max(1)])?) } else { None };
+    let mut lse = if args.lse { Some(att.alloc_lse(b * h * s)?) } else { None };
     let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits, variant: args.variant };
     let launched = att.forward(&qd, &kd, &vd, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let out = HostTensor16 { dtype: q.dtype, desc: q.desc, bits: att.download(&out)? };
     let lse = match &lse {
-        Some(l) => Some(att.stream().clone_dtoh(l)?[..b * h * s].to_vec()),
+        Some(l) => Some(att.download_lse(l, b * h * s)?),
         None => None,
     };
     let bytes = write_outputs(&out, args.layout, lse.as_deref())?;

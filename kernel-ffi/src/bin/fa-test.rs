@@ -7,6 +7,7 @@ use std::time::{Instant, SystemTime};
 use anyhow::{Context, Result};
 use kernel_ffi::check::{compare, compare_lse, tolerances};
 use kernel_ffi::reference::{self, HostTensor};
+use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{TestCase, TestRun};
 use kernel_ffi::{Attention, Desc, Dtype, Layout, Options, Problem, Splits, Variant};
 
@@ -199,25 +200,9 @@ fn matrix() -> Vec<Case> {
     with_hopper(cases)
 }
 
-/// SplitMix64: fresh, reproducible inputs from one seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [lo, hi).
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-}
-
 /// Random bits for a tensor, and the same values as f32 after rounding to dtype.
 fn random(rng: &mut Rng, dtype: Dtype, desc: &Desc, lo: f32, hi: f32) -> (Vec<u16>, Vec<f32>) {
-    let bits: Vec<u16> = (0..desc.span()).map(|_| dtype.from_f32(rng.uniform(lo, hi))).collect();
+    let bits = rng.bits(dtype, desc.span(), lo, hi);
     let vals = bits.iter().map(|&b| dtype.to_f32(b)).collect();
     (bits, vals)
 }
@@ -235,13 +220,13 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     let v = att.upload(dtype, kd, &vb)?;
     let mut out = att.alloc_poisoned(dtype, qd)?;
     let rows = b * h * sq;
-    let mut lse = if case.lse { Some(att.stream().clone_htod(&vec![f32::NAN; rows.max(1)])?) } else { None };
+    let mut lse = if case.lse { Some(att.alloc_lse(rows)?) } else { None };
     let opts = Options { causal: case.causal, scale: case.scale, splits: case.splits, variant: case.variant };
     let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let got_bits = att.download(&out)?;
     let got_lse: Option<Vec<f32>> = match &lse {
-        Some(l) => Some(att.stream().clone_dtoh(l)?[..rows].to_vec()),
+        Some(l) => Some(att.download_lse(l, rows)?),
         None => None,
     };
 
@@ -387,7 +372,7 @@ fn run() -> Result<()> {
         att.device().name,
         att.device().sm_count
     );
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut results = Vec::new();
     let start = Instant::now();
     for (i, case) in cases.iter().enumerate() {
