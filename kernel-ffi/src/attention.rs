@@ -15,7 +15,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::error::{CudaContext, Error, Result, invalid};
-use crate::manifest::{Launch, Manifest};
+use crate::manifest::{Launch, Manifest, is_hopper_entry};
 use crate::params::{CombineParams, FlashParams, HopperParams, ReferenceParams, TmaDesc};
 use crate::planner::{self, Plan};
 use crate::schema::DeviceInfo;
@@ -100,6 +100,8 @@ struct Kernel {
     func: CudaFunction,
     dynamic_smem: u32,
     launch: Launch,
+    /// Resident CTAs per SM at this launch geometry (the occupancy calculator, once).
+    ctas_per_sm: u32,
 }
 
 pub struct Attention {
@@ -107,6 +109,8 @@ pub struct Attention {
     stream: Arc<CudaStream>,
     device: DeviceInfo,
     kernels: HashMap<String, Kernel>,
+    /// The Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
+    hopper: bool,
     _modules: Vec<Arc<CudaModule>>,
 }
 
@@ -185,11 +189,15 @@ impl Attention {
                 let launch = k.launch.ok_or_else(|| {
                     Error::MissingKernels(format!("{} has no \"launch\" geometry in the manifest", k.entry))
                 })?;
-                kernels.insert(k.entry.clone(), Kernel { func, dynamic_smem: k.dynamic_smem, launch });
+                let ctas_per_sm = func
+                    .occupancy_max_active_blocks_per_multiprocessor(launch.threads, k.dynamic_smem as usize, None)
+                    .cuda(format!("querying {}'s occupancy", k.entry))?;
+                kernels.insert(k.entry.clone(), Kernel { func, dynamic_smem: k.dynamic_smem, launch, ctas_per_sm });
             }
             modules.push(module);
         }
-        Ok(Attention { ctx, stream, device, kernels, _modules: modules })
+        let hopper = kernels.keys().any(|k| is_hopper_entry(k));
+        Ok(Attention { ctx, stream, device, kernels, hopper, _modules: modules })
     }
 
     pub fn device(&self) -> &DeviceInfo {
@@ -258,7 +266,7 @@ impl Attention {
 
     /// Whether the Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
     pub fn has_hopper(&self) -> bool {
-        self.kernels.keys().any(|k| k.starts_with("flash_fwd_hopper_"))
+        self.hopper
     }
 
     /// The kernel `forward` runs for this problem: `Auto` takes the Hopper kernel
@@ -280,21 +288,21 @@ impl Attention {
     pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
         let variant = self.resolve(p, opts.causal, opts.variant)?;
         let k = self.kernel(&Self::fwd_name(variant, dtype, p.head_dim, opts.causal))?;
+        self.plan_for(k, p, opts.splits)
+    }
+
+    fn plan_for(&self, k: &Kernel, p: &Problem, splits: Splits) -> Result<Plan> {
         let block_n = k.launch.block_n;
         let n_blocks = (p.seqlen_k as u32).div_ceil(block_n).max(1);
-        let plan = match opts.splits {
+        let plan = match splits {
             Splits::Fixed(0) => invalid!("a fixed split count must be at least 1"),
             Splits::Fixed(n) => {
                 let per = n_blocks.div_ceil(n.min(planner::MAX_SPLITS));
                 Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n }
             }
             Splits::Auto => {
-                let per_sm = k
-                    .func
-                    .occupancy_max_active_blocks_per_multiprocessor(k.launch.threads, k.dynamic_smem as usize, None)
-                    .cuda("querying occupancy")?;
                 let work = (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(k.launch.block_m));
-                planner::plan(self.device.sm_count, per_sm, work, p.seqlen_k as u32, block_n)
+                planner::plan(self.device.sm_count, k.ctas_per_sm, work, p.seqlen_k as u32, block_n)
             }
         };
         Ok(plan)
@@ -323,9 +331,9 @@ impl Attention {
         if rows == 0 {
             return Ok(Launched { num_splits: 0, ctas: 0, variant }); // empty result: nothing to launch
         }
-        let plan = self.plan(&p, q.dtype, opts)?;
         let name = Self::fwd_name(variant, q.dtype, p.head_dim, opts.causal);
         let kern = self.kernel(&name)?;
+        let plan = self.plan_for(kern, &p, opts.splits)?;
         let m_blocks = (p.seqlen_q as u32).div_ceil(kern.launch.block_m);
         let splits = plan.num_splits;
         let (mut o_part, mut lse_part) = if splits > 1 {

@@ -141,6 +141,11 @@ impl Manifest {
     }
 }
 
+/// Whether an entry belongs to the Hopper (sm_90a) forward kernel.
+pub fn is_hopper_entry(entry: &str) -> bool {
+    entry.starts_with("flash_fwd_hopper_")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

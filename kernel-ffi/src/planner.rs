@@ -60,7 +60,8 @@ pub fn plan(sm_count: u32, ctas_per_sm: u32, work_ctas: u64, seqlen_k: u32, bloc
 /// cost per call is higher (384 threads, barrier set-up, the TMA pipeline filling:
 /// 4.1 µs against 2.9 µs for one tiny CTA on an H200), its throughput about twice
 /// as high, and the portable kernel is relatively stronger at D=64. Measured on an
-/// H200 with graph replay (ledger iteration 9's notes): D=128 wins from 2.1 GFLOP
+/// H200 with graph replay (`fa-bench --variant portable|hopper`, exploratory run
+/// before ledger iteration 9; not in the ledger): D=128 wins from 2.1 GFLOP
 /// (B1 H16 S512, 1.16x) and at 1.07 GFLOP causal (1.23x), loses at 0.13 GFLOP
 /// (0.77x); D=64 loses at 1.07 GFLOP (B2 H8 S512, 0.92x) and wins at 2.1 (1.44x).
 /// The thresholds sit between those points; `flops` as `attention_flops` counts.

@@ -200,10 +200,10 @@ struct Job {
     output: PathBuf,
 }
 
-/// Runs units on `opts.jobs` workers; returns each unit with its ptxas text, in input order.
-/// Each unit with its ptxas text and SASS opcode counts, in input order.
+/// A unit with its ptxas text and SASS opcode counts.
 type Compiled = (Unit, String, OpcodeCounts);
 
+/// Runs units on `opts.jobs` workers; returns them compiled, in input order.
 fn run_jobs(nvcc: &Nvcc, cuobjdump: &Path, jobs: Vec<Job>, opts: &Options, total: usize) -> Result<Vec<Compiled>> {
     let queue = Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
     let done = Mutex::new(Vec::new());

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::{Launch, Manifest};
+use crate::manifest::{Launch, Manifest, is_hopper_entry};
 use crate::paths::Paths;
 use crate::process::{Cmd, write_file};
 use crate::report::{Device, Envelope, Toolchain, read_json};
@@ -64,7 +64,7 @@ impl Config {
         let prefixes = [format!("FA_WARPS_D{}=", self.head_dim), format!("FA_BLOCK_N_D{}=", self.head_dim)];
         let suffix = format!("_d{}", self.head_dim);
         // The portable kernel's entries only: the Hopper kernel's tiles are fixed in its header.
-        let portable = |entry: &str| entry.starts_with("flash_fwd_") && !entry.starts_with("flash_fwd_hopper_");
+        let portable = |entry: &str| entry.starts_with("flash_fwd_") && !is_hopper_entry(entry);
         for src in &mut m.sources {
             if !src.kernels.iter().any(|k| portable(&k.entry)) {
                 continue;
