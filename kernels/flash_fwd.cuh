@@ -204,9 +204,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 
     // ---- Mask only tiles that cross the sequence end or the causal diagonal.
     const int row_lo = m0 + warp * 16 + g;  // this thread's rows: row_lo, row_lo + 8
-    const bool tail = n0 + BN > p.seqlen_k;
-    const bool crosses = CAUSAL && n0 + BN - 1 > m0 + diag;
-    if (tail || crosses) mask_tile<CAUSAL>(s, n0, row_lo, t, p.seqlen_k, diag);
+    mask_tile<CAUSAL>(s, n0, m0, row_lo, t, p.seqlen_k, diag);
     softmax_step(s, o, row_max, row_sum, scale_log2);
 
     cp_async_wait<0>();  // V(n0) landed

@@ -217,9 +217,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   };
   auto softmax = [&](int j) {
     const int n0 = n_begin + j * BN;
-    const bool tail = n0 + BN > p.seqlen_k;
-    const bool crosses = CAUSAL && n0 + BN - 1 > m0 + 64 * cw + 16 * warp + diag;
-    if (tail || crosses) mask_tile<CAUSAL>(s, n0, row_lo, t, p.seqlen_k, diag);
+    mask_tile<CAUSAL>(s, n0, row_lo - g, row_lo, t, p.seqlen_k, diag);  // from the warp's first row
     softmax_rows(s, row_max, row_sum, correction, scale_log2);
   };
   auto pack_p = [&] {

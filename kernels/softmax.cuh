@@ -18,10 +18,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // Scores of keys past the sequence end, or (causal) right of the diagonal, to
-// −inf. Rows row_lo and row_lo + 8; keys from n0. Call only on tiles that cross
-// a boundary: the others need no per-element test.
+// −inf. Rows row_lo and row_lo + 8; keys n0 … n0 + 8·NT − 1. Only tiles that cross
+// the sequence end or the diagonal of some row ≥ first_row get the per-element
+// test; the others (all but one or two per row block) return at once.
 template <bool CAUSAL, int NT>
-__device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int row_lo, int t, int seqlen_k, int diag) {
+__device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_row, int row_lo, int t, int seqlen_k,
+                                          int diag) {
+  const bool tail = n0 + 8 * NT > seqlen_k;
+  const bool crosses = CAUSAL && n0 + 8 * NT - 1 > first_row + diag;
+  if (!tail && !crosses) return;
   #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     #pragma unroll
