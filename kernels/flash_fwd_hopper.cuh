@@ -19,9 +19,15 @@
 
 namespace fa {
 
-// Per configuration (head dim × causal), compile-time defines from the manifest,
-// each chosen by same-run A/B timings on an H200 (ledger iterations 10 and 12):
+// An entry is (head dim, causal, ROWS): ROWS = 128 is two consumer warpgroups of
+// 64 query rows per CTA; ROWS = 64 ("_m64" entries) one, which at D=64 runs two
+// CTAs per SM (each with half the registers and shared memory) so that one CTA's
+// prologue (Q and first-tile latency) and epilogue overlap the other's main loop,
+// and at D=128 (shared memory for one) doubles the CTAs of small problems.
+// kernel-ffi picks between the two rows per problem (planner::prefer_m64).
 //
+// Compile-time defines from the manifest, each chosen by same-run A/B timings on
+// an H200 (ledger iterations 10, 12 and 16):
 // FA_HOPPER_MODE_*, the consumer schedule:
 //   0 serial     Q·Kᵀ, softmax, P·V one after another in each warpgroup; the two
 //                consumer warpgroups overlap each other only by chance
@@ -30,17 +36,10 @@ namespace fa {
 //                overlap)
 //   2 ping-pong  pipelined, and the two consumer warpgroups take turns issuing
 //                their wgmmas (named barriers), so one's softmax runs under the
-//                other's matrix products
-// FA_HOPPER_CONSUMERS_*: consumer warpgroups (64 query rows each) per CTA: 2, or 1
-//   with two CTAs per SM (each gets half the registers and must fit in half the
-//   shared memory), so that one CTA's prologue (Q and first-tile latency) and
-//   epilogue overlap the other's main loop. D=128 needs a whole SM.
+//                other's matrix products (128-row entries only)
 // FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B).
 #ifndef FA_HOPPER_MODE_D64
 #define FA_HOPPER_MODE_D64 0
-#endif
-#ifndef FA_HOPPER_MODE_D64_CAUSAL
-#define FA_HOPPER_MODE_D64_CAUSAL 1
 #endif
 #ifndef FA_HOPPER_MODE_D128
 #define FA_HOPPER_MODE_D128 2
@@ -48,17 +47,11 @@ namespace fa {
 #ifndef FA_HOPPER_MODE_D128_CAUSAL
 #define FA_HOPPER_MODE_D128_CAUSAL 2
 #endif
-#ifndef FA_HOPPER_CONSUMERS_D64
-#define FA_HOPPER_CONSUMERS_D64 2
-#endif
-#ifndef FA_HOPPER_CONSUMERS_D64_CAUSAL
-#define FA_HOPPER_CONSUMERS_D64_CAUSAL 1
+#ifndef FA_HOPPER_MODE_M64
+#define FA_HOPPER_MODE_M64 1
 #endif
 #ifndef FA_HOPPER_STAGES_D64
 #define FA_HOPPER_STAGES_D64 4
-#endif
-#ifndef FA_HOPPER_STAGES_D64_CAUSAL
-#define FA_HOPPER_STAGES_D64_CAUSAL 3
 #endif
 #ifndef FA_HOPPER_STAGES_D128
 #define FA_HOPPER_STAGES_D128 2
@@ -66,38 +59,48 @@ namespace fa {
 #ifndef FA_HOPPER_STAGES_D128_CAUSAL
 #define FA_HOPPER_STAGES_D128_CAUSAL 2
 #endif
+#ifndef FA_HOPPER_STAGES_D64_M64
+#define FA_HOPPER_STAGES_D64_M64 3
+#endif
+#ifndef FA_HOPPER_STAGES_D128_M64
+#define FA_HOPPER_STAGES_D128_M64 2
+#endif
 
-template <int D, bool CAUSAL>
+template <int D, bool CAUSAL, int ROWS>
 struct HopperConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
-  static constexpr int kMode = D == 64 ? (CAUSAL ? FA_HOPPER_MODE_D64_CAUSAL : FA_HOPPER_MODE_D64)
-                                       : (CAUSAL ? FA_HOPPER_MODE_D128_CAUSAL : FA_HOPPER_MODE_D128);
+  static_assert(ROWS == 64 || ROWS == 128, "one or two consumer warpgroups of 64 rows");
+  static constexpr int kConsumers = ROWS / 64;
+  static constexpr int kMode = kConsumers == 1 ? FA_HOPPER_MODE_M64
+                               : D == 64       ? FA_HOPPER_MODE_D64
+                                               : (CAUSAL ? FA_HOPPER_MODE_D128_CAUSAL : FA_HOPPER_MODE_D128);
   static_assert(kMode >= 0 && kMode <= 2, "mode 0 (serial), 1 (pipelined) or 2 (ping-pong)");
-  static constexpr int kConsumers = D == 64 ? (CAUSAL ? FA_HOPPER_CONSUMERS_D64_CAUSAL : FA_HOPPER_CONSUMERS_D64) : 2;
-  static_assert(kConsumers == 1 || kConsumers == 2, "1 or 2 consumer warpgroups");
   static_assert(kMode != 2 || kConsumers == 2, "ping-pong takes turns between two consumer warpgroups");
-  static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
+  static constexpr int kCtasPerSm = kConsumers == 1 && D == 64 ? 2 : 1;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kBlockM = ROWS;
   static constexpr int kBlockN = 128;
-  static constexpr int kStages = D == 64 ? (CAUSAL ? FA_HOPPER_STAGES_D64_CAUSAL : FA_HOPPER_STAGES_D64)
-                                         : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
+  static constexpr int kStages = kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
+                                 : D == 64       ? FA_HOPPER_STAGES_D64
+                                                 : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
   static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
   // Registers per thread after setmaxnreg, within 65536 per SM: 128 × 40 + 256 × 232
-  // for one CTA, 2 × (128 × 24 + 128 × 232) for two.
+  // for two consumers, 128 × 24 + 128 × 232 per CTA for one.
   static constexpr int kProducerRegs = kConsumers == 1 ? 24 : 40, kConsumerRegs = 232;
   static_assert((128 * kProducerRegs + 128 * kConsumers * kConsumerRegs) * kCtasPerSm <= 65536, "register file");
   // Q, the K and V rings, 4 barriers per stage + Q's, and slack to align the base to 1024.
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 8 * (4 * kStages + 1) + 1024;
+  // sm_90: 227 KB per CTA, 228 KB per SM with 1 KB reserved per CTA.
+  static_assert(kSmemBytes <= 232448 && (kSmemBytes + 1024) * kCtasPerSm <= 233472, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
   static_assert(kBlockM <= 256 && kBlockN <= 256, "a TMA box spans at most 256 rows");
 };
 
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, bool CAUSAL, int ROWS>
 __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
-  using Cfg = HopperConfig<D, CAUSAL>;
+  using Cfg = HopperConfig<D, CAUSAL, ROWS>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages, NT = BN / 8, DT = D / 8;
   const FlashParams& p = hp.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -313,3 +316,11 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
 }
 
 }  // namespace fa
+
+// One stable extern "C" entry point: flash_fwd_hopper_<dtype>_d<D>[_causal][_m64].
+#define FA_HOPPER_ENTRY(T, D, CAUSAL, ROWS, NAME)                                              \
+  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, CAUSAL, ROWS>::kThreads,    \
+                                               fa::HopperConfig<D, CAUSAL, ROWS>::kCtasPerSm)  \
+      NAME(const __grid_constant__ fa::HopperParams p) {                                       \
+    fa::flash_fwd_hopper<T, D, CAUSAL, ROWS>(p);                                               \
+  }

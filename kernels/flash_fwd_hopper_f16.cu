@@ -1,17 +1,11 @@
 // Stable extern "C" entry points of the Hopper (sm_90a) forward kernel for f16.
-// Names: flash_fwd_hopper_<dtype>_d<head dim>[_causal]. Split partials are merged
-// by flash_combine_<dtype>_d<head dim> from flash_fwd_<dtype>.cu.
+// Names: flash_fwd_hopper_<dtype>_d<head dim>[_causal][_m64] (_m64: 64-row CTAs).
+// Split partials are merged by flash_combine_<dtype>_d<head dim> from flash_fwd_<dtype>.cu.
 #include "flash_fwd_hopper.cuh"
 
-using namespace fa;
-
-#define HOPPER_ENTRY(D, CAUSAL, NAME)                                                                 \
-  extern "C" __global__ void __launch_bounds__(HopperConfig<D, CAUSAL>::kThreads, HopperConfig<D, CAUSAL>::kCtasPerSm)                         \
-      NAME(const __grid_constant__ HopperParams p) {                                                  \
-    flash_fwd_hopper<__half, D, CAUSAL>(p);                                                          \
-  }
-
-HOPPER_ENTRY(64, false, flash_fwd_hopper_f16_d64)
-HOPPER_ENTRY(64, true, flash_fwd_hopper_f16_d64_causal)
-HOPPER_ENTRY(128, false, flash_fwd_hopper_f16_d128)
-HOPPER_ENTRY(128, true, flash_fwd_hopper_f16_d128_causal)
+FA_HOPPER_ENTRY(__half, 64, false, 128, flash_fwd_hopper_f16_d64)
+FA_HOPPER_ENTRY(__half, 64, false, 64, flash_fwd_hopper_f16_d64_m64)
+FA_HOPPER_ENTRY(__half, 64, true, 64, flash_fwd_hopper_f16_d64_causal_m64)
+FA_HOPPER_ENTRY(__half, 128, false, 128, flash_fwd_hopper_f16_d128)
+FA_HOPPER_ENTRY(__half, 128, false, 64, flash_fwd_hopper_f16_d128_m64)
+FA_HOPPER_ENTRY(__half, 128, true, 128, flash_fwd_hopper_f16_d128_causal)

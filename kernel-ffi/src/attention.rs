@@ -84,6 +84,9 @@ pub struct Options {
     pub scale: Option<f32>,
     pub splits: Splits,
     pub variant: Variant,
+    /// Query rows per CTA (64 or 128) where the kernel has entries for both (the
+    /// Hopper kernel's `_m64` entries); `None` lets `planner::prefer_m64` choose.
+    pub block_m: Option<u32>,
 }
 
 /// What a forward call launched.
@@ -94,6 +97,8 @@ pub struct Launched {
     pub ctas: u64,
     /// The kernel that ran (never `Auto`).
     pub variant: Variant,
+    /// Its query rows per CTA (0 when nothing was launched).
+    pub block_m: u32,
 }
 
 struct Kernel {
@@ -259,9 +264,61 @@ impl Attention {
         self.stream.synchronize().cuda("waiting for the stream (a kernel failed)")
     }
 
-    fn fwd_name(variant: Variant, dtype: Dtype, head_dim: usize, causal: bool) -> String {
+    /// The loaded forward entries of a kernel for (dtype, head dim, causal), 64-row
+    /// entry first, and their common name stem.
+    fn fwd_entries(
+        &self,
+        variant: Variant,
+        dtype: Dtype,
+        head_dim: usize,
+        causal: bool,
+    ) -> (String, Vec<(String, &Kernel)>) {
         let family = if variant == Variant::Hopper { "flash_fwd_hopper" } else { "flash_fwd" };
-        format!("{family}_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" })
+        let base = format!("{family}_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" });
+        let loaded = [format!("{base}_m64"), base.clone()]
+            .into_iter()
+            .filter_map(|name| self.kernels.get(&name).map(|k| (name, k)))
+            .collect();
+        (base, loaded)
+    }
+
+    /// Query rows per CTA of the loaded entries for (dtype, head dim, causal): what
+    /// `Options::block_m` may name.
+    pub fn block_ms(&self, variant: Variant, dtype: Dtype, head_dim: usize, causal: bool) -> Vec<u32> {
+        self.fwd_entries(variant, dtype, head_dim, causal).1.iter().map(|(_, k)| k.launch.block_m).collect()
+    }
+
+    /// The forward entry for this problem and its name: `flash_fwd[_hopper]_<dtype>_d<D>[_causal]`
+    /// or the same with `_m64` (64-row CTAs), whichever is loaded; where both are,
+    /// `block_m` or else `planner::prefer_m64` decides.
+    fn fwd_kernel(
+        &self,
+        variant: Variant,
+        dtype: Dtype,
+        p: &Problem,
+        causal: bool,
+        block_m: Option<u32>,
+    ) -> Result<(String, &Kernel)> {
+        let (base, loaded) = self.fwd_entries(variant, dtype, p.head_dim, causal);
+        let wanted = block_m.or_else(|| match loaded.as_slice() {
+            [(_, narrow), (_, wide)] => {
+                let ctas = (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(narrow.launch.block_m));
+                let slots = |k: &Kernel| u64::from(self.device.sm_count) * u64::from(k.ctas_per_sm.max(1));
+                let m64 = planner::prefer_m64(slots(wide), ctas, slots(narrow), p.seqlen_k);
+                Some(if m64 { narrow.launch.block_m } else { wide.launch.block_m })
+            }
+            _ => None,
+        });
+        let found: Vec<u32> = loaded.iter().map(|(_, k)| k.launch.block_m).collect();
+        loaded
+            .into_iter()
+            .find(|(_, k)| wanted.is_none_or(|m| k.launch.block_m == m))
+            .ok_or_else(|| match wanted {
+                Some(m) if !found.is_empty() => Error::Invalid(format!(
+                    "block_m {m}: {base} is loaded with {found:?} query rows per CTA; pick one of those or leave it to the planner"
+                )),
+                _ => Error::MissingKernels(format!("entry {base} (or {base}_m64) is not in the loaded fatbins")),
+            })
     }
 
     /// Whether the Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
@@ -287,7 +344,7 @@ impl Attention {
     /// The split plan `forward` would use for this problem.
     pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
         let variant = self.resolve(p, opts.causal, opts.variant)?;
-        let k = self.kernel(&Self::fwd_name(variant, dtype, p.head_dim, opts.causal))?;
+        let (_, k) = self.fwd_kernel(variant, dtype, p, opts.causal, opts.block_m)?;
         self.plan_for(k, p, opts.splits)
     }
 
@@ -329,10 +386,9 @@ impl Attention {
         }
         let variant = self.resolve(&p, opts.causal, opts.variant)?;
         if rows == 0 {
-            return Ok(Launched { num_splits: 0, ctas: 0, variant }); // empty result: nothing to launch
+            return Ok(Launched { num_splits: 0, ctas: 0, variant, block_m: 0 }); // empty result: nothing to launch
         }
-        let name = Self::fwd_name(variant, q.dtype, p.head_dim, opts.causal);
-        let kern = self.kernel(&name)?;
+        let (name, kern) = self.fwd_kernel(variant, q.dtype, &p, opts.causal, opts.block_m)?;
         let plan = self.plan_for(kern, &p, opts.splits)?;
         let m_blocks = (p.seqlen_q as u32).div_ceil(kern.launch.block_m);
         let splits = plan.num_splits;
@@ -389,7 +445,7 @@ impl Attention {
                 v_map: map(v, kern.launch.block_n)?,
                 p: params,
             };
-            // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal](const __grid_constant__
+            // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal][_m64](const __grid_constant__
             // HopperParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
             // exactly the validated q/k/v extents (TMA zero-fills and never reads past them);
             // the rest as for the portable kernel below.
@@ -428,7 +484,7 @@ impl Attention {
             unsafe { s.launch_builder(&comb.func).arg(&cparams).launch(cfg) }.cuda(format!("launching {cname}"))?;
         }
         let ctas = u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits);
-        Ok(Launched { num_splits: splits, ctas, variant })
+        Ok(Launched { num_splits: splits, ctas, variant, block_m: kern.launch.block_m })
     }
 
     /// The fp32 GPU reference: returns (out [B, H, Sq, D], lse [B, H, Sq]) on the host.

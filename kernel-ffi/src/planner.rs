@@ -57,17 +57,35 @@ pub fn plan(sm_count: u32, ctas_per_sm: u32, work_ctas: u64, seqlen_k: u32, bloc
 }
 
 /// Whether the Hopper kernel beats the portable one on an sm_90 device. Its fixed
-/// cost per call is higher (384 threads, barrier set-up, the TMA pipeline filling:
-/// 4.1 µs against 2.9 µs for one tiny CTA on an H200), its throughput about twice
-/// as high, and the portable kernel is relatively stronger at D=64. Measured on an
-/// H200 with graph replay (`fa-bench --variant portable|hopper`, exploratory run
-/// before ledger iteration 9; not in the ledger): D=128 wins from 2.1 GFLOP
-/// (B1 H16 S512, 1.16x) and at 1.07 GFLOP causal (1.23x), loses at 0.13 GFLOP
-/// (0.77x); D=64 loses at 1.07 GFLOP (B2 H8 S512, 0.92x) and wins at 2.1 (1.44x).
-/// The thresholds sit between those points; `flops` as `attention_flops` counts.
+/// cost per call is higher (barrier set-up, the TMA pipeline filling), its
+/// throughput about twice as high. Measured on an H200 with graph replay
+/// (`fa-bench --variant portable|hopper`, exploratory runs; not in the ledger):
+/// D=128 wins from 2.1 GFLOP (B1 H16 S512, 1.16x; 1.40x with its 64-row entry)
+/// and at 1.07 GFLOP causal (1.23x), loses at 0.13 GFLOP (0.77x, before the
+/// 64-row entry); at D=64 the 64-row entry (two CTAs per SM) wins from the
+/// smallest problem up (B1 H1 S128 3.5 against 3.9 µs, B1 H1 S512 5.4 against
+/// 5.5, B2 H8 S512 6.5 against 9.2; before ledger iteration 16). `flops` as
+/// `attention_flops` counts.
 pub fn prefer_hopper(head_dim: usize, flops: f64) -> bool {
-    let threshold = if head_dim >= 128 { 0.5e9 } else { 1.5e9 };
-    flops >= threshold
+    head_dim < 128 || flops >= 0.5e9
+}
+
+/// Keys per row up to which 64-row CTAs that co-reside two per SM beat 128-row ones.
+const M64_MAX_KEYS: usize = 4096;
+
+/// Whether a kernel with 64- and 128-row entries should run the 64-row one, from
+/// the resident CTA slots (SMs × CTAs per SM) of each, the 64-row grid and the
+/// keys each row sees. Either the 64-row grid fits in one wave (more SMs busy at
+/// no cost), or 64-row CTAs co-reside two per SM (the Hopper D=64 entry: one CTA's
+/// prologue and epilogue under the other's main loop) and rows are not long.
+/// Measured on an H200 (`fa-bench --variant hopper --block-m 64|128`, 3 rounds,
+/// f16, before ledger iteration 16): D=64 64-row faster by 17-25% on B1 H1 S128/
+/// S512 and B2 H8 S512, 4-7% at S1024, 3.5% at B4 H16 S2048, 1.6% at S4096, even
+/// at B1 H16 S8192 and 5% slower at B2 H16 S8192; D=128 (one CTA per SM either
+/// way) 15% faster at B1 H16 S512 (64 against 128 CTAs), 35-43% slower wherever
+/// 128-row CTAs already fill the GPU.
+pub fn prefer_m64(wide_slots: u64, narrow_ctas: u64, narrow_slots: u64, seqlen_k: usize) -> bool {
+    narrow_ctas <= narrow_slots || (narrow_slots > wide_slots && seqlen_k <= M64_MAX_KEYS)
 }
 
 /// Matrix-product FLOPs of an attention forward by the usual convention (the
@@ -161,14 +179,25 @@ mod tests {
     }
 
     #[test]
+    fn m64_where_it_measured_faster() {
+        // H200: 132 SMs; D=64 entries 1 (128-row) and 2 (64-row) CTAs per SM, D=128 1 and 1.
+        let d64 = |b: u64, h: u64, s: usize| prefer_m64(132, b * h * (s as u64).div_ceil(64), 264, s);
+        let d128 = |b: u64, h: u64, s: usize| prefer_m64(132, b * h * (s as u64).div_ceil(64), 132, s);
+        assert!(d64(1, 1, 128) && d64(2, 8, 512) && d64(16, 16, 1024) && d64(4, 16, 2048) && d64(2, 16, 4096));
+        assert!(!d64(2, 16, 8192));
+        assert!(d128(1, 16, 512));
+        assert!(!d128(2, 16, 512) && !d128(1, 16, 1024) && !d128(4, 16, 2048) && !d128(2, 16, 8192));
+    }
+
+    #[test]
     fn hopper_only_where_it_measured_faster() {
         let f = |b, h, s, d, causal| prefer_hopper(d, attention_flops(b, h, s, s, d, causal));
-        // Measured losses on an H200 (portable faster).
-        assert!(!f(1, 1, 512, 64, false));
-        assert!(!f(2, 8, 512, 64, false));
+        // Measured loss on an H200 (portable faster).
         assert!(!f(1, 4, 256, 128, false));
-        assert!(!f(1, 1, 1024, 64, false));
         // Measured wins.
+        assert!(f(1, 1, 128, 64, false));
+        assert!(f(1, 1, 512, 64, false));
+        assert!(f(2, 8, 512, 64, false));
         assert!(f(1, 16, 512, 128, false));
         assert!(f(1, 1, 2048, 128, true));
         assert!(f(1, 2, 2048, 64, false));

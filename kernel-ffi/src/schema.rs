@@ -35,6 +35,9 @@ pub struct TestCase {
     /// The kernel that ran: `portable` or `hopper` (empty in reports from before it existed).
     #[serde(default)]
     pub variant: String,
+    /// Its query rows per CTA (0: nothing launched, or a report from before it was recorded).
+    #[serde(default)]
+    pub block_m: u32,
     /// Requested: `auto` or a fixed count.
     pub splits: String,
     /// Launched.
@@ -112,6 +115,9 @@ pub struct BenchCase {
     /// The kernel that ran (`portable`, `hopper`; empty for other implementations).
     #[serde(default)]
     pub variant: String,
+    /// Its query rows per CTA (0 for other implementations and older reports).
+    #[serde(default)]
+    pub block_m: u32,
 }
 
 #[cfg(test)]
@@ -132,6 +138,7 @@ mod tests {
             causal: false,
             layout: "bhsd".into(),
             variant: "hopper".into(),
+            block_m: 64,
             splits: "1".into(),
             num_splits: 0,
             lse: false,

@@ -33,6 +33,9 @@ struct Args {
     /// Kernel: auto (Hopper where loaded), portable or hopper.
     #[arg(long, default_value = "auto")]
     variant: Variant,
+    /// Query rows per CTA (64 or 128) where the kernel has both; default: the planner's choice.
+    #[arg(long)]
+    block_m: Option<u32>,
     /// Time budget per case in milliseconds.
     #[arg(long, default_value_t = 3000)]
     budget_ms: u64,
@@ -120,7 +123,7 @@ fn bench_case(
     let k = random_tensor(att, dtype, desc, 2)?;
     let v = random_tensor(att, dtype, desc, 3)?;
     let mut out = att.alloc_poisoned(dtype, desc)?;
-    let opts = Options { causal: shape.causal, scale: None, splits, variant: args.variant };
+    let opts = Options { causal: shape.causal, scale: None, splits, variant: args.variant, block_m: args.block_m };
     let s = att.stream();
     let call = |out: &mut Tensor| att.forward(&q, &k, &v, out, None, &opts);
     let launched = call(&mut out)?;
@@ -212,5 +215,6 @@ fn bench_case(
         ctas: launched.ctas,
         num_splits: launched.num_splits,
         variant: launched.variant.name().into(),
+        block_m: launched.block_m,
     }))
 }

@@ -35,6 +35,9 @@ struct Args {
     /// Kernel: auto (Hopper where loaded), portable or hopper.
     #[arg(long, default_value = "auto")]
     variant: Variant,
+    /// Query rows per CTA (64 or 128) where the kernel has both; default: the planner's choice.
+    #[arg(long)]
+    block_m: Option<u32>,
     /// Also write the per-row log-sum-exp (F32 [B, H, Sq]).
     #[arg(long)]
     lse: bool,
@@ -75,7 +78,13 @@ fn run() -> Result<()> {
     let mut out = att.alloc_poisoned(q.dtype, q.desc)?;
     let [b, h, s, _] = q.desc.dims;
     let mut lse = if args.lse { Some(att.alloc_lse(b * h * s)?) } else { None };
-    let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits, variant: args.variant };
+    let opts = Options {
+        causal: args.causal,
+        scale: args.scale,
+        splits: args.splits,
+        variant: args.variant,
+        block_m: args.block_m,
+    };
     let launched = att.forward(&qd, &kd, &vd, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let out = HostTensor16 { dtype: q.dtype, desc: q.desc, bits: att.download(&out)? };
