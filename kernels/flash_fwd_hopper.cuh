@@ -221,7 +221,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   auto softmax = [&](int j) {
     const int n0 = n_begin + j * BN;
     mask_tile<CAUSAL>(s, n0, row_lo - g, row_lo, t, p.seqlen_k, diag);  // from the warp's first row
-    softmax_rows<false>(s, row_max, row_sum, correction, scale_log2);
+    softmax_rows(s, row_max, row_sum, correction, scale_log2);
   };
   auto pack_p = [&] {
     #pragma unroll

@@ -42,14 +42,7 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_r
 // and g+8 advance, and `correction` gets 2^(old max − new max), by which O must
 // be rescaled before this tile's P·V is added (the Hopper kernel does that once
 // the previous tile's asynchronous P·V has landed).
-//
-// LAZY: the running max is refreshed only when it grows by more than kStaleMax
-// (log2 units), so P may reach 2^kStaleMax (as exact in fp16/bf16, and fp32 sums
-// do not care) and most tiles keep correction = 1, which lets the caller skip
-// rescaling O. The portable kernel gains 1.7-3.6% from it on an H200; the Hopper
-// kernel lost 2-14% (the extra branch between its wgmmas), so it stays eager.
-constexpr float kStaleMax = 8.f;
-template <bool LAZY, int NT>
+template <int NT>
 __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
                                              float (&correction)[2], float scale_log2) {
   #pragma unroll
@@ -58,13 +51,11 @@ __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)
     #pragma unroll
     for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
     mx = quad_max(mx) * scale_log2;
-    // A fresh row (max −inf) always takes the tile's max.
-    const bool refresh = LAZY ? mx > row_max[r] + kStaleMax : true;
-    const float new_max = LAZY ? (refresh ? mx : row_max[r]) : fmaxf(row_max[r], mx);
+    const float new_max = fmaxf(row_max[r], mx);
     // A row that has seen only masked keys keeps max −inf; subtract 0 instead so
     // that −inf − (−inf) never makes a NaN.
     const float base = new_max == -INFINITY ? 0.f : new_max;
-    correction[r] = refresh ? fast_exp2(row_max[r] - base) : 1.f;
+    correction[r] = fast_exp2(row_max[r] - base);
     row_max[r] = new_max;
     float sum = 0.f;
     #pragma unroll
@@ -88,14 +79,13 @@ __device__ __forceinline__ void rescale(float (&o)[DT][4], const float (&correct
   }
 }
 
-// Both at once, for a kernel whose P·V is synchronous: lazy, and O is left alone
-// when no row of the warp refreshed its max (a warp-uniform branch).
+// Both at once, for a kernel whose P·V is synchronous.
 template <int NT, int DT>
 __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&o)[DT][4], float (&row_max)[2],
                                              float (&row_sum)[2], float scale_log2) {
   float correction[2];
-  softmax_rows<true>(s, row_max, row_sum, correction, scale_log2);
-  if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) rescale(o, correction);
+  softmax_rows(s, row_max, row_sum, correction, scale_log2);
+  rescale(o, correction);
 }
 
 // P of key columns 16kk..16kk+15 as an m16n8k16 A fragment: the accumulators of
