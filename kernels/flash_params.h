@@ -32,12 +32,31 @@ struct alignas(64) TmaDesc {
   uint64_t opaque[16];
 };
 
+// Division by an invariant div >= 1: n / div = umulhi(n, mul) >> shr for
+// 0 <= n < 2^31 (computed on the host by kernel-ffi's params::FastDiv::new).
+struct FastDiv {
+  uint32_t div, mul, shr;
+};
+
+// The persistent Hopper kernel's work decomposition: `units` pairs of query blocks
+// = pairs (⌈m_blocks / 2⌉) × batch × heads × splits.
+struct HopperSched {
+  int32_t units;
+  int32_t m_blocks;   // query blocks per (batch, head)
+  FastDiv pairs;      // units per (split, batch, head)
+  FastDiv bh;         // batch × heads
+  FastDiv heads;
+  FastDiv group;      // heads / kv_heads (query heads per K/V head)
+};
+
 // The Hopper kernel's parameters: tensor maps of Q [B, H, Sq, D] and K, V
 // [B, Hkv, Sk, D] (4-D, innermost first: d, seq, head, batch; boxes of 64 columns
-// × the tile's rows, 128-byte swizzle), plus the portable kernel's parameters.
+// × the tile's rows, 128-byte swizzle), the portable kernel's parameters, and the
+// persistent entries' work decomposition.
 struct HopperParams {
   TmaDesc q_map, k_map, v_map;
   FlashParams p;
+  HopperSched sched;
 };
 
 struct CombineParams {

@@ -35,6 +35,12 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+// ------------------------------------------------------------- division --
+// n / d for 0 <= n < 2^31: a multiply-high and a shift (FastDiv).
+__device__ __forceinline__ int fast_div(const FastDiv& d, int n) {
+  return d.div == 1 ? n : (int)(__umulhi((uint32_t)n, d.mul) >> d.shr);
+}
+
 // ------------------------------------------------------- named barriers --
 // `threads` threads meet at barrier `id` (1…15; 0 is __syncthreads): sync waits,
 // arrive only counts itself in. Used to take turns between consumer warpgroups.

@@ -16,7 +16,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::error::{CudaContext, Error, Result, invalid};
 use crate::manifest::{Launch, Manifest, is_hopper_entry};
-use crate::params::{CombineParams, FlashParams, HopperParams, ReferenceParams, TmaDesc};
+use crate::params::{CombineParams, FastDiv, FlashParams, HopperParams, HopperSched, ReferenceParams, TmaDesc};
 use crate::planner::{self, Plan};
 use crate::schema::DeviceInfo;
 use crate::tensor::{self, Arg, Desc, Dtype, Problem};
@@ -432,11 +432,25 @@ impl Attention {
             keys_per_split: plan.keys_per_split as i32,
             scale_log2: p.scale * std::f32::consts::LOG2_E,
         };
-        let cfg = LaunchConfig {
-            grid_dim: (m_blocks, (p.batch * p.heads) as u32, splits),
-            block_dim: (kern.launch.threads, 1, 1),
-            shared_mem_bytes: kern.dynamic_smem,
+        // A persistent entry: as many CTAs as are resident at once, each looping over
+        // its units (pairs of query blocks, longest with shortest) from a 1-D grid; the
+        // others take (query block, batch × head, split) from a 3-D grid.
+        let pairs = m_blocks.div_ceil(2);
+        let units = u64::from(pairs) * (p.batch * p.heads) as u64 * u64::from(splits);
+        if kern.launch.persistent && units > i32::MAX as u64 {
+            return Err(Error::Unsupported(format!(
+                "{units} work units (query-block pairs × batch × heads × splits) exceed {}; {name} decodes them in 32 bits",
+                i32::MAX
+            )));
+        }
+        let grid_dim = if kern.launch.persistent {
+            let slots = u64::from(self.device.sm_count) * u64::from(kern.ctas_per_sm.max(1));
+            (units.min(slots) as u32, 1, 1)
+        } else {
+            (m_blocks, (p.batch * p.heads) as u32, splits)
         };
+        let cfg =
+            LaunchConfig { grid_dim, block_dim: (kern.launch.threads, 1, 1), shared_mem_bytes: kern.dynamic_smem };
         if variant == Variant::Hopper {
             let map = |t: &Tensor, rows: u32| tensor_map(ptr(t), t.dtype, &t.desc, rows);
             let hparams = HopperParams {
@@ -444,11 +458,20 @@ impl Attention {
                 k_map: map(k, kern.launch.block_n)?,
                 v_map: map(v, kern.launch.block_n)?,
                 p: params,
+                sched: HopperSched {
+                    units: units as i32,
+                    m_blocks: m_blocks as i32,
+                    pairs: FastDiv::new(pairs),
+                    bh: FastDiv::new((p.batch * p.heads) as u32),
+                    heads: FastDiv::new(p.heads as u32),
+                    group: FastDiv::new((p.heads / p.kv_heads) as u32),
+                },
             };
             // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal][_m64](const __grid_constant__
             // HopperParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
             // exactly the validated q/k/v extents (TMA zero-fills and never reads past them);
-            // the rest as for the portable kernel below.
+            // `sched` describes this grid (units checked < 2^31 above); the rest as for the
+            // portable kernel below.
             unsafe { s.launch_builder(&kern.func).arg(&hparams).launch(cfg) }.cuda(format!("launching {name}"))?;
         } else {
             // SAFETY: matches `flash_fwd_<dtype>_d<D>[_causal](const FlashParams p)` in
@@ -483,7 +506,7 @@ impl Attention {
             // splits·rows(·D) partials written above and writes `out` rows validated above.
             unsafe { s.launch_builder(&comb.func).arg(&cparams).launch(cfg) }.cuda(format!("launching {cname}"))?;
         }
-        let ctas = u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits);
+        let ctas = u64::from(grid_dim.0) * u64::from(grid_dim.1) * u64::from(grid_dim.2);
         Ok(Launched { num_splits: splits, ctas, variant, block_m: kern.launch.block_m })
     }
 

@@ -70,6 +70,9 @@ pub struct Launch {
     /// Keys per tile (tiled kernels).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub block_n: u32,
+    /// One CTA per SM that loops over the work items (else one CTA per item).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub persistent: bool,
 }
 
 // Defaults stay out of the written manifest, so `tune --apply` keeps it terse.

@@ -33,6 +33,48 @@ pub struct FlashParams {
 #[derive(Debug, Clone, Copy)]
 pub struct TmaDesc(pub [u64; 16]);
 
+/// n / div as `umulhi(n, mul) >> shr` for 0 <= n < 2^31 (fa::FastDiv).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FastDiv {
+    pub div: u32,
+    pub mul: u32,
+    pub shr: u32,
+}
+
+impl FastDiv {
+    /// The round-up method for 31-bit dividends: with l = ⌈log2 d⌉, mul = ⌈2^(31+l) / d⌉
+    /// fits in 32 bits and (n · mul) >> (31 + l) = ⌊n / d⌋. `d` = 1 is special-cased on
+    /// the device (mul would need 33 bits).
+    pub fn new(d: u32) -> FastDiv {
+        let d = d.max(1);
+        if d == 1 {
+            return FastDiv { div: 1, mul: 0, shr: 0 };
+        }
+        let l = 32 - (d - 1).leading_zeros();
+        let p = 31 + l;
+        let mul = (1u64 << p).div_ceil(u64::from(d));
+        FastDiv { div: d, mul: mul as u32, shr: p - 32 }
+    }
+
+    /// What the device computes.
+    pub fn apply(self, n: u32) -> u32 {
+        if self.div == 1 { n } else { ((u64::from(n) * u64::from(self.mul)) >> 32) as u32 >> self.shr }
+    }
+}
+
+/// The Hopper kernel's work decomposition (fa::HopperSched).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct HopperSched {
+    pub units: i32,
+    pub m_blocks: i32,
+    pub pairs: FastDiv,
+    pub bh: FastDiv,
+    pub heads: FastDiv,
+    pub group: FastDiv,
+}
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct HopperParams {
@@ -40,6 +82,7 @@ pub struct HopperParams {
     pub k_map: TmaDesc,
     pub v_map: TmaDesc,
     pub p: FlashParams,
+    pub sched: HopperSched,
 }
 
 #[repr(C)]
@@ -80,7 +123,8 @@ pub struct ReferenceParams {
 // SAFETY: plain-old-data with the C layout of the structs in flash_params.h
 // (pointers as u64 device addresses, int64_t strides, int32_t/float scalars).
 unsafe impl DeviceRepr for FlashParams {}
-// SAFETY: as above, mirrors fa::HopperParams (three 64-byte-aligned 128-byte tensor maps, then FlashParams).
+// SAFETY: as above, mirrors fa::HopperParams (three 64-byte-aligned 128-byte tensor maps, FlashParams,
+// then HopperSched: two int32_t and four FastDiv of three uint32_t).
 unsafe impl DeviceRepr for HopperParams {}
 // SAFETY: as above, mirrors fa::CombineParams.
 unsafe impl DeviceRepr for CombineParams {}
@@ -89,9 +133,33 @@ unsafe impl DeviceRepr for ReferenceParams {}
 
 // 7 pointers + 12 strides + 8 four-byte fields.
 const _: () = assert!(std::mem::size_of::<FlashParams>() == 7 * 8 + 12 * 8 + 8 * 4);
-// Three tensor maps, FlashParams at offset 384, padded to the 64-byte alignment.
-const _: () =
-    assert!(std::mem::size_of::<HopperParams>() == (3 * 128 + std::mem::size_of::<FlashParams>()).next_multiple_of(64));
+// Three tensor maps, FlashParams at offset 384, HopperSched right after it, padded
+// to the 64-byte alignment.
+const _: () = assert!(std::mem::size_of::<HopperSched>() == 2 * 4 + 4 * 12);
 const _: () = assert!(std::mem::offset_of!(HopperParams, p) == 384);
+const _: () = assert!(std::mem::offset_of!(HopperParams, sched) == 384 + std::mem::size_of::<FlashParams>());
+const _: () = assert!(
+    std::mem::size_of::<HopperParams>()
+        == (384 + std::mem::size_of::<FlashParams>() + std::mem::size_of::<HopperSched>()).next_multiple_of(64)
+);
 const _: () = assert!(std::mem::size_of::<CombineParams>() == 4 * 8 + 3 * 8 + 4 * 4);
 const _: () = assert!(std::mem::size_of::<ReferenceParams>() == 5 * 8 + 9 * 8 + 8 * 4);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_div_matches_division() {
+        let ns = |d: u32| {
+            let edges = [0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, (1 << 31) - 1, (1 << 31) - d];
+            edges.into_iter().chain((0..2000u32).map(move |i| i.wrapping_mul(2_654_435_761) >> 1))
+        };
+        for d in (1..5000).chain([65_535, 65_536, 1 << 20, (1 << 30) + 7, (1 << 31) - 1]) {
+            let f = FastDiv::new(d);
+            for n in ns(d).filter(|&n| n < 1 << 31) {
+                assert_eq!(f.apply(n), n / d, "{n} / {d} with {f:?}");
+            }
+        }
+    }
+}

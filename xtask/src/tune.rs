@@ -74,7 +74,12 @@ impl Config {
             for k in src.kernels.iter_mut().filter(|k| {
                 portable(&k.entry) && (k.entry.ends_with(&suffix) || k.entry.contains(&format!("{suffix}_")))
             }) {
-                k.launch = Some(Launch { threads: 32 * self.warps, block_m: self.block_m(), block_n: self.block_n });
+                k.launch = Some(Launch {
+                    threads: 32 * self.warps,
+                    block_m: self.block_m(),
+                    block_n: self.block_n,
+                    persistent: false,
+                });
                 k.dynamic_smem = self.dynamic_smem();
             }
         }
