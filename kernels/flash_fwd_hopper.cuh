@@ -19,40 +19,27 @@
 
 namespace fa {
 
-// An entry is (head dim, causal, ROWS): ROWS = 128 is two consumer warpgroups of
-// 64 query rows per CTA; ROWS = 64 ("_m64" entries) one, which at D=64 runs two
-// CTAs per SM (each with half the registers and shared memory) so that one CTA's
-// prologue (Q and first-tile latency) and epilogue overlap the other's main loop,
-// and at D=128 (shared memory for one) doubles the CTAs of small problems.
-// kernel-ffi picks between the two rows per problem (planner::prefer_m64).
+// An entry is (head dim, causal, ROWS). ROWS = 64 ("_m64" entries): one consumer
+// warpgroup, which at D=64 runs two CTAs per SM (each with half the registers and
+// shared memory) so that one CTA's prologue (Q and first-tile latency) and
+// epilogue overlap the other's main loop, and at D=128 (shared memory for one)
+// doubles the CTAs of small problems. ROWS = 128 (D=128 only): two consumer
+// warpgroups. kernel-ffi picks between a configuration's entries per problem
+// (planner::prefer_m64).
+//
+// The consumer schedule follows from ROWS:
+//   pipelined  tile j's Q·Kᵀ and tile j−1's P·V issued together, tile j's softmax
+//              overlapping that P·V (FlashAttention-3's intra-warpgroup overlap)
+//   ping-pong  (two consumer warpgroups) pipelined, and the warpgroups take turns
+//              issuing their wgmmas (named barriers), so one's softmax runs under
+//              the other's matrix products
+// A serial schedule (two warpgroups overlapping only by chance) served D=64 with
+// 128-row CTAs until ledger iteration 20; it swung by 5-10% with any change to
+// the kernel's code generation.
 //
 // Compile-time defines from the manifest, each chosen by same-run A/B timings on
-// an H200 (ledger iterations 10, 12 and 16):
-// FA_HOPPER_MODE_*, the consumer schedule:
-//   0 serial     Q·Kᵀ, softmax, P·V one after another in each warpgroup; the two
-//                consumer warpgroups overlap each other only by chance
-//   1 pipelined  tile j's Q·Kᵀ and tile j−1's P·V issued together, tile j's
-//                softmax overlapping that P·V (FlashAttention-3's intra-warpgroup
-//                overlap)
-//   2 ping-pong  pipelined, and the two consumer warpgroups take turns issuing
-//                their wgmmas (named barriers), so one's softmax runs under the
-//                other's matrix products (128-row entries only)
+// an H200 (ledger iterations 10, 12, 16, 17):
 // FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B).
-#ifndef FA_HOPPER_MODE_D64
-#define FA_HOPPER_MODE_D64 0
-#endif
-#ifndef FA_HOPPER_MODE_D128
-#define FA_HOPPER_MODE_D128 2
-#endif
-#ifndef FA_HOPPER_MODE_D128_CAUSAL
-#define FA_HOPPER_MODE_D128_CAUSAL 2
-#endif
-#ifndef FA_HOPPER_MODE_M64
-#define FA_HOPPER_MODE_M64 1
-#endif
-#ifndef FA_HOPPER_STAGES_D64
-#define FA_HOPPER_STAGES_D64 4
-#endif
 #ifndef FA_HOPPER_STAGES_D128
 #define FA_HOPPER_STAGES_D128 2
 #endif
@@ -74,19 +61,14 @@ namespace fa {
 template <int D, bool CAUSAL, int ROWS>
 struct HopperConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
-  static_assert(ROWS == 64 || ROWS == 128, "one or two consumer warpgroups of 64 rows");
+  static_assert(ROWS == 64 || (ROWS == 128 && D == 128), "64-row CTAs, or 128-row ones at D=128");
   static constexpr int kConsumers = ROWS / 64;
-  static constexpr int kMode = kConsumers == 1 ? FA_HOPPER_MODE_M64
-                               : D == 64       ? FA_HOPPER_MODE_D64
-                                               : (CAUSAL ? FA_HOPPER_MODE_D128_CAUSAL : FA_HOPPER_MODE_D128);
-  static_assert(kMode >= 0 && kMode <= 2, "mode 0 (serial), 1 (pipelined) or 2 (ping-pong)");
-  static_assert(kMode != 2 || kConsumers == 2, "ping-pong takes turns between two consumer warpgroups");
+  static constexpr bool kPingPong = kConsumers == 2;
   static constexpr int kCtasPerSm = kConsumers == 1 && D == 64 ? 2 : 1;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = ROWS;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
-                                 : D == 64       ? FA_HOPPER_STAGES_D64
                                                  : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
   static constexpr bool kPersistent = CAUSAL && FA_HOPPER_PERSISTENT_CAUSAL;
   static_assert(!kPersistent || CAUSAL, "persistent units are causal pairs of query blocks");
@@ -109,8 +91,9 @@ struct HopperConfig {
 // One work item of a CTA: query rows m0 … m0 + kBlockM − 1 of (b, h, split).
 struct HopperItem {
   bool done;  // the CTA has no such item
+  bool skip;  // not an item (the missing half of a pair): neither loads nor stores
   int m0, b, h, kvh, split, n_begin;
-  int tiles;  // key tiles; 0: nothing to do
+  int tiles;  // key tiles; 0: rows that see no key (stored as zeros)
 };
 
 // The k-th item of this CTA. Not persistent: the one query block the 3-D grid
@@ -138,7 +121,8 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
     r.h = bh - r.b * sc.heads.div;
     r.kvh = fast_div(sc.group, r.h);
     m_idx = (k & 1) == 0 ? sc.m_blocks - 1 - i : i;
-    if ((k & 1) == 1 && m_idx == sc.m_blocks - 1 - i) return r;  // an odd block count's middle block: once
+    r.skip = (k & 1) == 1 && m_idx == sc.m_blocks - 1 - i;  // an odd block count's middle block: once
+    if (r.skip) return r;
   } else {
     r.done = k > 0;
     r.b = blockIdx.y / p.heads;
@@ -210,7 +194,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       for (int k = 0; kPersistent || k == 0; ++k) {
         const HopperItem it = item(k);
         if (it.done) break;
-        if (it.tiles == 0) continue;
+        if (it.skip || it.tiles == 0) continue;
         if (q_loads == 0) {
           tma_prefetch_desc(&hp.k_map);
           tma_prefetch_desc(&hp.v_map);
@@ -260,7 +244,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   // Keys 16kk…16kk+15 are 16 rows of 128 bytes; the head dim's panels lie BN·128 apart.
   auto v_desc = [&](int st, int kk) { return gmma_desc(sV + st * Cfg::kKVBytes + kk * 16 * 128, BN * 128, 1024); };
 
-  constexpr bool kPingPong = Cfg::kMode == 2;
+  constexpr bool kPingPong = Cfg::kPingPong;
   float o[DT][4];
   float row_max[2], row_sum[2], correction[2];
   float s[NT][4];
@@ -289,6 +273,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   for (int k = 0; kPersistent || k == 0; ++k) {
     const HopperItem it = item(k);
     if (it.done) break;
+    if (it.skip) continue;
     const int row_lo = it.m0 + 64 * cw + 16 * warp + g;  // this thread's rows: row_lo, row_lo + 8
     const int wg_last_row = it.m0 + 64 * cw + 63;
     #pragma unroll
@@ -337,62 +322,44 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       ++q_loads;
       if (kPersistent && live == 0) mbar_arrive(empty_q);
     }
-    if constexpr (Cfg::kMode == 0) {
-      for (int j = 0; j < live; ++j) {
-        const int st = stage(j);
-        mbar_wait(full_k(st), kv_phase(j));
-        issue_qk(st);
-        wgmma_wait<0>();
-        qk_landed(j);
-        softmax(j);
-        rescale(o, correction);
-        pack_p();
-        mbar_wait(full_v(st), kv_phase(j));
-        issue_pv(st);
-        wgmma_wait<0>();
-        wgmma_fence_operands(o);
-        mbar_arrive(empty_v(st));
-      }
-    } else {
-      // Software pipeline: while the tensor cores run P_{j−1}·V_{j−1}, the
-      // warpgroup does tile j's softmax; O is rescaled once that P·V has landed.
-      if (live > 0) {
-        mbar_wait(full_k(stage(0)), kv_phase(0));
-        take_turn();
-        issue_qk(stage(0));
-        pass_turn();
-        wgmma_wait<0>();
-        qk_landed(0);
-        softmax(0);  // O is still zero: nothing to rescale
-        pack_p();
-      }
-      for (int j = 1; j < live; ++j) {
-        const int st = stage(j), prev = stage(j - 1);
-        mbar_wait(full_k(st), kv_phase(j));
-        mbar_wait(full_v(prev), kv_phase(j - 1));
-        take_turn();
-        issue_qk(st);
-        issue_pv(prev);
-        pass_turn();
-        wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
-        qk_landed(j);
-        softmax(j);
-        wgmma_wait<0>();
-        wgmma_fence_operands(o);
-        mbar_arrive(empty_v(prev));
-        rescale(o, correction);
-        pack_p();
-      }
-      if (live > 0) {
-        const int st = stage(live - 1);
-        mbar_wait(full_v(st), kv_phase(live - 1));
-        take_turn();
-        issue_pv(st);
-        pass_turn();
-        wgmma_wait<0>();
-        wgmma_fence_operands(o);
-        mbar_arrive(empty_v(st));
-      }
+    // Software pipeline: while the tensor cores run P_{j−1}·V_{j−1}, the
+    // warpgroup does tile j's softmax; O is rescaled once that P·V has landed.
+    if (live > 0) {
+      mbar_wait(full_k(stage(0)), kv_phase(0));
+      take_turn();
+      issue_qk(stage(0));
+      pass_turn();
+      wgmma_wait<0>();
+      qk_landed(0);
+      softmax(0);  // O is still zero: nothing to rescale
+      pack_p();
+    }
+    for (int j = 1; j < live; ++j) {
+      const int st = stage(j), prev = stage(j - 1);
+      mbar_wait(full_k(st), kv_phase(j));
+      mbar_wait(full_v(prev), kv_phase(j - 1));
+      take_turn();
+      issue_qk(st);
+      issue_pv(prev);
+      pass_turn();
+      wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
+      qk_landed(j);
+      softmax(j);
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+      mbar_arrive(empty_v(prev));
+      rescale(o, correction);
+      pack_p();
+    }
+    if (live > 0) {
+      const int st = stage(live - 1);
+      mbar_wait(full_v(st), kv_phase(live - 1));
+      take_turn();
+      issue_pv(st);
+      pass_turn();
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+      mbar_arrive(empty_v(st));
     }
     for (int j = live; j < it.tiles; ++j) {  // dead causal tiles: release them unread
       const int st = stage(j);

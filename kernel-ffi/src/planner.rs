@@ -70,22 +70,16 @@ pub fn prefer_hopper(head_dim: usize, flops: f64) -> bool {
     head_dim < 128 || flops >= 0.5e9
 }
 
-/// Keys per row up to which 64-row CTAs that co-reside two per SM beat 128-row ones.
-const M64_MAX_KEYS: usize = 4096;
-
-/// Whether a kernel with 64- and 128-row entries should run the 64-row one, from
-/// the resident CTA slots (SMs × CTAs per SM) of each, the 64-row grid and the
-/// keys each row sees. Either the 64-row grid fits in one wave (more SMs busy at
-/// no cost), or 64-row CTAs co-reside two per SM (the Hopper D=64 entry: one CTA's
-/// prologue and epilogue under the other's main loop) and rows are not long.
-/// Measured on an H200 (`fa-bench --variant hopper --block-m 64|128`, 3 rounds,
-/// f16, before ledger iteration 16): D=64 64-row faster by 17-25% on B1 H1 S128/
-/// S512 and B2 H8 S512, 4-7% at S1024, 3.5% at B4 H16 S2048, 1.6% at S4096, even
-/// at B1 H16 S8192 and 5% slower at B2 H16 S8192; D=128 (one CTA per SM either
-/// way) 15% faster at B1 H16 S512 (64 against 128 CTAs), 35-43% slower wherever
-/// 128-row CTAs already fill the GPU.
-pub fn prefer_m64(wide_slots: u64, narrow_ctas: u64, narrow_slots: u64, seqlen_k: usize) -> bool {
-    narrow_ctas <= narrow_slots || (narrow_slots > wide_slots && seqlen_k <= M64_MAX_KEYS)
+/// Whether a kernel with 64- and 128-row entries of the same CTAs per SM (the
+/// Hopper D=128 entries) should run the 64-row one: when its grid fits in one
+/// wave of resident CTA slots (SMs × CTAs per SM), so that more SMs work at no
+/// cost. Measured on an H200 (`fa-bench --variant hopper --block-m 64|128`, 3
+/// rounds, f16, before ledger iteration 16): 15% faster at B1 H16 S512 (128
+/// against 64 CTAs), 35-43% slower wherever 128-row CTAs already fill the GPU.
+/// (At D=64 the 64-row entry, two CTAs per SM, is the only one: it measured
+/// 1.6-25% faster than 128-row CTAs up to 4096 keys and even to 5% slower at 8192.)
+pub fn prefer_m64(narrow_ctas: u64, narrow_slots: u64) -> bool {
+    narrow_ctas <= narrow_slots
 }
 
 /// Matrix-product FLOPs of an attention forward by the usual convention (the
@@ -180,11 +174,8 @@ mod tests {
 
     #[test]
     fn m64_where_it_measured_faster() {
-        // H200: 132 SMs; D=64 entries 1 (128-row) and 2 (64-row) CTAs per SM, D=128 1 and 1.
-        let d64 = |b: u64, h: u64, s: usize| prefer_m64(132, b * h * (s as u64).div_ceil(64), 264, s);
-        let d128 = |b: u64, h: u64, s: usize| prefer_m64(132, b * h * (s as u64).div_ceil(64), 132, s);
-        assert!(d64(1, 1, 128) && d64(2, 8, 512) && d64(16, 16, 1024) && d64(4, 16, 2048) && d64(2, 16, 4096));
-        assert!(!d64(2, 16, 8192));
+        // H200: 132 SMs, one D=128 CTA per SM either way.
+        let d128 = |b: u64, h: u64, s: u64| prefer_m64(b * h * s.div_ceil(64), 132);
         assert!(d128(1, 16, 512));
         assert!(!d128(2, 16, 512) && !d128(1, 16, 1024) && !d128(4, 16, 2048) && !d128(2, 16, 8192));
     }

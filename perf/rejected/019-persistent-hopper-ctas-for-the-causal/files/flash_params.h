@@ -1,0 +1,86 @@
+// Kernel parameter blocks, passed by value. kernel-ffi mirrors these as
+// #[repr(C)] structs (kernel-ffi/src/params.rs): change both together.
+#pragma once
+
+#include <stdint.h>
+
+namespace fa {
+
+// Strides are in elements; the last dimension is contiguous. Q is [B, H, Sq, D]
+// and K/V are [B, Hkv, Sk, D] in index order, any layout the strides describe.
+struct FlashParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;             // [B, H, Sq, D] in the input dtype; written when num_splits == 1
+  float* lse;          // [B, H, Sq] natural-log LSE, or null; written when num_splits == 1
+  float* o_partial;    // [num_splits, B, H, Sq, D] normalised per split, when num_splits > 1
+  float* lse_partial;  // [num_splits, B, H, Sq], when num_splits > 1
+  int64_t q_batch_stride, q_head_stride, q_row_stride;
+  int64_t k_batch_stride, k_head_stride, k_row_stride;
+  int64_t v_batch_stride, v_head_stride, v_row_stride;
+  int64_t o_batch_stride, o_head_stride, o_row_stride;
+  int32_t batch, heads, kv_heads, seqlen_q, seqlen_k;
+  int32_t num_splits;
+  int32_t keys_per_split;  // multiple of the kernel's kBlockN
+  float scale_log2;        // softmax scale × log2(e)
+};
+
+// A CUtensorMap's bytes, encoded on the host by cuTensorMapEncodeTiled and read
+// by TMA from kernel parameter space (hence __grid_constant__ parameters).
+struct alignas(64) TmaDesc {
+  uint64_t opaque[16];
+};
+
+// Division by an invariant div >= 1: n / div = umulhi(n, mul) >> shr for
+// 0 <= n < 2^31 (computed on the host by kernel-ffi's params::FastDiv::new).
+struct FastDiv {
+  uint32_t div, mul, shr;
+};
+
+// The persistent Hopper kernel's work decomposition: `units` pairs of query blocks
+// = pairs (⌈m_blocks / 2⌉) × batch × heads × splits.
+struct HopperSched {
+  int32_t units;
+  int32_t m_blocks;   // query blocks per (batch, head)
+  FastDiv pairs;      // units per (split, batch, head)
+  FastDiv bh;         // batch × heads
+  FastDiv heads;
+  FastDiv group;      // heads / kv_heads (query heads per K/V head)
+};
+
+// The Hopper kernel's parameters: tensor maps of Q [B, H, Sq, D] and K, V
+// [B, Hkv, Sk, D] (4-D, innermost first: d, seq, head, batch; boxes of 64 columns
+// × the tile's rows, 128-byte swizzle), the portable kernel's parameters, and the
+// persistent entries' work decomposition.
+struct HopperParams {
+  TmaDesc q_map, k_map, v_map;
+  FlashParams p;
+  HopperSched sched;
+};
+
+struct CombineParams {
+  const float* o_partial;
+  const float* lse_partial;
+  void* o;
+  float* lse;  // or null
+  int64_t o_batch_stride, o_head_stride, o_row_stride;
+  int32_t batch, heads, seqlen_q, num_splits;
+};
+
+// The fp32 reference: scores materialised per row in dynamic shared memory.
+struct ReferenceParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  float* o;    // [B, H, Sq, D] contiguous fp32
+  float* lse;  // [B, H, Sq]
+  int64_t q_batch_stride, q_head_stride, q_row_stride;
+  int64_t k_batch_stride, k_head_stride, k_row_stride;
+  int64_t v_batch_stride, v_head_stride, v_row_stride;
+  int32_t batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
+  int32_t causal;
+  float scale;
+};
+
+}  // namespace fa

@@ -1,0 +1,177 @@
+// Hopper (sm_90a) primitives for the warp-specialised forward kernel: mbarriers,
+// TMA bulk tensor loads, wgmma with shared-memory descriptors, setmaxnreg.
+// Only flash_fwd_hopper_*.cu include this; they build for sm_90a alone.
+#pragma once
+
+#include <stdint.h>
+
+#include "common.cuh"
+#include "flash_params.h"
+
+namespace fa {
+
+// ------------------------------------------------------------- mbarrier --
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// Makes the initialised barriers visible to the async (TMA) proxy.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Arrives and announces `bytes` of transactions (TMA completes them).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Blocks until the phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ------------------------------------------------------------- division --
+// n / d for 0 <= n < 2^31: a multiply-high and a shift (FastDiv).
+__device__ __forceinline__ int fast_div(const FastDiv& d, int n) {
+  return d.div == 1 ? n : (int)(__umulhi((uint32_t)n, d.mul) >> d.shr);
+}
+
+// ------------------------------------------------------- named barriers --
+// `threads` threads meet at barrier `id` (1…15; 0 is __syncthreads): sync waits,
+// arrive only counts itself in. Used to take turns between consumer warpgroups.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ------------------------------------------------------------------ TMA --
+// One box of a 4-D tensor map at coordinates (c0 innermost … c3) into shared
+// memory; completes `bytes` (the whole box, zero-filled where out of bounds) on `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const TmaDesc* map, uint32_t bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ------------------------------------------------------------ setmaxnreg --
+// Hand registers from the producer warpgroup to the consumers (per-thread counts).
+template <int N>
+__device__ __forceinline__ void regs_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// ---------------------------------------------------------------- wgmma --
+// Shared-memory matrix descriptor for the 128-byte swizzle (what TMA's
+// SWIZZLE_128B writes): rows of 64 16-bit elements, 8-row atoms of 1024 bytes
+// whose base must be 1024-byte aligned. `lbo`/`sbo` in bytes:
+//   K-major (Q, K): sbo = 1024 between 8-row groups; lbo unused.
+//   MN-major (V, transposed on read): sbo = 1024 between 8-key groups, lbo = the
+//   stride between 64-column panels of the N (head-dim) extent.
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = 0;
+  d |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);
+  d |= (uint64_t)((lbo & 0x3FFFF) >> 4) << 16;
+  d |= (uint64_t)((sbo & 0x3FFFF) >> 4) << 32;
+  d |= (uint64_t)1 << 62;  // SWIZZLE_128B
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across an async wgmma.
+template <int NT>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[NT][4]) {
+  #pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+  }
+}
+
+// Accumulator operand lists: d[N/8][4] in the mma.sync C layout per 8 columns
+// (each warp of the warpgroup owns 16 of the 64 rows).
+#define FA_WGMMA_ACC64(d)                                                                                       \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),  \
+      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),  \
+      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),  \
+      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define FA_WGMMA_ACC128(d)                                                                                      \
+  FA_WGMMA_ACC64(d), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), \
+      "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),             \
+      "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]),           \
+      "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),           \
+      "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),           \
+      "+f"(d[15][2]), "+f"(d[15][3])
+#define FA_WGMMA_REGS64                                               \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17," \
+  "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define FA_WGMMA_REGS128                                                                                 \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
+  "%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,"   \
+  "%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+
+// D (64×N, fp32) = A·B (+ D when accumulate): A and B from shared memory, both
+// K-major.
+// A, B and SCALE name the operand numbers that follow the accumulators.
+#define FA_WGMMA_SS(N, TY, ACC, REGS, A, B, SCALE)                                                      \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " SCALE ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N \
+               "k16.f32." TY "." TY " " REGS ", " A ", " B ", p, 1, 1, 0, 0;\n}\n"                           \
+               : ACC(d)                                                                                  \
+               : "l"(a), "l"(b), "r"(accumulate))
+// D (64×N, fp32) += A·B: A (16-bit, four registers per thread in the mma.sync A
+// layout) from registers, B from shared memory MN-major (transposed on read).
+#define FA_WGMMA_RS(N, TY, ACC, REGS, A, B, SCALE)                                                       \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " SCALE ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N \
+               "k16.f32." TY "." TY " " REGS ", " A ", " B ", p, 1, 1, 1;\n}\n"                              \
+               : ACC(d)                                                                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate);
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b);
+
+#define FA_WGMMA_DEFINE(T, TY)                                                                              \
+  template <>                                                                                              \
+  __device__ __forceinline__ void wgmma_ss<T, 64>(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) { \
+    FA_WGMMA_SS(64, TY, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "%32", "%33", "%34");                                              \
+  }                                                                                                        \
+  template <>                                                                                              \
+  __device__ __forceinline__ void wgmma_ss<T, 128>(float (&d)[16][4], uint64_t a, uint64_t b, int accumulate) { \
+    FA_WGMMA_SS(128, TY, FA_WGMMA_ACC128, FA_WGMMA_REGS128, "%64", "%65", "%66");                                           \
+  }                                                                                                        \
+  template <>                                                                                              \
+  __device__ __forceinline__ void wgmma_rs<T, 64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {  \
+    FA_WGMMA_RS(64, TY, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "{%32, %33, %34, %35}", "%36", "%37");                                              \
+  }                                                                                                        \
+  template <>                                                                                              \
+  __device__ __forceinline__ void wgmma_rs<T, 128>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b) { \
+    FA_WGMMA_RS(128, TY, FA_WGMMA_ACC128, FA_WGMMA_REGS128, "{%64, %65, %66, %67}", "%68", "%69");                                           \
+  }
+
+FA_WGMMA_DEFINE(__half, "f16")
+FA_WGMMA_DEFINE(__nv_bfloat16, "bf16")
+
+}  // namespace fa
