@@ -1,10 +1,11 @@
 // Hopper (sm_90a) forward pass: TMA loads into a shared-memory ring completed on
 // mbarriers, wgmma for Q·Kᵀ and P·V, warp specialisation.
 //
-// A CTA owns kBlockM = 64 × kConsumers query rows of one (batch, head, split).
+// A work item is kBlockM = 64 × kConsumers query rows of one (batch, head, split);
+// a CTA runs one, or (persistent causal entries) loops over several (hopper_item).
 // Warpgroup 0 is the producer: it gives most of its registers away (setmaxnreg)
-// and one thread issues TMA loads of Q once and of K and V per key tile into a
-// kStages-deep ring. Each consumer warpgroup owns 64 query rows end to end:
+// and one thread issues TMA loads of Q once per item and of K and V per key tile
+// into a kStages-deep ring. Each consumer warpgroup owns 64 query rows end to end:
 // S = Q·Kᵀ (wgmma, both operands in shared memory), the shared online softmax on
 // the accumulators, O += P·V (wgmma, P from registers, V transposed on read),
 // software-pipelined so that a tile's softmax overlaps the previous tile's P·V;
