@@ -1,8 +1,9 @@
 // FlashAttention-2-style forward pass on mma.sync tensor cores (sm_80+).
 //
 // One CTA owns kBlockM query rows of one (batch, head) and one key split; each
-// warp owns 16 of those rows end to end, so the online softmax needs no
-// cross-warp communication. Per key tile of kBlockN: S = Q·Kᵀ (fp32), online
+// warp owns 16 × kRowTiles of those rows end to end, so the online softmax needs
+// no cross-warp communication, and with two row tiles every K and V fragment a
+// warp loads from shared memory feeds two mma.sync instead of one. Per key tile of kBlockN: S = Q·Kᵀ (fp32), online
 // softmax in the exp2 domain, O += P·V with P kept in registers.
 #pragma once
 
@@ -13,8 +14,10 @@
 namespace fa {
 
 // Tile configuration per head dim, chosen by `cargo xtask tune` and passed as
-// defines from the manifest (whose launch geometry must match): warps per CTA (each
-// owns 16 query rows, so kBlockM = 16 × warps) and keys per tile.
+// defines from the manifest (whose launch geometry must match): warps per CTA and
+// keys per tile. 16-row tiles per warp (MT, so kBlockM = 16 × warps × MT) are
+// fixed per entry: the D=64 non-causal kernel has an MT = 2 entry and an MT = 1
+// one (`_m64`), and kernel-ffi picks per problem (planner::prefer_m64).
 #ifndef FA_WARPS_D64
 #define FA_WARPS_D64 4
 #endif
@@ -28,13 +31,15 @@ namespace fa {
 #define FA_BLOCK_N_D128 64
 #endif
 
-template <int D>
+template <int D, int MT>
 struct FwdConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
   static constexpr int kWarps = D == 64 ? FA_WARPS_D64 : FA_WARPS_D128;
   static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBlockM = 16 * kWarps;  // one 16-row mma tile per warp
+  static constexpr int kRowTiles = MT;
+  static_assert(kRowTiles == 1 || kRowTiles == 2, "1 or 2 16-row mma tiles per warp");
+  static constexpr int kBlockM = 16 * kWarps * kRowTiles;
   static constexpr int kBlockN = D == 64 ? FA_BLOCK_N_D64 : FA_BLOCK_N_D128;
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "32, 64 or 128 keys per tile");
   static constexpr int kChunks = D / 8;         // 16-byte chunks per row
@@ -110,9 +115,9 @@ struct FragAddr {
 // tile) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax scale), e.g.
 // `cargo xtask ci --gpu --define FA_PLANT_WRONG_RESULT …`.
 
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, bool CAUSAL, int MT>
 __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
-  using Cfg = FwdConfig<D>;
+  using Cfg = FwdConfig<D, MT>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NT = BN / 8, DT = D / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // The launcher takes smem and threads from the manifest; a mismatch is a build bug.
@@ -151,13 +156,19 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + kvh * p.k_head_stride;
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + kvh * p.v_head_stride;
 
-  float o[DT][4];
-  #pragma unroll
-  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  // Per row tile mt (rows w0 + 16·mt …, w0 = this warp's first row):
+  float o[MT][DT][4];
   // Running max (in scaled log2 units) and partial row sums for rows g and g+8.
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};
-  uint32_t qf[D / 16][4];
+  float row_max[MT][2], row_sum[MT][2];
+  #pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    #pragma unroll
+    for (int i = 0; i < DT; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+  uint32_t qf[MT][D / 16][4];
+  const int w0 = warp * 16 * MT;
 
   const TileCopy<T, BN, D, Cfg::kThreads> k_copy(sK, k, p.k_row_stride);
   const TileCopy<T, BN, D, Cfg::kThreads> v_copy(sV, v, p.v_row_stride);
@@ -181,31 +192,43 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 
     if (n0 == n_begin) {
       #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int row = warp * 16 + (lane % 16), col = kk * 16 + (lane / 16) * 8;
-        ldmatrix_x4(qf[kk], smem_u32(sQ + swizzle<D>(row, col)));
+      for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const int row = w0 + 16 * mt + (lane % 16), col = kk * 16 + (lane / 16) * 8;
+          ldmatrix_x4(qf[mt][kk], smem_u32(sQ + swizzle<D>(row, col)));
+        }
       }
     }
 
-    // ---- S = Q·Kᵀ for this warp's 16 rows × BN keys.
-    float s[NT][4];
+    // ---- S = Q·Kᵀ for this warp's 16·MT rows × BN keys.
+    float s[MT][NT][4];
     #pragma unroll
-    for (int i = 0; i < NT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt) {
+      #pragma unroll
+      for (int i = 0; i < NT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+    }
     #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t kf[4];
         ldmatrix_x4(kf, k_frag.at(np, kk));
-        mma_16816<T>(s[2 * np], qf[kk], kf[0], kf[1]);
-        mma_16816<T>(s[2 * np + 1], qf[kk], kf[2], kf[3]);
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(s[mt][2 * np], qf[mt][kk], kf[0], kf[1]);
+          mma_16816<T>(s[mt][2 * np + 1], qf[mt][kk], kf[2], kf[3]);
+        }
       }
     }
 
     // ---- Mask only tiles that cross the sequence end or the causal diagonal.
-    const int row_lo = m0 + warp * 16 + g;  // this thread's rows: row_lo, row_lo + 8
-    mask_tile<CAUSAL>(s, n0, m0, row_lo, t, p.seqlen_k, diag);
-    softmax_step(s, o, row_max, row_sum, scale_log2);
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int row_lo = m0 + w0 + 16 * mt + g;  // this thread's rows: row_lo, row_lo + 8
+      mask_tile<CAUSAL>(s[mt], n0, m0, row_lo, t, p.seqlen_k, diag);
+      softmax_step(s[mt], o[mt], row_max[mt], row_sum[mt], scale_log2);
+    }
 
     cp_async_wait<0>();  // V(n0) landed
     __syncthreads();     // and every warp is done reading sK
@@ -217,22 +240,26 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     // ---- O += P·V with P straight from the S accumulators.
     #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      uint32_t pf[4];
-      p_fragment<T>(pf, s, kk);
+      uint32_t pf[MT][4];
+      #pragma unroll
+      for (int mt = 0; mt < MT; ++mt) p_fragment<T>(pf[mt], s[mt], kk);
       #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vf[4];
         ldmatrix_x4_trans(vf, v_frag.at(kk, dp));
-        mma_16816<T>(o[2 * dp], pf, vf[0], vf[1]);
-        mma_16816<T>(o[2 * dp + 1], pf, vf[2], vf[3]);
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(o[mt][2 * dp], pf[mt], vf[0], vf[1]);
+          mma_16816<T>(o[mt][2 * dp + 1], pf[mt], vf[2], vf[3]);
+        }
       }
     }
 #ifdef FA_PLANT_SLOWDOWN
     // A dependent FMA chain per tile: a measured, deliberate slowdown for proving the gate.
-    float chain = s[0][0];
+    float chain = s[0][0][0];
     #pragma unroll 1
     for (int i = 0; i < FA_PLANT_SLOWDOWN; ++i) chain = fmaf(chain, 0.999f, 1e-7f);
-    if (chain != chain) o[0][0] += chain;  // never true for finite input; keeps the chain alive
+    if (chain != chain) o[0][0][0] += chain;  // never true for finite input; keeps the chain alive
 #endif
 #ifndef FA_DEFECT_RACE
     __syncthreads();  // every warp is done reading sV before the next V load
@@ -240,7 +267,8 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   }
 
   // ---- Epilogue: normalise, then write O (or the split's fp32 partial) and LSE.
-  store_rows<T, D>(p, o, row_max, row_sum, m0 + warp * 16 + g, b, h, split, t);
+  #pragma unroll
+  for (int mt = 0; mt < MT; ++mt) store_rows<T, D>(p, o[mt], row_max[mt], row_sum[mt], m0 + w0 + 16 * mt + g, b, h, split, t);
 }
 
 // Merges split partials by log-sum-exp: O = Σ_s w_s·O_s / Σ_s w_s with
@@ -276,3 +304,9 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
 }
 
 }  // namespace fa
+
+// One stable extern "C" forward entry: flash_fwd_<dtype>_d<D>[_causal][_m64].
+#define FA_FWD_ENTRY(T, D, CAUSAL, MT, NAME)                                                          \
+  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT>::kThreads, 1) NAME(const fa::FlashParams p) { \
+    fa::flash_fwd<T, D, CAUSAL, MT>(p);                                                               \
+  }

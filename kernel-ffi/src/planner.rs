@@ -70,14 +70,15 @@ pub fn prefer_hopper(head_dim: usize, flops: f64) -> bool {
     head_dim < 128 || flops >= 0.5e9
 }
 
-/// Whether a kernel with 64- and 128-row entries of the same CTAs per SM (the
-/// Hopper D=128 entries) should run the 64-row one: when its grid fits in one
-/// wave of resident CTA slots (SMs × CTAs per SM), so that more SMs work at no
-/// cost. Measured on an H200 (`fa-bench --variant hopper --block-m 64|128`, 3
-/// rounds, f16, before ledger iteration 16): 15% faster at B1 H16 S512 (128
-/// against 64 CTAs), 35-43% slower wherever 128-row CTAs already fill the GPU.
-/// (At D=64 the 64-row entry, two CTAs per SM, is the only one: it measured
-/// 1.6-25% faster than 128-row CTAs up to 4096 keys and even to 5% slower at 8192.)
+/// Whether a kernel with 64- and 128-row entries should run the 64-row one: when
+/// its grid fits in one wave of resident CTA slots (SMs × CTAs per SM), so that
+/// more SMs work. Measured on an H200 (`fa-bench --block-m 64|128`, 3 rounds):
+/// Hopper D=128 (one CTA per SM either way) 15% faster at B1 H16 S512 (128
+/// against 64 CTAs), 35-43% slower wherever 128-row CTAs already fill the GPU;
+/// portable D=64 non-causal (three 64-row or two 128-row CTAs per SM) 17-30%
+/// faster on B1 H1 S512 and B2 H8 S512, 9-12% slower from B4 H16 S2048 up
+/// (before ledger iteration 21). (Hopper D=64 has only 64-row CTAs, two per SM:
+/// 1.6-25% faster than 128-row ones up to 4096 keys, even to 5% slower at 8192.)
 pub fn prefer_m64(narrow_ctas: u64, narrow_slots: u64) -> bool {
     narrow_ctas <= narrow_slots
 }
@@ -174,9 +175,15 @@ mod tests {
 
     #[test]
     fn m64_where_it_measured_faster() {
-        // H200: 132 SMs, one D=128 CTA per SM either way.
+        // H200: 132 SMs, one Hopper D=128 CTA per SM either way.
         let d128 = |b: u64, h: u64, s: u64| prefer_m64(b * h * s.div_ceil(64), 132);
         assert!(d128(1, 16, 512));
+        // Portable D=64 non-causal, three 64-row CTAs per SM: H200, then L4 (58 SMs).
+        let d64 = |sms: u64, b: u64, h: u64, s: u64| prefer_m64(b * h * s.div_ceil(64), 3 * sms);
+        assert!(d64(132, 1, 1, 512) && d64(132, 2, 8, 512));
+        assert!(!d64(132, 4, 16, 2048) && !d64(132, 16, 16, 1024) && !d64(132, 2, 16, 4096));
+        assert!(d64(58, 2, 8, 512) && d64(58, 1, 16, 512));
+        assert!(!d64(58, 1, 16, 1024) && !d64(58, 4, 16, 2048));
         assert!(!d128(2, 16, 512) && !d128(1, 16, 1024) && !d128(4, 16, 2048) && !d128(2, 16, 8192));
     }
 

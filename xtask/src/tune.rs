@@ -41,13 +41,14 @@ impl Config {
         format!("d{}-w{}-n{}", self.head_dim, self.warps, self.block_n)
     }
 
-    fn block_m(&self) -> u32 {
-        16 * self.warps
+    /// Query rows per CTA for an entry with `row_tiles` 16-row tiles per warp.
+    fn block_m(&self, row_tiles: u32) -> u32 {
+        16 * self.warps * row_tiles
     }
 
     /// Q tile plus K and V tiles of 16-bit elements (FwdConfig::kSmemBytes).
-    fn dynamic_smem(&self) -> u32 {
-        (self.block_m() + 2 * self.block_n) * self.head_dim * 2
+    fn dynamic_smem(&self, row_tiles: u32) -> u32 {
+        (self.block_m(row_tiles) + 2 * self.block_n) * self.head_dim * 2
     }
 
     fn defines(&self) -> [String; 2] {
@@ -58,7 +59,9 @@ impl Config {
     }
 
     /// The manifest with this configuration for its head dim: source defines and the
-    /// launch geometry of every forward entry of that head dim.
+    /// launch geometry of every forward entry of that head dim. Row tiles per warp
+    /// are the entry's own (fixed in its .cu instantiation): the old geometry's
+    /// block_m / (16 × warps).
     pub fn apply_to(&self, manifest: &Manifest) -> Manifest {
         let mut m = manifest.clone();
         let prefixes = [format!("FA_WARPS_D{}=", self.head_dim), format!("FA_BLOCK_N_D{}=", self.head_dim)];
@@ -74,13 +77,14 @@ impl Config {
             for k in src.kernels.iter_mut().filter(|k| {
                 portable(&k.entry) && (k.entry.ends_with(&suffix) || k.entry.contains(&format!("{suffix}_")))
             }) {
+                let row_tiles = k.launch.map_or(1, |l| (l.block_m / (16 * (l.threads / 32).max(1))).max(1));
                 k.launch = Some(Launch {
                     threads: 32 * self.warps,
-                    block_m: self.block_m(),
+                    block_m: self.block_m(row_tiles),
                     block_n: self.block_n,
                     persistent: false,
                 });
-                k.dynamic_smem = self.dynamic_smem();
+                k.dynamic_smem = self.dynamic_smem(row_tiles);
             }
         }
         m
@@ -336,6 +340,21 @@ mod tests {
         let again = Config { warps: 4, ..c }.apply_to(&t);
         let fwd = again.sources.iter().find(|s| s.file == "flash_fwd_f16.cu").unwrap();
         assert_eq!(fwd.defines.iter().filter(|d| d.starts_with("FA_WARPS_D128=")).count(), 1);
+    }
+
+    #[test]
+    fn entries_keep_their_row_tiles() {
+        let m = Manifest::parse(include_str!("../../kernels/manifest.json")).unwrap();
+        let t = Config { head_dim: 64, warps: 8, block_n: 32 }.apply_to(&m);
+        let fwd = t.sources.iter().find(|s| s.file == "flash_fwd_f16.cu").unwrap();
+        let geometry = |entry: &str| {
+            let k = fwd.kernels.iter().find(|k| k.entry == entry).unwrap();
+            (k.launch.unwrap().block_m, k.dynamic_smem)
+        };
+        // Two 16-row tiles per warp in the D=64 non-causal entry, one in its _m64 twin.
+        assert_eq!(geometry("flash_fwd_f16_d64"), (256, (256 + 64) * 64 * 2));
+        assert_eq!(geometry("flash_fwd_f16_d64_m64"), (128, (128 + 64) * 64 * 2));
+        assert_eq!(geometry("flash_fwd_f16_d64_causal"), (128, (128 + 64) * 64 * 2));
     }
 
     #[test]

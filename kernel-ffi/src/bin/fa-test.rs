@@ -94,18 +94,18 @@ fn sanitize_set() -> Vec<Case> {
         }
         cases.push(sanitize_set_ref(dtype));
     }
-    with_hopper(cases)
+    on_every_entry(cases)
 }
 
-/// The cases for the portable kernel, then each again for each Hopper entry
-/// (named `…-hopper-m64` / `…-hopper-m128`; run only where that entry is loaded).
-fn with_hopper(mut cases: Vec<Case>) -> Vec<Case> {
-    let hopper: Vec<Case> = [64, 128]
+/// Every case on every entry: the portable kernel's and then the Hopper kernel's,
+/// each at 64 and 128 query rows per CTA (named `…-m64` / `…-hopper-m128`); a case
+/// runs only where its entry is loaded (most configurations have one row count).
+fn on_every_entry(cases: Vec<Case>) -> Vec<Case> {
+    [Variant::Portable, Variant::Hopper]
         .into_iter()
-        .flat_map(|m| cases.iter().map(move |c| Case { variant: Variant::Hopper, block_m: Some(m), ..c.clone() }))
-        .collect();
-    cases.extend(hopper);
-    cases
+        .flat_map(|variant| [64, 128].into_iter().map(move |m| (variant, m)))
+        .flat_map(|(variant, m)| cases.iter().map(move |c| Case { variant, block_m: Some(m), ..c.clone() }))
+        .collect()
 }
 
 fn sanitize_set_ref(dtype: Dtype) -> Case {
@@ -207,7 +207,7 @@ fn matrix() -> Vec<Case> {
         large(Dtype::Bf16, 64, true, 1, 2, 1, 4096, 4096, Layout::Bhsd, Splits::Auto),
         large(Dtype::F16, 128, false, 1, 4, 4, 3000, 1001, Layout::Bhsd, Splits::Fixed(2)),
     ]);
-    with_hopper(cases)
+    on_every_entry(cases)
 }
 
 /// Random bits for a tensor, and the same values as f32 after rounding to dtype.
@@ -383,7 +383,7 @@ fn run() -> Result<()> {
         cases.retain(|c| c.variant != Variant::Hopper);
         eprintln!("fa-test: {} Hopper cases not run: {} is not sm_90", before - cases.len(), att.device().name);
     }
-    // Hopper cases for a row count the kernel has no entry for (e.g. causal D=128 has no _m64).
+    // Cases for a row count their configuration has no entry for (most have one).
     cases.retain(|c| c.block_m.is_none_or(|m| att.block_ms(c.variant, c.dtype, c.head_dim, c.causal).contains(&m)));
     eprintln!(
         "fa-test: {} cases on {} (sm count {}), seed {seed}",
