@@ -167,8 +167,14 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     row_max[mt][0] = row_max[mt][1] = -INFINITY;
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
-  uint32_t qf[MT][D / 16][4];
+  // Q fragments stay in registers, loaded once, unless that would spill (two row
+  // tiles at D=128): then they are re-read from the resident Q tile per key tile.
+  constexpr bool kQInRegs = D * MT <= 128;
+  uint32_t qf[kQInRegs ? MT : 1][kQInRegs ? D / 16 : 1][4];
   const int w0 = warp * 16 * MT;
+  auto q_addr = [&](int mt, int kk) {
+    return smem_u32(sQ + swizzle<D>(w0 + 16 * mt + (lane % 16), kk * 16 + (lane / 16) * 8));
+  };
 
   const TileCopy<T, BN, D, Cfg::kThreads> k_copy(sK, k, p.k_row_stride);
   const TileCopy<T, BN, D, Cfg::kThreads> v_copy(sV, v, p.v_row_stride);
@@ -190,13 +196,13 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     cp_async_wait<1>();  // K(n0) (and Q) landed
     __syncthreads();
 
-    if (n0 == n_begin) {
+    if (kQInRegs && n0 == n_begin) {
       #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           const int row = w0 + 16 * mt + (lane % 16), col = kk * 16 + (lane / 16) * 8;
-          ldmatrix_x4(qf[mt][kk], smem_u32(sQ + swizzle<D>(row, col)));
+          ldmatrix_x4(qf[kQInRegs ? mt : 0][kQInRegs ? kk : 0], smem_u32(sQ + swizzle<D>(row, col)));
         }
       }
     }
@@ -210,14 +216,20 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     }
     #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qs[MT][4];
+      if constexpr (!kQInRegs) {
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qs[mt], q_addr(mt, kk));
+      }
       #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t kf[4];
         ldmatrix_x4(kf, k_frag.at(np, kk));
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(s[mt][2 * np], qf[mt][kk], kf[0], kf[1]);
-          mma_16816<T>(s[mt][2 * np + 1], qf[mt][kk], kf[2], kf[3]);
+          const uint32_t(&qa)[4] = kQInRegs ? qf[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : qs[mt];
+          mma_16816<T>(s[mt][2 * np], qa, kf[0], kf[1]);
+          mma_16816<T>(s[mt][2 * np + 1], qa, kf[2], kf[3]);
         }
       }
     }

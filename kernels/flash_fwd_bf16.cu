@@ -4,12 +4,13 @@
 
 using namespace fa;
 
-// D=64 non-causal: two 16-row tiles per warp, or one (`_m64`, for problems that
-// would not fill the GPU); everything else one.
+// Non-causal: two 16-row tiles per warp, or one (`_m64`, for problems that would
+// not fill the GPU); causal: one.
 FA_FWD_ENTRY(__nv_bfloat16, 64, false, 2, flash_fwd_bf16_d64)
 FA_FWD_ENTRY(__nv_bfloat16, 64, false, 1, flash_fwd_bf16_d64_m64)
 FA_FWD_ENTRY(__nv_bfloat16, 64, true, 1, flash_fwd_bf16_d64_causal)
-FA_FWD_ENTRY(__nv_bfloat16, 128, false, 1, flash_fwd_bf16_d128)
+FA_FWD_ENTRY(__nv_bfloat16, 128, false, 2, flash_fwd_bf16_d128)
+FA_FWD_ENTRY(__nv_bfloat16, 128, false, 1, flash_fwd_bf16_d128_m64)
 FA_FWD_ENTRY(__nv_bfloat16, 128, true, 1, flash_fwd_bf16_d128_causal)
 
 // Launched with 128 threads: four rows per block.

@@ -303,8 +303,10 @@ impl Attention {
         let wanted = block_m.or_else(|| match loaded.as_slice() {
             [(_, narrow), (_, wide)] => {
                 let ctas = (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(narrow.launch.block_m));
-                let slots = u64::from(self.device.sm_count) * u64::from(narrow.ctas_per_sm.max(1));
-                Some(if planner::prefer_m64(ctas, slots) { narrow.launch.block_m } else { wide.launch.block_m })
+                let slots = |k: &Kernel| u64::from(self.device.sm_count) * u64::from(k.ctas_per_sm.max(1));
+                let rows = |k: &Kernel| u64::from(k.launch.block_m);
+                let m64 = planner::prefer_m64(ctas, slots(narrow), rows(narrow), slots(wide), rows(wide));
+                Some(if m64 { narrow.launch.block_m } else { wide.launch.block_m })
             }
             _ => None,
         });

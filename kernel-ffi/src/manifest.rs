@@ -51,6 +51,10 @@ pub struct Kernel {
     pub allow_spills: bool,
     #[serde(default, skip_serializing_if = "is_false")]
     pub allow_stack: bool,
+    /// Archs on which this entry may spill to local memory anyway (spills, their
+    /// stack frame, LDL/STL); every other arch keeps the no-spill budget.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local_memory_on: Vec<String>,
     /// SASS opcodes the compiled entry must contain, e.g. `HGMMA` for wgmma: proof
     /// that the tensor-core path survived compilation (checked by `cargo xtask build`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -141,6 +145,18 @@ impl Manifest {
 
     pub fn kernel(&self, entry: &str) -> Option<&Kernel> {
         self.sources.iter().flat_map(|s| &s.kernels).find(|k| k.entry == entry)
+    }
+}
+
+impl Kernel {
+    /// Whether register spills are within this entry's budget on `arch`.
+    pub fn may_spill(&self, arch: &str) -> bool {
+        self.allow_spills || self.local_memory_on.iter().any(|a| a == arch)
+    }
+
+    /// Whether a stack frame is within this entry's budget on `arch`.
+    pub fn may_use_stack(&self, arch: &str) -> bool {
+        self.allow_stack || self.local_memory_on.iter().any(|a| a == arch)
     }
 }
 

@@ -30,7 +30,7 @@ pub fn check(res: &KernelResources, kernel: &Kernel, arch: &Arch, static_smem_li
             hint: hint.to_string(),
         })
     };
-    if res.spill_bytes() > 0 && !kernel.allow_spills {
+    if res.spill_bytes() > 0 && !kernel.may_spill(&res.arch) {
         breach(
             "spill bytes",
             res.spill_bytes(),
@@ -38,7 +38,7 @@ pub fn check(res: &KernelResources, kernel: &Kernel, arch: &Arch, static_smem_li
             "cut live registers (smaller tiles, fewer accumulators) or set allow_spills",
         );
     }
-    if res.stack_frame > 0 && !kernel.allow_stack {
+    if res.stack_frame > 0 && !kernel.may_use_stack(&res.arch) {
         breach(
             "stack frame bytes",
             res.stack_frame,
@@ -149,7 +149,7 @@ pub fn check_sass(manifest: &Manifest, records: &[SassRecord]) -> Vec<Breach> {
             }
         }
         let local: u32 = LOCAL_MEMORY.iter().filter_map(|op| rec.opcodes.get(*op)).sum();
-        if local > 0 && !kernel.allow_spills && !kernel.allow_stack {
+        if local > 0 && !kernel.may_spill(&rec.arch) && !kernel.may_use_stack(&rec.arch) {
             out.push(breach(
                 "SASS local memory instructions (LDL/STL)".into(),
                 local,
@@ -200,6 +200,16 @@ mod tests {
     }
 
     #[test]
+    fn local_memory_allowed_per_arch() {
+        let mut m = manifest();
+        m.sources[0].kernels[2].local_memory_on = vec!["sm_90".into(), "sm_90a".into()];
+        let b = check_all(&m, &fixture());
+        // The fixture's stack frame stays a breach on sm_89 only.
+        assert_eq!(b.len(), 1, "{b:#?}");
+        assert_eq!((b[0].arch.as_str(), b[0].what.as_str()), ("sm_89", "stack frame bytes"));
+    }
+
+    #[test]
     fn planted_spill_registers_and_smem_breaches() {
         let m = manifest();
         let planted = KernelResources {
@@ -245,6 +255,7 @@ mod tests {
             dynamic_smem: 0,
             allow_spills: false,
             allow_stack: true,
+            local_memory_on: Vec::new(),
             sass_requires: Vec::new(),
             launch: None,
         });
