@@ -322,3 +322,13 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT>::kThreads, 1) NAME(const fa::FlashParams p) { \
     fa::flash_fwd<T, D, CAUSAL, MT>(p);                                                               \
   }
+
+// Every forward entry of one dtype. Non-causal: two 16-row tiles per warp, or one
+// (`_m64`, for problems that would not fill the GPU); causal: one.
+#define FA_FWD_ENTRIES(T, DT)                                 \
+  FA_FWD_ENTRY(T, 64, false, 2, flash_fwd_##DT##_d64)         \
+  FA_FWD_ENTRY(T, 64, false, 1, flash_fwd_##DT##_d64_m64)     \
+  FA_FWD_ENTRY(T, 64, true, 1, flash_fwd_##DT##_d64_causal)   \
+  FA_FWD_ENTRY(T, 128, false, 2, flash_fwd_##DT##_d128)       \
+  FA_FWD_ENTRY(T, 128, false, 1, flash_fwd_##DT##_d128_m64)   \
+  FA_FWD_ENTRY(T, 128, true, 1, flash_fwd_##DT##_d128_causal)

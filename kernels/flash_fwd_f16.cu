@@ -4,14 +4,7 @@
 
 using namespace fa;
 
-// Non-causal: two 16-row tiles per warp, or one (`_m64`, for problems that would
-// not fill the GPU); causal: one.
-FA_FWD_ENTRY(__half, 64, false, 2, flash_fwd_f16_d64)
-FA_FWD_ENTRY(__half, 64, false, 1, flash_fwd_f16_d64_m64)
-FA_FWD_ENTRY(__half, 64, true, 1, flash_fwd_f16_d64_causal)
-FA_FWD_ENTRY(__half, 128, false, 2, flash_fwd_f16_d128)
-FA_FWD_ENTRY(__half, 128, false, 1, flash_fwd_f16_d128_m64)
-FA_FWD_ENTRY(__half, 128, true, 1, flash_fwd_f16_d128_causal)
+FA_FWD_ENTRIES(__half, f16)
 
 // Launched with 128 threads: four rows per block.
 extern "C" __global__ void __launch_bounds__(128) flash_combine_f16_d64(const CombineParams p) {
