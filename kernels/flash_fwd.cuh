@@ -3,8 +3,9 @@
 // One CTA owns kBlockM query rows of one (batch, head) and one key split; each
 // warp owns 16 × kRowTiles of those rows end to end, so the online softmax needs
 // no cross-warp communication, and with two row tiles every K and V fragment a
-// warp loads from shared memory feeds two mma.sync instead of one. Per key tile of kBlockN: S = Q·Kᵀ (fp32), online
-// softmax in the exp2 domain, O += P·V with P kept in registers.
+// warp loads from shared memory feeds two mma.sync instead of one. Per key tile
+// of kBlockN: S = Q·Kᵀ (fp32), online softmax in the exp2 domain, O += P·V with P
+// kept in registers.
 #pragma once
 
 #include "common.cuh"
@@ -16,8 +17,8 @@ namespace fa {
 // Tile configuration per head dim, chosen by `cargo xtask tune` and passed as
 // defines from the manifest (whose launch geometry must match): warps per CTA and
 // keys per tile. 16-row tiles per warp (MT, so kBlockM = 16 × warps × MT) are
-// fixed per entry: the D=64 non-causal kernel has an MT = 2 entry and an MT = 1
-// one (`_m64`), and kernel-ffi picks per problem (planner::prefer_m64).
+// fixed per entry: each non-causal configuration has an MT = 2 entry and an
+// MT = 1 one (`_m64`), and kernel-ffi picks per problem (planner::prefer_m64).
 #ifndef FA_WARPS_D64
 #define FA_WARPS_D64 4
 #endif
@@ -175,6 +176,14 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   auto q_addr = [&](int mt, int kk) {
     return smem_u32(sQ + swizzle<D>(w0 + 16 * mt + (lane % 16), kk * 16 + (lane / 16) * 8));
   };
+  // Row tile mt's A fragment for k-step kk: from qf, or from this k-step's reads.
+  auto q_frag = [&](int mt, int kk, const uint32_t (&qs)[MT][4]) -> const uint32_t (&)[4] {
+    if constexpr (kQInRegs) {
+      return qf[mt][kk];
+    } else {
+      return qs[mt];
+    }
+  };
 
   const TileCopy<T, BN, D, Cfg::kThreads> k_copy(sK, k, p.k_row_stride);
   const TileCopy<T, BN, D, Cfg::kThreads> v_copy(sV, v, p.v_row_stride);
@@ -196,13 +205,12 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     cp_async_wait<1>();  // K(n0) (and Q) landed
     __syncthreads();
 
-    if (kQInRegs && n0 == n_begin) {
-      #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
+    if constexpr (kQInRegs) {
+      if (n0 == n_begin) {
         #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const int row = w0 + 16 * mt + (lane % 16), col = kk * 16 + (lane / 16) * 8;
-          ldmatrix_x4(qf[kQInRegs ? mt : 0][kQInRegs ? kk : 0], smem_u32(sQ + swizzle<D>(row, col)));
+        for (int mt = 0; mt < MT; ++mt) {
+          #pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_addr(mt, kk));
         }
       }
     }
@@ -227,7 +235,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
         ldmatrix_x4(kf, k_frag.at(np, kk));
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          const uint32_t(&qa)[4] = kQInRegs ? qf[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : qs[mt];
+          const uint32_t(&qa)[4] = q_frag(mt, kk, qs);
           mma_16816<T>(s[mt][2 * np], qa, kf[0], kf[1]);
           mma_16816<T>(s[mt][2 * np + 1], qa, kf[2], kf[3]);
         }
@@ -280,7 +288,9 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 
   // ---- Epilogue: normalise, then write O (or the split's fp32 partial) and LSE.
   #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) store_rows<T, D>(p, o[mt], row_max[mt], row_sum[mt], m0 + w0 + 16 * mt + g, b, h, split, t);
+  for (int mt = 0; mt < MT; ++mt) {
+    store_rows<T, D>(p, o[mt], row_max[mt], row_sum[mt], m0 + w0 + 16 * mt + g, b, h, split, t);
+  }
 }
 
 // Merges split partials by log-sum-exp: O = Σ_s w_s·O_s / Σ_s w_s with

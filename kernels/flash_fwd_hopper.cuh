@@ -47,16 +47,16 @@ namespace fa {
 #ifndef FA_HOPPER_STAGES_D128_CAUSAL
 #define FA_HOPPER_STAGES_D128_CAUSAL 2
 #endif
-// FA_HOPPER_PERSISTENT_CAUSAL: 1 = causal entries run persistent CTAs over pairs
-//   of query blocks (hopper_item), 0 = one CTA per query block.
-#ifndef FA_HOPPER_PERSISTENT_CAUSAL
-#define FA_HOPPER_PERSISTENT_CAUSAL 1
-#endif
 #ifndef FA_HOPPER_STAGES_D64_M64
 #define FA_HOPPER_STAGES_D64_M64 2
 #endif
 #ifndef FA_HOPPER_STAGES_D128_M64
 #define FA_HOPPER_STAGES_D128_M64 2
+#endif
+// FA_HOPPER_PERSISTENT_CAUSAL: 1 = causal entries run persistent CTAs over pairs
+//   of query blocks (hopper_item), 0 = one CTA per query block.
+#ifndef FA_HOPPER_PERSISTENT_CAUSAL
+#define FA_HOPPER_PERSISTENT_CAUSAL 1
 #endif
 
 template <int D, bool CAUSAL, int ROWS>
@@ -71,8 +71,7 @@ struct HopperConfig {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
                                                  : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
-  static constexpr bool kPersistent = CAUSAL && FA_HOPPER_PERSISTENT_CAUSAL;
-  static_assert(!kPersistent || CAUSAL, "persistent units are causal pairs of query blocks");
+  static constexpr bool kPersistent = CAUSAL && FA_HOPPER_PERSISTENT_CAUSAL;  // units are causal pairs
   static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
@@ -144,8 +143,7 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
 // order. The K/V ring runs on across items (g0: ring position of an item's first
 // tile) and Q has a full/empty pair, so the producer loads the next item's Q and
 // first tiles while the consumers finish and store the current one. With one
-// item per CTA the loops fold to straight-line code (same SASS as before
-// persistence existed).
+// item per CTA the loops fold to straight-line code.
 template <typename T, int D, bool CAUSAL, int ROWS>
 __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   using Cfg = HopperConfig<D, CAUSAL, ROWS>;
@@ -383,3 +381,12 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       NAME(const __grid_constant__ fa::HopperParams p) {                                       \
     fa::flash_fwd_hopper<T, D, CAUSAL, ROWS>(p);                                               \
   }
+
+// Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM); D=128 in
+// 128-row CTAs, plus 64-row ones for non-causal problems that do not fill the GPU.
+#define FA_HOPPER_ENTRIES(T, DT)                                            \
+  FA_HOPPER_ENTRY(T, 64, false, 64, flash_fwd_hopper_##DT##_d64_m64)        \
+  FA_HOPPER_ENTRY(T, 64, true, 64, flash_fwd_hopper_##DT##_d64_causal_m64)  \
+  FA_HOPPER_ENTRY(T, 128, false, 128, flash_fwd_hopper_##DT##_d128)         \
+  FA_HOPPER_ENTRY(T, 128, false, 64, flash_fwd_hopper_##DT##_d128_m64)      \
+  FA_HOPPER_ENTRY(T, 128, true, 128, flash_fwd_hopper_##DT##_d128_causal)

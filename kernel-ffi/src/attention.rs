@@ -84,8 +84,8 @@ pub struct Options {
     pub scale: Option<f32>,
     pub splits: Splits,
     pub variant: Variant,
-    /// Query rows per CTA (64 or 128) where the kernel has entries for both (the
-    /// Hopper kernel's `_m64` entries); `None` lets `planner::prefer_m64` choose.
+    /// Query rows per CTA (64 or 128) where the configuration has entries for both
+    /// (an `_m64` entry beside the 128-row one); `None` lets `planner::prefer_m64` choose.
     pub block_m: Option<u32>,
 }
 

@@ -75,13 +75,15 @@ pub fn prefer_hopper(head_dim: usize, flops: f64) -> bool {
 /// and rows per CTA, and the 64-row grid: when that grid fits in one wave, so that
 /// more SMs work, or when the 128-row entry keeps no more query rows resident
 /// (the portable D=128 one on an L4, where 64 KB of shared memory leaves one CTA
-/// per SM: 4 warps against the 64-row entry's 8). Measured on an H200 (`fa-bench --block-m 64|128`, 3 rounds):
-/// Hopper D=128 (one CTA per SM either way) 15% faster at B1 H16 S512 (128
-/// against 64 CTAs), 35-43% slower wherever 128-row CTAs already fill the GPU;
-/// portable D=64 non-causal (three 64-row or two 128-row CTAs per SM) 17-30%
-/// faster on B1 H1 S512 and B2 H8 S512, 9-12% slower from B4 H16 S2048 up
-/// (before ledger iteration 21). (Hopper D=64 has only 64-row CTAs, two per SM:
-/// 1.6-25% faster than 128-row ones up to 4096 keys, even to 5% slower at 8192.)
+/// per SM: 4 warps against the 64-row entry's 8).
+///
+/// The 64-row entry measured on an H200 (`fa-bench --block-m 64|128`, 3 rounds):
+/// Hopper D=128 (one CTA per SM either way) 15% faster at B1 H16 S512 (128 CTAs
+/// against 64), 35-43% slower wherever 128-row CTAs already fill the GPU; portable
+/// D=64 (three 64-row or two 128-row CTAs per SM) 17-30% faster on B1 H1 S512 and
+/// B2 H8 S512, 9-12% slower from B4 H16 S2048 up (before ledger iteration 21);
+/// portable D=128 15-17% slower from B1 H16 S2048 up (before iteration 22). (Hopper D=64 has only 64-row CTAs, two per SM: 1.6-25% faster
+/// than 128-row ones up to 4096 keys, even to 5% slower at 8192.)
 pub fn prefer_m64(narrow_ctas: u64, narrow_slots: u64, narrow_rows: u64, wide_slots: u64, wide_rows: u64) -> bool {
     narrow_ctas <= narrow_slots || narrow_slots * narrow_rows >= wide_slots * wide_rows
 }

@@ -27,7 +27,7 @@ struct Case {
     scale: Option<f32>,
     gpu_reference: bool,
     variant: Variant,
-    /// Query rows per CTA: the Hopper kernel's cases name one (`None`: the planner's).
+    /// Query rows per CTA: `on_every_entry` names one (`None`: the planner's choice).
     block_m: Option<u32>,
 }
 
