@@ -27,12 +27,15 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_r
   const bool tail = n0 + 8 * NT > seqlen_k;
   const bool crosses = CAUSAL && n0 + 8 * NT - 1 > first_row + diag;
   if (!tail && !crosses) return;
+  // Limits relative to this thread's first key, so that the loop compares
+  // compile-time offsets against two values.
+  const int end = seqlen_k - n0 - 2 * t, last = row_lo + diag - n0 - 2 * t;
   #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int row = row_lo + (e / 2) * 8, key = n0 + nt * 8 + 2 * t + (e % 2);
-      if (key >= seqlen_k || (CAUSAL && key > row + diag)) s[nt][e] = -INFINITY;
+      const int key = nt * 8 + (e % 2);
+      if (key >= end || (CAUSAL && key > last + (e / 2) * 8)) s[nt][e] = -INFINITY;
     }
   }
 }
