@@ -305,7 +305,7 @@ impl Attention {
                 let ctas = (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(narrow.launch.block_m));
                 let slots = |k: &Kernel| u64::from(self.device.sm_count) * u64::from(k.ctas_per_sm.max(1));
                 let rows = |k: &Kernel| u64::from(k.launch.block_m);
-                let m64 = planner::prefer_m64(ctas, slots(narrow), rows(narrow), slots(wide), rows(wide));
+                let m64 = planner::prefer_m64(causal, ctas, slots(narrow), rows(narrow), slots(wide), rows(wide));
                 Some(if m64 { narrow.launch.block_m } else { wide.launch.block_m })
             }
             _ => None,

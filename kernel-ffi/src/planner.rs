@@ -75,17 +75,35 @@ pub fn prefer_hopper(head_dim: usize, flops: f64) -> bool {
 /// and rows per CTA, and the 64-row grid: when that grid fits in one wave, so that
 /// more SMs work, or when the 128-row entry keeps no more query rows resident
 /// (the portable D=128 one on an L4, where 64 KB of shared memory leaves one CTA
-/// per SM: 4 warps against the 64-row entry's 8).
+/// per SM: 4 warps against the 64-row entry's 8). Causal grids also take the
+/// 64-row entry below 2.5 waves of 128-row CTAs: their blocks' costs grow with the
+/// row index, and in few waves the last, uneven wave of coarse blocks costs more
+/// than two row tiles per warp save.
 ///
 /// The 64-row entry measured on an H200 (`fa-bench --block-m 64|128`, 3 rounds):
 /// Hopper D=128 (one CTA per SM either way) 15% faster at B1 H16 S512 (128 CTAs
 /// against 64), 35-43% slower wherever 128-row CTAs already fill the GPU; portable
 /// D=64 (three 64-row or two 128-row CTAs per SM) 17-30% faster on B1 H1 S512 and
 /// B2 H8 S512, 9-12% slower from B4 H16 S2048 up (before ledger iteration 21);
-/// portable D=128 15-17% slower from B1 H16 S2048 up (before iteration 22). (Hopper D=64 has only 64-row CTAs, two per SM: 1.6-25% faster
-/// than 128-row ones up to 4096 keys, even to 5% slower at 8192.)
-pub fn prefer_m64(narrow_ctas: u64, narrow_slots: u64, narrow_rows: u64, wide_slots: u64, wide_rows: u64) -> bool {
-    narrow_ctas <= narrow_slots || narrow_slots * narrow_rows >= wide_slots * wide_rows
+/// portable D=128 15-17% slower from B1 H16 S2048 up (before iteration 22);
+/// portable D=128 causal (two CTAs of either size per SM) 4% faster at B1 H16
+/// S4096 (1.9 waves of 128-row CTAs), 5% slower at B4 H16 S2048 (3.9 waves) and
+/// 11-12% at B2 H16 S8192 (7.8), which a list-scheduling model of the causal grid
+/// reproduces with 128-row CTAs 18% cheaper per row and puts the break-even
+/// between 2.2 and 2.9 waves. (Hopper D=64 has only 64-row CTAs, two per SM:
+/// 1.6-25% faster than 128-row ones up to 4096 keys, even to 5% slower at 8192.)
+pub fn prefer_m64(
+    causal: bool,
+    narrow_ctas: u64,
+    narrow_slots: u64,
+    narrow_rows: u64,
+    wide_slots: u64,
+    wide_rows: u64,
+) -> bool {
+    let wide_ctas = (narrow_ctas * narrow_rows).div_ceil(wide_rows.max(1));
+    narrow_ctas <= narrow_slots
+        || narrow_slots * narrow_rows >= wide_slots * wide_rows
+        || (causal && 2 * wide_ctas < 5 * wide_slots)
 }
 
 /// Matrix-product FLOPs of an attention forward by the usual convention (the
@@ -181,11 +199,12 @@ mod tests {
     #[test]
     fn m64_where_it_measured_faster() {
         // H200: 132 SMs, one Hopper D=128 CTA per SM either way.
-        let d128 = |b: u64, h: u64, s: u64| prefer_m64(b * h * s.div_ceil(64), 132, 64, 132, 128);
+        let d128 = |b: u64, h: u64, s: u64| prefer_m64(false, b * h * s.div_ceil(64), 132, 64, 132, 128);
         assert!(d128(1, 16, 512));
         // Portable D=64 non-causal, three 64-row or two 128-row CTAs per SM on an H200
         // and an L4 (58 SMs).
-        let d64 = |sms: u64, b: u64, h: u64, s: u64| prefer_m64(b * h * s.div_ceil(64), 3 * sms, 64, 2 * sms, 128);
+        let d64 =
+            |sms: u64, b: u64, h: u64, s: u64| prefer_m64(false, b * h * s.div_ceil(64), 3 * sms, 64, 2 * sms, 128);
         assert!(d64(132, 1, 1, 512) && d64(132, 2, 8, 512));
         assert!(!d64(132, 4, 16, 2048) && !d64(132, 16, 16, 1024) && !d64(132, 2, 16, 4096));
         assert!(d64(58, 2, 8, 512) && d64(58, 1, 16, 512));
@@ -193,11 +212,18 @@ mod tests {
         // Portable D=128 non-causal: two CTAs of either size per SM on an H200 (the
         // measured 15-17% win of 128 rows from B1 H16 S2048 up); on an L4 the 128-row
         // entry's 64 KB leaves one per SM, so the 64-row one always.
-        let h200 = |b: u64, h: u64, s: u64| prefer_m64(b * h * s.div_ceil(64), 264, 64, 264, 128);
+        let h200 = |b: u64, h: u64, s: u64| prefer_m64(false, b * h * s.div_ceil(64), 264, 64, 264, 128);
         assert!(h200(1, 16, 512) && !h200(1, 16, 2048) && !h200(4, 16, 2048));
-        let l4 = |b: u64, h: u64, s: u64| prefer_m64(b * h * s.div_ceil(64), 116, 64, 58, 128);
-        assert!(l4(1, 16, 512) && l4(4, 16, 2048) && l4(2, 16, 8192));
+        let l4 = |causal: bool, b: u64, h: u64, s: u64| prefer_m64(causal, b * h * s.div_ceil(64), 116, 64, 58, 128);
+        assert!(l4(false, 1, 16, 512) && l4(false, 4, 16, 2048) && l4(false, 2, 16, 8192));
         assert!(!d128(2, 16, 512) && !d128(1, 16, 1024) && !d128(4, 16, 2048) && !d128(2, 16, 8192));
+        // Portable D=128 causal: two CTAs of either size per SM on an H200; 128-row
+        // CTAs from 2.5 waves (measured: 4% slower at 1.9 waves, 5-12% faster from
+        // 3.9 up); on an L4 the 64-row entry, as non-causal.
+        let h200_causal = |b: u64, h: u64, s: u64| prefer_m64(true, b * h * s.div_ceil(64), 264, 64, 264, 128);
+        assert!(h200_causal(1, 16, 4096) && h200_causal(1, 16, 512) && h200_causal(2, 16, 2048));
+        assert!(!h200_causal(4, 16, 2048) && !h200_causal(2, 16, 8192) && !h200_causal(1, 12, 8192));
+        assert!(l4(true, 2, 16, 8192) && l4(true, 1, 16, 4096));
     }
 
     #[test]

@@ -329,8 +329,8 @@ mod tests {
             if !k.entry.starts_with("flash_fwd_") {
                 assert_eq!(l.block_n, 0, "{} is not a tiled kernel", k.entry);
             } else if k.entry.contains("_d128") {
-                // 16 rows × 8 warps × the entry's row tiles (two in the non-causal 128-row entry).
-                let rows = if k.entry.ends_with("_d128") { 256 } else { 128 };
+                // 16 rows × 8 warps × the entry's row tiles (two, but one in the _m64 entries).
+                let rows = if k.entry.ends_with("_m64") { 128 } else { 256 };
                 assert_eq!((l.threads, l.block_m, l.block_n, k.dynamic_smem), (256, rows, 32, (rows + 64) * 128 * 2));
             } else {
                 assert_eq!((l.threads, l.block_n), (128, 64), "{} untouched", k.entry);
