@@ -121,16 +121,22 @@ pub fn write_atomic(path: &Path, contents: &str) -> Result<()> {
 }
 
 /// Appends one entry under the lock; returns it with its iteration number set.
+/// Earlier lines are kept byte for byte (parsed only to number the new one):
+/// re-serialising them would rewrite history wherever a float does not survive
+/// the round trip.
 pub fn append(path: &Path, mut entry: Entry) -> Result<Entry> {
     let _lock = Lock::acquire(path, Duration::from_secs(60))?;
-    let mut entries = read(path)?;
-    entry.iteration = entries.last().map_or(1, |e| e.iteration + 1);
-    entries.push(entry.clone());
-    let mut text = String::new();
-    for e in &entries {
-        text.push_str(&serde_json::to_string(e)?);
+    entry.iteration = next_iteration(path)?;
+    let mut text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
+    text.push_str(&serde_json::to_string(&entry)?);
+    text.push('\n');
     write_atomic(path, &text)?;
     Ok(entry)
 }
@@ -167,6 +173,23 @@ mod tests {
         let all = read(&path).unwrap();
         assert_eq!(all.iter().map(|e| e.hypothesis.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert!(!path.with_extension("lock").exists(), "lock released");
+    }
+
+    #[test]
+    fn earlier_lines_are_kept_verbatim() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.jsonl");
+        append(&path, entry("a")).unwrap();
+        // A line as an older xtask or another serializer wrote it: 17 significant
+        // digits that serde_json's default parser does not round-trip, other spacing.
+        let first = std::fs::read_to_string(&path).unwrap();
+        let edited =
+            first.trim_end().replace("\"timestamp\":\"t\"", "\"timestamp\": \"t\", \"x\": 0.012395446653327591");
+        std::fs::write(&path, &edited).unwrap(); // and no final newline
+        append(&path, entry("b")).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(&format!("{edited}\n")), "{text}");
+        assert_eq!(read(&path).unwrap().iter().map(|e| e.iteration).collect::<Vec<_>>(), [1, 2]);
     }
 
     #[test]
