@@ -13,7 +13,7 @@ use crate::paths::Paths;
 use crate::process::Cmd;
 use crate::report::{Device, Envelope, Toolchain};
 use crate::sanitizer::{self, Finding, Summary};
-use crate::schema::DeviceInfo;
+use crate::schema::{DeviceInfo, TestRun};
 use crate::{CannotRun, CheckFailed, build, table, toolchain, tools};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -88,8 +88,24 @@ pub struct ToolRun {
     /// From the text output; `None` means nothing was checked.
     pub summary: Option<Summary>,
     pub findings: Vec<Finding>,
+    /// What fa-test ran under the tool, from its JSON; `None`: it wrote none.
+    #[serde(default)]
+    pub tests: Option<Tally>,
     pub xml: PathBuf,
     pub log: PathBuf,
+}
+
+/// Correctness cases fa-test ran under a tool, and how many failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tally {
+    pub cases: usize,
+    pub failed: usize,
+}
+
+impl Tally {
+    pub fn of(run: &TestRun) -> Tally {
+        Tally { cases: run.cases.len(), failed: run.cases.iter().filter(|c| !c.passed).count() }
+    }
 }
 
 impl ToolRun {
@@ -100,7 +116,33 @@ impl ToolRun {
     }
 
     fn clean(&self) -> bool {
-        self.summary.is_some_and(|s| s.leaked_bytes == 0) && self.errors() == 0
+        self.problems().is_empty()
+    }
+
+    /// Why a release run does not count as clean: the tool's own findings, and a
+    /// driver that failed or checked nothing (a sanitizer summary alone does not
+    /// prove any kernel ran).
+    fn problems(&self) -> Vec<String> {
+        let tool = self.tool.name();
+        let mut v = Vec::new();
+        match self.summary {
+            None => v.push(format!("{tool} printed no summary: nothing was checked (see {})", self.log.display())),
+            Some(s) if s.leaked_bytes > 0 => v.push(format!("memcheck found {} leaked bytes", s.leaked_bytes)),
+            Some(_) => {}
+        }
+        if self.errors() > 0 {
+            v.push(format!("{tool} reported {} error(s)", self.errors()));
+        }
+        match self.tests {
+            None => v.push(format!("fa-test wrote no results under {tool} (see {})", self.log.display())),
+            Some(t) if t.cases == 0 => v.push(format!("fa-test ran no case under {tool}")),
+            Some(t) if t.failed > 0 => v.push(format!("{} of {} cases failed under {tool}", t.failed, t.cases)),
+            Some(_) => {}
+        }
+        if self.exit_code != Some(0) && v.is_empty() {
+            v.push(format!("fa-test exited with {:?} under {tool} (see {})", self.exit_code, self.log.display()));
+        }
+        v
     }
 }
 
@@ -170,19 +212,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     Envelope::new("sanitize", toolchain, Some(dev), &payload).write(&report)?;
     println!("report: {}", report.display());
 
-    let mut problems = Vec::new();
-    for r in &payload.runs {
-        match r.summary {
-            None => problems.push(format!(
-                "{} printed no summary: nothing was checked (see {})",
-                r.tool.name(),
-                r.log.display()
-            )),
-            Some(_) if r.errors() > 0 => problems.push(format!("{} reported {} error(s)", r.tool.name(), r.errors())),
-            Some(s) if s.leaked_bytes > 0 => problems.push(format!("memcheck found {} leaked bytes", s.leaked_bytes)),
-            Some(_) => {}
-        }
-    }
+    let mut problems: Vec<String> = payload.runs.iter().flat_map(ToolRun::problems).collect();
     for d in payload.defects.iter().filter(|d| !d.caught) {
         problems.push(format!("planted {} was not caught by {}", d.define, d.expected_tool.name()));
     }
@@ -204,7 +234,9 @@ fn run_tool(
     let stem = if label == "release" { tool.name().to_string() } else { format!("{}-{label}", tool.name()) };
     let xml = dir.join(format!("{stem}.xml"));
     let log = dir.join(format!("{stem}.log"));
+    let results = dir.join(format!("{stem}.fa-test.json"));
     let _ = std::fs::remove_file(&xml);
+    let _ = std::fs::remove_file(&results);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     eprintln!("== sanitize: {} on {label} kernels", tool.name());
     let out = Cmd::new(sanitizer)
@@ -215,12 +247,16 @@ fn run_tool(
         .args(["--print-limit", "1000"])
         .arg(driver.display().to_string())
         .args(["--set", "sanitize", "--json"])
-        .arg(dir.join(format!("{stem}.fa-test.json")).display().to_string())
+        .arg(results.display().to_string())
         .env("FA_KERNEL_DIR", kernels.display().to_string())
         .timeout(opts.timeout.unwrap_or(tool.default_timeout()))
         .log(&log)
         .run()?;
     let text = format!("{}{}", out.stdout, out.stderr);
+    let tests = std::fs::read_to_string(&results)
+        .ok()
+        .and_then(|t| serde_json::from_str::<TestRun>(&t).ok())
+        .map(|r| Tally::of(&r));
     let findings = match std::fs::read_to_string(&xml) {
         Ok(x) => sanitizer::parse_xml(&x).with_context(|| format!("in {}", xml.display()))?,
         Err(_) => Vec::new(),
@@ -232,6 +268,7 @@ fn run_tool(
         seconds: out.elapsed.as_secs_f64(),
         summary: sanitizer::parse_summary(&text),
         findings,
+        tests,
         xml,
         log,
     })
@@ -308,4 +345,38 @@ fn findings_table<'a>(runs: impl Iterator<Item = &'a ToolRun>) -> String {
         })
         .collect();
     table::render(&["tool", "kernels", "kernel", "line", "what", "count"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(summary: Option<Summary>, tests: Option<Tally>, exit_code: i32) -> ToolRun {
+        ToolRun {
+            tool: Tool::Racecheck,
+            kernels: "release".into(),
+            exit_code: Some(exit_code),
+            seconds: 1.0,
+            summary,
+            findings: vec![],
+            tests,
+            xml: "r.xml".into(),
+            log: "r.log".into(),
+        }
+    }
+
+    #[test]
+    fn clean_needs_cases_that_ran_and_passed() {
+        let quiet = Some(Summary { errors: 0, warnings: 0, leaked_bytes: 0 });
+        let ran = Some(Tally { cases: 40, failed: 0 });
+        assert!(run(quiet, ran, 0).clean());
+        // The sanitizer's summary alone proves nothing about the kernels.
+        assert!(run(quiet, None, 0).problems()[0].contains("no results"));
+        assert!(run(quiet, Some(Tally { cases: 0, failed: 0 }), 0).problems()[0].contains("no case"));
+        assert!(run(quiet, Some(Tally { cases: 40, failed: 2 }), 1).problems()[0].contains("2 of 40"));
+        assert!(run(quiet, ran, 3).problems()[0].contains("exited with Some(3)"));
+        assert!(run(None, ran, 0).problems()[0].contains("no summary"));
+        let found = Some(Summary { errors: 5, warnings: 0, leaked_bytes: 0 });
+        assert_eq!(run(found, ran, 0).problems(), ["racecheck reported 5 error(s)"]);
+    }
 }
