@@ -206,6 +206,9 @@ fn matrix() -> Vec<Case> {
         large(Dtype::F16, 128, true, 2, 4, 2, 1000, 3000, Layout::Bshd, Splits::Fixed(4)),
         large(Dtype::Bf16, 64, true, 1, 2, 1, 4096, 4096, Layout::Bhsd, Splits::Auto),
         large(Dtype::F16, 128, false, 1, 4, 4, 3000, 1001, Layout::Bhsd, Splits::Fixed(2)),
+        // More work units than resident CTAs, an odd query-block count: persistent
+        // causal CTAs chain items across units and pass over a pair's missing half.
+        large(Dtype::Bf16, 64, true, 4, 16, 4, 960, 960, Layout::Bshd, Splits::Auto),
     ]);
     on_every_entry(cases)
 }
