@@ -188,6 +188,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
                     defines: vec![define.to_string()],
                     out_dir: Some(kernels.clone()),
                     report: format!("sanitize/build-{define}"),
+                    enforce_budgets: false,
                     ..build::Options::new(opts.build_timeout, opts.jobs)
                 },
             )?;
