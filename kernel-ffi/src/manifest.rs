@@ -74,7 +74,8 @@ pub struct Launch {
     /// Keys per tile (tiled kernels).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub block_n: u32,
-    /// One CTA per SM that loops over the work items (else one CTA per item).
+    /// As many CTAs as are resident at once, each looping over work units from a
+    /// 1-D grid (else one CTA per query block, split and batch × head).
     #[serde(default, skip_serializing_if = "is_false")]
     pub persistent: bool,
 }

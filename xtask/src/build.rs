@@ -184,17 +184,15 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     }
     if !payload.breaches.is_empty() {
         println!("\nBUDGET BREACHES\n{}", breach_table(&payload.breaches));
-        if !opts.enforce_budgets {
-            println!("(not enforced for this build: {})", opts.defines.join(" "));
-            println!("report: {}", report_path.display());
-            return Ok(());
+        if opts.enforce_budgets {
+            return Err(CheckFailed(format!(
+                "{} resource budget breach(es); see the table above and {}",
+                payload.breaches.len(),
+                report_path.display()
+            ))
+            .into());
         }
-        return Err(CheckFailed(format!(
-            "{} resource budget breach(es); see the table above and {}",
-            payload.breaches.len(),
-            report_path.display()
-        ))
-        .into());
+        println!("(not enforced for this build: {})", opts.defines.join(" "));
     }
     println!("report: {}", report_path.display());
     Ok(())

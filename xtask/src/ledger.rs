@@ -65,15 +65,28 @@ pub fn sanitize_due(iteration: u32) -> bool {
 
 /// The number the next iteration will get.
 pub fn next_iteration(path: &Path) -> Result<u32> {
-    Ok(read(path)?.last().map_or(1, |e| e.iteration + 1))
+    Ok(following(&read(path)?))
+}
+
+fn following(entries: &[Entry]) -> u32 {
+    entries.last().map_or(1, |e| e.iteration + 1)
 }
 
 pub fn read(path: &Path) -> Result<Vec<Entry>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
+    parse(path, &read_text(path)?)
+}
+
+/// The ledger's text; empty if there is no ledger yet.
+fn read_text(path: &Path) -> Result<String> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// One entry per non-blank line; `path` only names the file in errors.
+fn parse(path: &Path, text: &str) -> Result<Vec<Entry>> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -126,12 +139,8 @@ pub fn write_atomic(path: &Path, contents: &str) -> Result<()> {
 /// the round trip.
 pub fn append(path: &Path, mut entry: Entry) -> Result<Entry> {
     let _lock = Lock::acquire(path, Duration::from_secs(60))?;
-    entry.iteration = next_iteration(path)?;
-    let mut text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
+    let mut text = read_text(path)?;
+    entry.iteration = following(&parse(path, &text)?);
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }

@@ -207,7 +207,7 @@ fn matrix() -> Vec<Case> {
         large(Dtype::Bf16, 64, true, 1, 2, 1, 4096, 4096, Layout::Bhsd, Splits::Auto),
         large(Dtype::F16, 128, false, 1, 4, 4, 3000, 1001, Layout::Bhsd, Splits::Fixed(2)),
         // More work units than resident CTAs, an odd query-block count: persistent
-        // causal CTAs chain items across units and pass over a pair's missing half.
+        // causal CTAs run several units and pass over a pair's missing half.
         large(Dtype::Bf16, 64, true, 4, 16, 4, 960, 960, Layout::Bshd, Splits::Auto),
     ]);
     on_every_entry(cases)
