@@ -6,6 +6,12 @@
 // warp loads from shared memory feeds two mma.sync instead of one. Per key tile
 // of kBlockN: S = Q·Kᵀ (fp32), online softmax in the exp2 domain, O += P·V with P
 // kept in registers.
+//
+// With kKeyGroups = 2 (the `_kg2` entries, for grids of one CTA per SM or fewer)
+// the CTA is two such groups of warps over the same rows, each with its own
+// shared Q/K/V tiles and named barrier, taking alternate key tiles; at the end one
+// merges the other's (O, max, sum) through shared memory. Twice the warps per SM
+// and half the serial key loop, without a second launch to combine splits.
 #pragma once
 
 #include "common.cuh"
@@ -32,23 +38,33 @@ namespace fa {
 #define FA_BLOCK_N_D128 64
 #endif
 
-template <int D, int MT>
+template <int D, int MT, int KG = 1>
 struct FwdConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
-  static constexpr int kWarps = D == 64 ? FA_WARPS_D64 : FA_WARPS_D128;
+  static constexpr int kWarps = D == 64 ? FA_WARPS_D64 : FA_WARPS_D128;  // per key group
   static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
-  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kKeyGroups = KG;
+  static_assert(KG == 1 || KG == 2, "1 or 2 key groups");
+  static constexpr int kGroupThreads = 32 * kWarps;
+  static constexpr int kThreads = kGroupThreads * KG;
   static constexpr int kRowTiles = MT;
   static_assert(kRowTiles == 1 || kRowTiles == 2, "1 or 2 16-row mma tiles per warp");
   static constexpr int kBlockM = 16 * kWarps * kRowTiles;
   static constexpr int kBlockN = D == 64 ? FA_BLOCK_N_D64 : FA_BLOCK_N_D128;
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "32, 64 or 128 keys per tile");
   static constexpr int kChunks = D / 8;         // 16-byte chunks per row
-  // Q tile, K tile, V tile, 16-bit elements. Must equal the manifest's dynamic_smem.
-  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * D * 2;
+  // Per key group: Q tile, K tile, V tile, 16-bit elements. Must equal the
+  // manifest's dynamic_smem.
+  static constexpr int kGroupSmemBytes = (kBlockM + 2 * kBlockN) * D * 2;
+  static constexpr int kSmemBytes = kGroupSmemBytes * KG;
+  // A group's hand-over for the merge, in its own (by then idle) tiles: per thread
+  // its O accumulators, row maxima and sums (4·(D/8 + 1)·MT floats).
+  static constexpr int kMergeFloats = (4 * D / 8 + 4) * MT;
+  static_assert(KG == 1 || kMergeFloats * kGroupThreads * 4 <= kGroupSmemBytes,
+                "the merge hand-over fits a group's tiles");
   static_assert(kBlockN % 16 == 0 && D % 16 == 0, "mma k-steps are 16 wide");
-  static_assert((kBlockM * kChunks) % kThreads == 0 && (kBlockN * kChunks) % kThreads == 0,
-                "every thread copies the same number of chunks");
+  static_assert((kBlockM * kChunks) % kGroupThreads == 0 && (kBlockN * kChunks) % kGroupThreads == 0,
+                "every thread of a group copies the same number of chunks");
 };
 
 // Copies ROWS-row tiles of a [rows, D] matrix into a swizzled shared tile with
@@ -68,9 +84,10 @@ struct TileCopy {
   int64_t pass_stride;  // elements between this thread's rows in consecutive passes
   int row;
 
-  __device__ __forceinline__ TileCopy(T* tile, const T* base, int64_t row_stride) {
-    row = threadIdx.x / kChunks;
-    const int ch = threadIdx.x % kChunks;
+  // `tid`: this thread's index among the THREADS that copy.
+  __device__ __forceinline__ TileCopy(T* tile, const T* base, int64_t row_stride, unsigned tid) {
+    row = tid / kChunks;
+    const int ch = tid % kChunks;
     smem = smem_u32(tile + swizzle<D>(row, ch * 8));
     gmem = base + (int64_t)row * row_stride + ch * 8;
     pass_stride = (int64_t)kRowsPerPass * row_stride;
@@ -116,18 +133,33 @@ struct FragAddr {
 // tile) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax scale), e.g.
 // `cargo xtask ci --gpu --define FA_PLANT_WRONG_RESULT …`.
 
-template <typename T, int D, bool CAUSAL, int MT>
+template <typename T, int D, bool CAUSAL, int MT, int KG>
 __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
-  using Cfg = FwdConfig<D, MT>;
-  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NT = BN / 8, DT = D / 8;
+  using Cfg = FwdConfig<D, MT, KG>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NT = BN / 8, DT = D / 8, GT = Cfg::kGroupThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // The launcher takes smem and threads from the manifest; a mismatch is a build bug.
   if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads) __trap();
-  T* sQ = reinterpret_cast<T*>(smem_raw);
+  // This thread's key group, its index in it, and the group's tiles.
+  const int group = KG == 1 ? 0 : threadIdx.x / GT;
+  const unsigned gtid = KG == 1 ? threadIdx.x : threadIdx.x % GT;
+  unsigned char* group_smem = smem_raw + group * Cfg::kGroupSmemBytes;
+  T* sQ = reinterpret_cast<T*>(group_smem);
   T* sK = sQ + BM * D;
   T* sV = sK + BN * D;
+  // The group's warps meet at their own barrier (ids 1, 2; compile-time ids, so
+  // ptxas reserves three barriers, not all sixteen), not the CTA's.
+  auto group_sync = [&] {
+    if constexpr (KG == 1) {
+      __syncthreads();
+    } else if (group == 0) {
+      asm volatile("bar.sync 1, %0;\n" ::"n"(GT) : "memory");
+    } else {
+      asm volatile("bar.sync 2, %0;\n" ::"n"(GT) : "memory");
+    }
+  };
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = gtid / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / p.heads, h = blockIdx.y % p.heads;
   const int kvh = h / (p.heads / p.kv_heads);
@@ -185,28 +217,30 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     }
   };
 
-  const TileCopy<T, BN, D, Cfg::kThreads> k_copy(sK, k, p.k_row_stride);
-  const TileCopy<T, BN, D, Cfg::kThreads> v_copy(sV, v, p.v_row_stride);
+  const TileCopy<T, BN, D, GT> k_copy(sK, k, p.k_row_stride, gtid);
+  const TileCopy<T, BN, D, GT> v_copy(sV, v, p.v_row_stride, gtid);
   // K fragments: matrices (keys +0..7, d +0..7), (keys +0..7, d +8..15), (keys +8..15, d +0..7), (…, d +8..15).
   const FragAddr<D> k_frag(smem_u32(sK), (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
   // V fragments, transposed: (keys +0..7, d +0..7), (keys +8..15, d +0..7), (keys +0..7, d +8..15), (…).
   const FragAddr<D> v_frag(smem_u32(sV), ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
 
-  if (n_begin < n_end) {
-    TileCopy<T, BM, D, Cfg::kThreads>(sQ, q, p.q_row_stride).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
-    k_copy.copy((int64_t)n_begin * p.k_row_stride, n_begin, p.seqlen_k);
+  // Group g takes key tiles g, g + KG, … of the split.
+  const int n_first = n_begin + group * BN;
+  if (n_first < n_end) {
+    TileCopy<T, BM, D, GT>(sQ, q, p.q_row_stride, gtid).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
+    k_copy.copy((int64_t)n_first * p.k_row_stride, n_first, p.seqlen_k);
     cp_async_commit();
   }
 
-  for (int n0 = n_begin; n0 < n_end; n0 += BN) {
+  for (int n0 = n_first; n0 < n_end; n0 += KG * BN) {
     // cp.async groups in flight: [Q+K0] [V0] [K1] [V1] …
     v_copy.copy((int64_t)n0 * p.v_row_stride, n0, p.seqlen_k);
     cp_async_commit();
     cp_async_wait<1>();  // K(n0) (and Q) landed
-    __syncthreads();
+    group_sync();
 
     if constexpr (kQInRegs) {
-      if (n0 == n_begin) {
+      if (n0 == n_first) {
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           #pragma unroll
@@ -251,9 +285,10 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     }
 
     cp_async_wait<0>();  // V(n0) landed
-    __syncthreads();     // and every warp is done reading sK
-    if (n0 + BN < n_end) {
-      k_copy.copy((int64_t)(n0 + BN) * p.k_row_stride, n0 + BN, p.seqlen_k);
+    group_sync();        // and every warp is done reading sK
+    const int n_next = n0 + KG * BN;
+    if (n_next < n_end) {
+      k_copy.copy((int64_t)n_next * p.k_row_stride, n_next, p.seqlen_k);
       cp_async_commit();
     }
 
@@ -282,8 +317,48 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     if (chain != chain) o[0][0][0] += chain;  // never true for finite input; keeps the chain alive
 #endif
 #ifndef FA_DEFECT_RACE
-    __syncthreads();  // every warp is done reading sV before the next V load
+    group_sync();  // every warp is done reading sV before the next V load
 #endif
+  }
+
+  if constexpr (KG == 2) {
+    // Group 1 hands its state over in its own tiles (its loop is over and its last
+    // barrier saw every read of them); group 0 merges it like one more key tile:
+    // both maxima to the larger, each side scaled by 2^(its max − new max).
+    float* hand = reinterpret_cast<float*>(smem_raw + Cfg::kGroupSmemBytes) + gtid;  // slot i at hand[i·GT]
+    if (group == 1) {
+      #pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int i = 0; i < DT * 4; ++i) hand[(mt * DT * 4 + i) * GT] = o[mt][i / 4][i % 4];
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          hand[(MT * DT * 4 + 4 * mt + r) * GT] = row_max[mt][r];
+          hand[(MT * DT * 4 + 4 * mt + 2 + r) * GT] = row_sum[mt][r];
+        }
+      }
+    }
+    __syncthreads();
+    if (group == 1) return;
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float mine[2], theirs[2];
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float other_max = hand[(MT * DT * 4 + 4 * mt + r) * GT];
+        const float new_max = fmaxf(row_max[mt][r], other_max);
+        const float base = new_max == -INFINITY ? 0.f : new_max;  // no −inf − (−inf)
+        mine[r] = fast_exp2(row_max[mt][r] - base);
+        theirs[r] = fast_exp2(other_max - base);
+        row_max[mt][r] = new_max;
+        row_sum[mt][r] = row_sum[mt][r] * mine[r] + hand[(MT * DT * 4 + 4 * mt + 2 + r) * GT] * theirs[r];
+      }
+      #pragma unroll
+      for (int i = 0; i < DT * 4; ++i) {
+        const int r = (i % 4) / 2;  // elements 0, 1 are row g; 2, 3 row g + 8
+        o[mt][i / 4][i % 4] = o[mt][i / 4][i % 4] * mine[r] + hand[(mt * DT * 4 + i) * GT] * theirs[r];
+      }
+    }
   }
 
   // ---- Epilogue: normalise, then write O (or the split's fp32 partial) and LSE.
@@ -327,19 +402,23 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
 
 }  // namespace fa
 
-// One stable extern "C" forward entry: flash_fwd_<dtype>_d<D>[_causal][_m64].
-#define FA_FWD_ENTRY(T, D, CAUSAL, MT, NAME)                                                          \
-  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT>::kThreads, 1) NAME(const fa::FlashParams p) { \
-    fa::flash_fwd<T, D, CAUSAL, MT>(p);                                                               \
+// One stable extern "C" forward entry: flash_fwd_<dtype>_d<D>[_causal][_m64|_kg2].
+#define FA_FWD_ENTRY(T, D, CAUSAL, MT, KG, NAME)                                                 \
+  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG>::kThreads, 1)                    \
+      NAME(const fa::FlashParams p) {                                                                     \
+    fa::flash_fwd<T, D, CAUSAL, MT, KG>(p);                                                               \
   }
 
 // Every forward entry of one dtype: two 16-row tiles per warp, or one (`_m64`,
-// for problems that would not fill the GPU); causal D=64 one only (two lost 7%).
-#define FA_FWD_ENTRIES(T, DT)                                 \
-  FA_FWD_ENTRY(T, 64, false, 2, flash_fwd_##DT##_d64)         \
-  FA_FWD_ENTRY(T, 64, false, 1, flash_fwd_##DT##_d64_m64)     \
-  FA_FWD_ENTRY(T, 64, true, 1, flash_fwd_##DT##_d64_causal)   \
-  FA_FWD_ENTRY(T, 128, false, 2, flash_fwd_##DT##_d128)       \
-  FA_FWD_ENTRY(T, 128, false, 1, flash_fwd_##DT##_d128_m64)   \
-  FA_FWD_ENTRY(T, 128, true, 2, flash_fwd_##DT##_d128_causal)       \
-  FA_FWD_ENTRY(T, 128, true, 1, flash_fwd_##DT##_d128_causal_m64)
+// for problems that would not fill the GPU), or one with two key groups (`_kg2`,
+// for grids of at most one CTA per SM); causal D=64 one tile only (two lost 7%).
+#define FA_FWD_ENTRIES(T, DT)                                          \
+  FA_FWD_ENTRY(T, 64, false, 2, 1, flash_fwd_##DT##_d64)               \
+  FA_FWD_ENTRY(T, 64, false, 1, 1, flash_fwd_##DT##_d64_m64)           \
+  FA_FWD_ENTRY(T, 64, false, 1, 2, flash_fwd_##DT##_d64_kg2)           \
+  FA_FWD_ENTRY(T, 64, true, 1, 1, flash_fwd_##DT##_d64_causal)         \
+  FA_FWD_ENTRY(T, 128, false, 2, 1, flash_fwd_##DT##_d128)             \
+  FA_FWD_ENTRY(T, 128, false, 1, 1, flash_fwd_##DT##_d128_m64)         \
+  FA_FWD_ENTRY(T, 128, false, 1, 2, flash_fwd_##DT##_d128_kg2)         \
+  FA_FWD_ENTRY(T, 128, true, 2, 1, flash_fwd_##DT##_d128_causal)       \
+  FA_FWD_ENTRY(T, 128, true, 1, 1, flash_fwd_##DT##_d128_causal_m64)

@@ -87,6 +87,9 @@ pub struct Options {
     /// Query rows per CTA (64 or 128) where the configuration has entries for both
     /// (an `_m64` entry beside the 128-row one); `None` lets `planner::prefer_m64` choose.
     pub block_m: Option<u32>,
+    /// Groups of warps splitting each CTA's keys (1, or 2 where a `_kg2` entry is
+    /// loaded); `None` lets `planner::prefer_key_groups` choose.
+    pub key_groups: Option<u32>,
 }
 
 /// What a forward call launched.
@@ -99,6 +102,8 @@ pub struct Launched {
     pub variant: Variant,
     /// Its query rows per CTA (0 when nothing was launched).
     pub block_m: u32,
+    /// Its key groups per CTA (0 when nothing was launched).
+    pub key_groups: u32,
 }
 
 struct Kernel {
@@ -264,8 +269,9 @@ impl Attention {
         self.stream.synchronize().cuda("waiting for the stream (a kernel failed)")
     }
 
-    /// The loaded forward entries of a kernel for (dtype, head dim, causal), 64-row
-    /// entry first, and their common name stem.
+    /// The loaded forward entries of a kernel for (dtype, head dim, causal), one-group
+    /// entries first (64 rows, 128 rows, then the two-group `_kg2`), and their
+    /// common name stem.
     fn fwd_entries(
         &self,
         variant: Variant,
@@ -275,50 +281,69 @@ impl Attention {
     ) -> (String, Vec<(String, &Kernel)>) {
         let family = if variant == Variant::Hopper { "flash_fwd_hopper" } else { "flash_fwd" };
         let base = format!("{family}_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" });
-        let loaded = [format!("{base}_m64"), base.clone()]
+        let loaded = [format!("{base}_m64"), base.clone(), format!("{base}_kg2")]
             .into_iter()
             .filter_map(|name| self.kernels.get(&name).map(|k| (name, k)))
             .collect();
         (base, loaded)
     }
 
-    /// Query rows per CTA of the loaded entries for (dtype, head dim, causal): what
-    /// `Options::block_m` may name.
-    pub fn block_ms(&self, variant: Variant, dtype: Dtype, head_dim: usize, causal: bool) -> Vec<u32> {
-        self.fwd_entries(variant, dtype, head_dim, causal).1.iter().map(|(_, k)| k.launch.block_m).collect()
+    /// (query rows per CTA, key groups) of the loaded entries for (dtype, head dim,
+    /// causal): what `Options::block_m` and `Options::key_groups` may name.
+    pub fn geometries(&self, variant: Variant, dtype: Dtype, head_dim: usize, causal: bool) -> Vec<(u32, u32)> {
+        let entries = self.fwd_entries(variant, dtype, head_dim, causal).1;
+        entries.iter().map(|(_, k)| (k.launch.block_m, k.launch.key_groups)).collect()
+    }
+
+    /// Query blocks × batch × heads: the grid of an unsplit launch of `k`.
+    fn work_ctas(k: &Kernel, p: &Problem) -> u64 {
+        (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(k.launch.block_m))
     }
 
     /// The forward entry for this problem and its name: `flash_fwd[_hopper]_<dtype>_d<D>[_causal]`
-    /// or the same with `_m64` (64-row CTAs), whichever is loaded; where both are,
-    /// `block_m` or else `planner::prefer_m64` decides.
-    fn fwd_kernel(
-        &self,
-        variant: Variant,
-        dtype: Dtype,
-        p: &Problem,
-        causal: bool,
-        block_m: Option<u32>,
-    ) -> Result<(String, &Kernel)> {
+    /// or the same with `_m64` (64-row CTAs) or `_kg2` (64-row CTAs of two key
+    /// groups), whichever is loaded. Rows per CTA: `block_m`, or else
+    /// `planner::prefer_m64` between the one-group entries; then key groups:
+    /// `key_groups`, or else `planner::prefer_key_groups` from the one-group entry's plan.
+    fn fwd_kernel(&self, variant: Variant, dtype: Dtype, p: &Problem, opts: &Options) -> Result<(String, &Kernel)> {
+        let causal = opts.causal;
         let (base, loaded) = self.fwd_entries(variant, dtype, p.head_dim, causal);
-        let wanted = block_m.or_else(|| match loaded.as_slice() {
-            [(_, narrow), (_, wide)] => {
-                let ctas = (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(narrow.launch.block_m));
-                let slots = |k: &Kernel| u64::from(self.device.sm_count) * u64::from(k.ctas_per_sm.max(1));
-                let rows = |k: &Kernel| u64::from(k.launch.block_m);
-                let m64 = planner::prefer_m64(causal, ctas, slots(narrow), rows(narrow), slots(wide), rows(wide));
+        let single: Vec<&Kernel> = loaded.iter().map(|(_, k)| *k).filter(|k| k.launch.key_groups == 1).collect();
+        let slots = |k: &Kernel| u64::from(self.device.sm_count) * u64::from(k.ctas_per_sm.max(1));
+        let rows = opts.block_m.or_else(|| match single.as_slice() {
+            [narrow, wide] => {
+                let r = |k: &Kernel| u64::from(k.launch.block_m);
+                let ctas = Self::work_ctas(narrow, p);
+                let m64 = planner::prefer_m64(causal, ctas, slots(narrow), r(narrow), slots(wide), r(wide));
                 Some(if m64 { narrow.launch.block_m } else { wide.launch.block_m })
             }
             _ => None,
         });
-        let found: Vec<u32> = loaded.iter().map(|(_, k)| k.launch.block_m).collect();
+        let groups = opts.key_groups.or_else(|| {
+            let (_, grouped) =
+                loaded.iter().find(|(_, k)| k.launch.key_groups > 1 && rows.is_none_or(|m| k.launch.block_m == m))?;
+            let one = single.iter().find(|k| k.launch.block_m == grouped.launch.block_m)?;
+            let plan = self.plan_for(one, p, opts.splits).ok()?;
+            let ctas = Self::work_ctas(one, p) * u64::from(plan.num_splits);
+            let blocks = plan.keys_per_split / one.launch.block_n.max(1);
+            Some(if planner::prefer_key_groups(ctas, self.device.sm_count, blocks) {
+                grouped.launch.key_groups
+            } else {
+                1
+            })
+        });
+        let found: Vec<(u32, u32)> = loaded.iter().map(|(_, k)| (k.launch.block_m, k.launch.key_groups)).collect();
         loaded
             .into_iter()
-            .find(|(_, k)| wanted.is_none_or(|m| k.launch.block_m == m))
-            .ok_or_else(|| match wanted {
-                Some(m) if !found.is_empty() => Error::Invalid(format!(
-                    "block_m {m}: {base} is loaded with {found:?} query rows per CTA; pick one of those or leave it to the planner"
-                )),
-                _ => Error::MissingKernels(format!("entry {base} (or {base}_m64) is not in the loaded fatbins")),
+            .find(|(_, k)| rows.is_none_or(|m| k.launch.block_m == m) && groups.is_none_or(|g| k.launch.key_groups == g))
+            .ok_or_else(|| {
+                if found.is_empty() {
+                    Error::MissingKernels(format!("entry {base} (or {base}_m64, {base}_kg2) is not in the loaded fatbins"))
+                } else {
+                    Error::Invalid(format!(
+                        "block_m {rows:?}, key_groups {groups:?}: {base} is loaded with (rows, key groups) {found:?}; pick one of those or leave it to the planner"
+                    ))
+                }
             })
     }
 
@@ -345,7 +370,7 @@ impl Attention {
     /// The split plan `forward` would use for this problem.
     pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
         let variant = self.resolve(p, opts.causal, opts.variant)?;
-        let (_, k) = self.fwd_kernel(variant, dtype, p, opts.causal, opts.block_m)?;
+        let (_, k) = self.fwd_kernel(variant, dtype, p, opts)?;
         self.plan_for(k, p, opts.splits)
     }
 
@@ -358,9 +383,10 @@ impl Attention {
                 let per = n_blocks.div_ceil(n.min(planner::MAX_SPLITS));
                 Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n }
             }
+            // A two-group entry gets its one-group twin's plan (the planner counts one
+            // useful CTA per SM either way), the plan prefer_key_groups chose it by.
             Splits::Auto => {
-                let work = (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(k.launch.block_m));
-                planner::plan(self.device.sm_count, k.ctas_per_sm, work, p.seqlen_k as u32, block_n)
+                planner::plan(self.device.sm_count, k.ctas_per_sm, Self::work_ctas(k, p), p.seqlen_k as u32, block_n)
             }
         };
         Ok(plan)
@@ -387,9 +413,9 @@ impl Attention {
         }
         let variant = self.resolve(&p, opts.causal, opts.variant)?;
         if rows == 0 {
-            return Ok(Launched { num_splits: 0, ctas: 0, variant, block_m: 0 }); // empty result: nothing to launch
+            return Ok(Launched { num_splits: 0, ctas: 0, variant, block_m: 0, key_groups: 0 }); // empty result: nothing to launch
         }
-        let (name, kern) = self.fwd_kernel(variant, q.dtype, &p, opts.causal, opts.block_m)?;
+        let (name, kern) = self.fwd_kernel(variant, q.dtype, &p, opts)?;
         let plan = self.plan_for(kern, &p, opts.splits)?;
         let m_blocks = (p.seqlen_q as u32).div_ceil(kern.launch.block_m);
         let splits = plan.num_splits;
@@ -475,7 +501,7 @@ impl Attention {
             // portable kernel below.
             unsafe { s.launch_builder(&kern.func).arg(&hparams).launch(cfg) }.cuda(format!("launching {name}"))?;
         } else {
-            // SAFETY: matches `flash_fwd_<dtype>_d<D>[_causal](const FlashParams p)` in
+            // SAFETY: matches `flash_fwd_<dtype>_d<D>[_causal][_m64|_kg2](const FlashParams p)` in
             // kernels/flash_fwd_<dtype>.cu. validate() proved every (b, h, s) row of q/k/v/out
             // lies inside its buffer, strides are 16-byte multiples and pointers 16-byte
             // aligned; lse (if any) holds B·H·Sq floats; the partials hold splits·B·H·Sq(·D).
@@ -508,7 +534,13 @@ impl Attention {
             unsafe { s.launch_builder(&comb.func).arg(&cparams).launch(cfg) }.cuda(format!("launching {cname}"))?;
         }
         let ctas = u64::from(grid_dim.0) * u64::from(grid_dim.1) * u64::from(grid_dim.2);
-        Ok(Launched { num_splits: splits, ctas, variant, block_m: kern.launch.block_m })
+        Ok(Launched {
+            num_splits: splits,
+            ctas,
+            variant,
+            block_m: kern.launch.block_m,
+            key_groups: kern.launch.key_groups,
+        })
     }
 
     /// The fp32 GPU reference: returns (out [B, H, Sq, D], lse [B, H, Sq]) on the host.

@@ -78,11 +78,23 @@ pub struct Launch {
     /// 1-D grid (else one CTA per query block, split and batch × head).
     #[serde(default, skip_serializing_if = "is_false")]
     pub persistent: bool,
+    /// Groups of warps that split each CTA's keys between them over the same query
+    /// rows (the portable `_kg2` entries; threads = groups × warps per group × 32).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub key_groups: u32,
 }
 
 // Defaults stay out of the written manifest, so `tune --apply` keeps it terse.
 fn is_zero(x: &u32) -> bool {
     *x == 0
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(x: &u32) -> bool {
+    *x == 1
 }
 
 fn is_false(x: &bool) -> bool {
@@ -116,6 +128,18 @@ impl Manifest {
             }
             if src.kernels.is_empty() {
                 bail!("source {} lists no kernels; every entry point needs a budget", src.file);
+            }
+            for k in &src.kernels {
+                if let Some(l) = k.launch
+                    && (l.key_groups == 0 || l.threads % (32 * l.key_groups) != 0)
+                {
+                    bail!(
+                        "{}: key_groups {} must be at least 1 and divide its {} threads into whole warps",
+                        k.entry,
+                        l.key_groups,
+                        l.threads
+                    );
+                }
             }
         }
         Ok(())
@@ -191,6 +215,18 @@ mod tests {
         let mut plain = m.clone();
         plain.archs.remove("sm_90a");
         assert_eq!(plain.pick_arch(9, 0).as_deref(), Some("sm_90"));
+    }
+
+    #[test]
+    fn key_groups_default_to_one_and_must_split_whole_warps() {
+        let m = Manifest::parse(include_str!("../../kernels/manifest.json")).unwrap();
+        let launch = |e: &str| m.kernel(e).and_then(|k| k.launch).unwrap();
+        assert_eq!(launch("flash_fwd_f16_d64_m64").key_groups, 1);
+        assert_eq!(launch("flash_fwd_f16_d64_kg2").key_groups, 2);
+        let text = r#"{"static_smem_limit": 49152, "archs": {}, "sources": [{"file": "a.cu", "archs": [],
+            "kernels": [{"entry": "k", "max_registers": 64, "launch": {"threads": 96, "key_groups": 2}}]}]}"#;
+        let err = format!("{:#}", Manifest::parse(text).unwrap_err());
+        assert!(err.contains("k: key_groups 2") && err.contains("96 threads"), "{err}");
     }
 
     #[test]

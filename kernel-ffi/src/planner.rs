@@ -106,6 +106,25 @@ pub fn prefer_m64(
         || (causal && 2 * wide_ctas < 5 * wide_slots)
 }
 
+/// Whether a 64-row entry should run as its two-key-group twin (`_kg2`: eight warps,
+/// each group of four walking every other key block of the CTA's split), given the
+/// one-group entry's grid (query blocks × batch × heads × splits) and key blocks
+/// per CTA. Only a grid of at most one CTA per SM gains: there the second group
+/// doubles the warps per SM and halves the serial key loop, without a combine
+/// launch; where CTAs share SMs anyway, the two-group merge is pure cost. And each
+/// group needs two key blocks to beat its start-up.
+///
+/// Measured on an H200 (`fa-bench --variant portable --key-groups 1|2`, 3 rounds
+/// in one run, f16 and bf16 alike; ledger iteration 25): one CTA per SM of 8 or 16
+/// key blocks 5-11% faster (B2 H8 S512 D64 9.33 → 8.54 µs, B1 H16 S512 D128 13.48
+/// → 12.47, B1 H8 S1024 D128 22.77 → 20.36, B1 H1 S2048 D64 in 4 splits 11.37 →
+/// 10.81); of 4 blocks within ±3% (B1 H16 S256 D64 −3%, B1 H32 S256 D128 ±1%,
+/// B1 H8 S512 D128 in 2 splits −0.5%); of 2 blocks 7% slower (B1 H4 S512 D128 in
+/// 4 splits); two CTAs per SM 33% slower (B2 H16 S512 D64, 256 CTAs).
+pub fn prefer_key_groups(grid_ctas: u64, sm_count: u32, blocks_per_cta: u32) -> bool {
+    grid_ctas <= u64::from(sm_count) && blocks_per_cta >= 4
+}
+
 /// Matrix-product FLOPs of an attention forward by the usual convention (the
 /// one FlashAttention papers and the bench's TFLOP/s use): 4·B·H·Sq·Sk·D, halved
 /// for causal.
@@ -224,6 +243,26 @@ mod tests {
         assert!(h200_causal(1, 16, 4096) && h200_causal(1, 16, 512) && h200_causal(2, 16, 2048));
         assert!(!h200_causal(4, 16, 2048) && !h200_causal(2, 16, 8192) && !h200_causal(1, 12, 8192));
         assert!(l4(true, 2, 16, 8192) && l4(true, 1, 16, 4096));
+    }
+
+    #[test]
+    fn key_groups_where_they_measured_faster() {
+        // H200: 128 unsplit 64-row CTAs of 8 or 16 key blocks, 4 splits of 8 (measured wins).
+        assert!(prefer_key_groups(ctas(2, 8, 512), H200_SMS, 8));
+        assert!(prefer_key_groups(ctas(1, 8, 1024), H200_SMS, 16));
+        assert!(prefer_key_groups(ctas(1, 1, 2048) * 4, H200_SMS, 8));
+        // Two CTAs per SM (measured loss), or one or two key blocks per CTA after
+        // splitting (measured losses: B1 H4 S512 in 4 splits, B1 H1 S512 in 8).
+        assert!(!prefer_key_groups(ctas(2, 16, 512), H200_SMS, 8));
+        assert!(!prefer_key_groups(ctas(1, 4, 512) * 4, H200_SMS, 2));
+        assert!(!prefer_key_groups(ctas(1, 1, 512) * 8, H200_SMS, 1));
+        // The L4's 58 SMs: the same 128 CTAs are 2.2 waves, no gain; the seed's
+        // B1 H1 S512 planned as 4 splits of 2 blocks, no gain either.
+        assert!(!prefer_key_groups(ctas(2, 8, 512), L4_SMS, 8));
+        let p = plan(L4_SMS, 3, ctas(1, 1, 512), 512, 64);
+        assert!(!prefer_key_groups(ctas(1, 1, 512) * u64::from(p.num_splits), L4_SMS, p.keys_per_split / 64));
+        // Whatever the arch: at most one CTA per SM with four blocks each takes two groups.
+        assert!(prefer_key_groups(u64::from(L4_SMS), L4_SMS, 4) && !prefer_key_groups(59, L4_SMS, 4));
     }
 
     #[test]

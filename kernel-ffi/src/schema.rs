@@ -38,6 +38,9 @@ pub struct TestCase {
     /// Its query rows per CTA (0: nothing launched, or a report from before it was recorded).
     #[serde(default)]
     pub block_m: u32,
+    /// Its key groups per CTA (0: nothing launched, or a report from before it was recorded).
+    #[serde(default)]
+    pub key_groups: u32,
     /// Requested: `auto` or a fixed count.
     pub splits: String,
     /// Launched.
@@ -118,6 +121,9 @@ pub struct BenchCase {
     /// Its query rows per CTA (0 for other implementations and older reports).
     #[serde(default)]
     pub block_m: u32,
+    /// Its key groups per CTA (0 for other implementations and older reports).
+    #[serde(default)]
+    pub key_groups: u32,
 }
 
 #[cfg(test)]
@@ -139,6 +145,7 @@ mod tests {
             layout: "bhsd".into(),
             variant: "hopper".into(),
             block_m: 64,
+            key_groups: 1,
             splits: "1".into(),
             num_splits: 0,
             lse: false,

@@ -46,9 +46,9 @@ impl Config {
         16 * self.warps * row_tiles
     }
 
-    /// Q tile plus K and V tiles of 16-bit elements (FwdConfig::kSmemBytes).
-    fn dynamic_smem(&self, row_tiles: u32) -> u32 {
-        (self.block_m(row_tiles) + 2 * self.block_n) * self.head_dim * 2
+    /// Q tile plus K and V tiles of 16-bit elements per key group (FwdConfig::kSmemBytes).
+    fn dynamic_smem(&self, row_tiles: u32, key_groups: u32) -> u32 {
+        (self.block_m(row_tiles) + 2 * self.block_n) * self.head_dim * 2 * key_groups
     }
 
     fn defines(&self) -> [String; 2] {
@@ -60,8 +60,8 @@ impl Config {
 
     /// The manifest with this configuration for its head dim: source defines and the
     /// launch geometry of every forward entry of that head dim. Row tiles per warp
-    /// are the entry's own (fixed in its .cu instantiation): the old geometry's
-    /// block_m / (16 × warps).
+    /// and key groups are the entry's own (fixed in its .cu instantiation): the old
+    /// geometry's block_m / (16 × warps per group) and key_groups.
     pub fn apply_to(&self, manifest: &Manifest) -> Manifest {
         let mut m = manifest.clone();
         let prefixes = [format!("FA_WARPS_D{}=", self.head_dim), format!("FA_BLOCK_N_D{}=", self.head_dim)];
@@ -77,14 +77,17 @@ impl Config {
             for k in src.kernels.iter_mut().filter(|k| {
                 portable(&k.entry) && (k.entry.ends_with(&suffix) || k.entry.contains(&format!("{suffix}_")))
             }) {
-                let row_tiles = k.launch.map_or(1, |l| (l.block_m / (16 * (l.threads / 32).max(1))).max(1));
+                let key_groups = k.launch.map_or(1, |l| l.key_groups.max(1));
+                let group_warps = k.launch.map_or(1, |l| (l.threads / 32 / key_groups).max(1));
+                let row_tiles = k.launch.map_or(1, |l| (l.block_m / (16 * group_warps)).max(1));
                 k.launch = Some(Launch {
-                    threads: 32 * self.warps,
+                    threads: 32 * self.warps * key_groups,
                     block_m: self.block_m(row_tiles),
                     block_n: self.block_n,
                     persistent: false,
+                    key_groups,
                 });
-                k.dynamic_smem = self.dynamic_smem(row_tiles);
+                k.dynamic_smem = self.dynamic_smem(row_tiles, key_groups);
             }
         }
         m
@@ -329,11 +332,19 @@ mod tests {
             if !k.entry.starts_with("flash_fwd_") {
                 assert_eq!(l.block_n, 0, "{} is not a tiled kernel", k.entry);
             } else if k.entry.contains("_d128") {
-                // 16 rows × 8 warps × the entry's row tiles (two, but one in the _m64 entries).
-                let rows = if k.entry.ends_with("_m64") { 128 } else { 256 };
-                assert_eq!((l.threads, l.block_m, l.block_n, k.dynamic_smem), (256, rows, 32, (rows + 64) * 128 * 2));
+                // 16 rows × 8 warps × the entry's row tiles (two, but one in the _m64 and
+                // _kg2 entries); a _kg2 entry has two such groups of warps and tiles.
+                let rows = if k.entry.ends_with("_m64") || k.entry.ends_with("_kg2") { 128 } else { 256 };
+                let groups = if k.entry.ends_with("_kg2") { 2 } else { 1 };
+                assert_eq!(l.key_groups, groups, "{}", k.entry);
+                assert_eq!(
+                    (l.threads, l.block_m, l.block_n, k.dynamic_smem),
+                    (256 * groups, rows, 32, (rows + 64) * 128 * 2 * groups),
+                    "{}",
+                    k.entry
+                );
             } else {
-                assert_eq!((l.threads, l.block_n), (128, 64), "{} untouched", k.entry);
+                assert_eq!((l.threads / l.key_groups, l.block_n), (128, 64), "{} untouched", k.entry);
             }
         }
         let reference = t.sources.iter().find(|s| s.file == "reference.cu").unwrap();
@@ -357,6 +368,7 @@ mod tests {
         assert_eq!(geometry("flash_fwd_f16_d64"), (256, (256 + 64) * 64 * 2));
         assert_eq!(geometry("flash_fwd_f16_d64_m64"), (128, (128 + 64) * 64 * 2));
         assert_eq!(geometry("flash_fwd_f16_d64_causal"), (128, (128 + 64) * 64 * 2));
+        assert_eq!(geometry("flash_fwd_f16_d64_kg2"), (128, 2 * (128 + 64) * 64 * 2));
     }
 
     #[test]

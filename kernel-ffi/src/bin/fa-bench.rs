@@ -36,6 +36,9 @@ struct Args {
     /// Query rows per CTA (64 or 128) where the kernel has both; default: the planner's choice.
     #[arg(long)]
     block_m: Option<u32>,
+    /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.
+    #[arg(long)]
+    key_groups: Option<u32>,
     /// Time budget per case in milliseconds.
     #[arg(long, default_value_t = 3000)]
     budget_ms: u64,
@@ -87,8 +90,18 @@ fn run() -> Result<()> {
                 .with_context(|| format!("benchmarking {}", shape.name(dtype)))?;
             if let Some(c) = case {
                 eprintln!(
-                    "{:<28} {:>10.2} us  [{:.2}, {:.2}]  {:>7.1} TFLOP/s  n={:<4} {} splits={} {}",
-                    c.name, c.median_us, c.q1_us, c.q3_us, c.tflops, c.samples, c.method, c.num_splits, c.variant
+                    "{:<28} {:>10.2} us  [{:.2}, {:.2}]  {:>7.1} TFLOP/s  n={:<4} {} splits={} {} m{} kg{}",
+                    c.name,
+                    c.median_us,
+                    c.q1_us,
+                    c.q3_us,
+                    c.tflops,
+                    c.samples,
+                    c.method,
+                    c.num_splits,
+                    c.variant,
+                    c.block_m,
+                    c.key_groups
                 );
                 cases.push(c);
             }
@@ -123,7 +136,14 @@ fn bench_case(
     let k = random_tensor(att, dtype, desc, 2)?;
     let v = random_tensor(att, dtype, desc, 3)?;
     let mut out = att.alloc_poisoned(dtype, desc)?;
-    let opts = Options { causal: shape.causal, scale: None, splits, variant: args.variant, block_m: args.block_m };
+    let opts = Options {
+        causal: shape.causal,
+        scale: None,
+        splits,
+        variant: args.variant,
+        block_m: args.block_m,
+        key_groups: args.key_groups,
+    };
     let s = att.stream();
     let call = |out: &mut Tensor| att.forward(&q, &k, &v, out, None, &opts);
     let launched = call(&mut out)?;
@@ -216,5 +236,6 @@ fn bench_case(
         num_splits: launched.num_splits,
         variant: launched.variant.name().into(),
         block_m: launched.block_m,
+        key_groups: launched.key_groups,
     }))
 }

@@ -38,6 +38,9 @@ struct Args {
     /// Query rows per CTA (64 or 128) where the kernel has both; default: the planner's choice.
     #[arg(long)]
     block_m: Option<u32>,
+    /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.
+    #[arg(long)]
+    key_groups: Option<u32>,
     /// Also write the per-row log-sum-exp (F32 [B, H, Sq]).
     #[arg(long)]
     lse: bool,
@@ -84,6 +87,7 @@ fn run() -> Result<()> {
         splits: args.splits,
         variant: args.variant,
         block_m: args.block_m,
+        key_groups: args.key_groups,
     };
     let launched = att.forward(&qd, &kd, &vd, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;

@@ -27,8 +27,10 @@ struct Case {
     scale: Option<f32>,
     gpu_reference: bool,
     variant: Variant,
-    /// Query rows per CTA: `on_every_entry` names one (`None`: the planner's choice).
+    /// Query rows and key groups per CTA: `on_every_entry` names them (`None`: the
+    /// planner's choice).
     block_m: Option<u32>,
+    key_groups: Option<u32>,
 }
 
 impl Case {
@@ -48,7 +50,7 @@ impl Case {
 
     fn name(&self) -> String {
         format!(
-            "{}-d{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}{}{}",
+            "{}-d{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "-causal" } else { "" },
@@ -63,6 +65,7 @@ impl Case {
             if self.scale.is_some() { "-scaled" } else { "" },
             if self.variant == Variant::Hopper { "-hopper" } else { "" },
             self.block_m.map_or(String::new(), |m| format!("-m{m}")),
+            self.key_groups.filter(|&g| g > 1).map_or(String::new(), |g| format!("-kg{g}")),
         )
     }
 }
@@ -98,13 +101,16 @@ fn sanitize_set() -> Vec<Case> {
 }
 
 /// Every case on every entry: the portable kernel's and then the Hopper kernel's,
-/// each at 64 and 128 query rows per CTA (named `…-m64` / `…-hopper-m128`); a case
-/// runs only where its entry is loaded (most configurations have one row count).
+/// each at 64 and 128 query rows per CTA and with one or two key groups (named
+/// `…-m64` / `…-m64-kg2` / `…-hopper-m128`); a case runs only where its entry is
+/// loaded (most configurations have one or two of these).
 fn on_every_entry(cases: Vec<Case>) -> Vec<Case> {
     [Variant::Portable, Variant::Hopper]
         .into_iter()
-        .flat_map(|variant| [64, 128].into_iter().map(move |m| (variant, m)))
-        .flat_map(|(variant, m)| cases.iter().map(move |c| Case { variant, block_m: Some(m), ..c.clone() }))
+        .flat_map(|variant| [(64, 1), (64, 2), (128, 1)].into_iter().map(move |e| (variant, e)))
+        .flat_map(|(variant, (m, g))| {
+            cases.iter().map(move |c| Case { variant, block_m: Some(m), key_groups: Some(g), ..c.clone() })
+        })
         .collect()
 }
 
@@ -125,6 +131,7 @@ fn sanitize_set_ref(dtype: Dtype) -> Case {
         gpu_reference: true,
         variant: Variant::Portable,
         block_m: None,
+        key_groups: None,
     }
 }
 
@@ -157,6 +164,7 @@ fn matrix() -> Vec<Case> {
                             gpu_reference: false,
                             variant: Variant::Portable,
                             block_m: None,
+                            key_groups: None,
                         });
                     }
                 }
@@ -179,6 +187,7 @@ fn matrix() -> Vec<Case> {
         gpu_reference: false,
         variant: Variant::Portable,
         block_m: None,
+        key_groups: None,
     };
     // The seed problems, as the planner sees them.
     cases.extend([seed(Dtype::F16, 128, 1, 1), seed(Dtype::F16, 512, 1, 1), seed(Dtype::Bf16, 512, 2, 8)]);
@@ -199,6 +208,7 @@ fn matrix() -> Vec<Case> {
         gpu_reference: true,
         variant: Variant::Portable,
         block_m: None,
+        key_groups: None,
     };
     cases.extend([
         large(Dtype::F16, 64, true, 2, 8, 8, 1024, 1024, Layout::Bshd, Splits::Auto),
@@ -240,6 +250,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         splits: case.splits,
         variant: case.variant,
         block_m: case.block_m,
+        key_groups: case.key_groups,
     };
     let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
@@ -304,6 +315,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         layout: case.layout_label().into(),
         variant: launched.variant.name().into(),
         block_m: launched.block_m,
+        key_groups: launched.key_groups,
         splits: case.splits_label(),
         num_splits: launched.num_splits,
         lse: case.lse,
@@ -386,8 +398,11 @@ fn run() -> Result<()> {
         cases.retain(|c| c.variant != Variant::Hopper);
         eprintln!("fa-test: {} Hopper cases not run: {} is not sm_90", before - cases.len(), att.device().name);
     }
-    // Cases for a row count their configuration has no entry for (most have one).
-    cases.retain(|c| c.block_m.is_none_or(|m| att.block_ms(c.variant, c.dtype, c.head_dim, c.causal).contains(&m)));
+    // Cases for an entry their configuration does not have.
+    cases.retain(|c| {
+        let loaded = att.geometries(c.variant, c.dtype, c.head_dim, c.causal);
+        loaded.iter().any(|&(m, g)| c.block_m.is_none_or(|cm| cm == m) && c.key_groups.is_none_or(|cg| cg == g))
+    });
     eprintln!(
         "fa-test: {} cases on {} (sm count {}), seed {seed}",
         cases.len(),
@@ -411,6 +426,7 @@ fn run() -> Result<()> {
             layout: case.layout_label().into(),
             variant: case.variant.name().into(),
             block_m: case.block_m.unwrap_or(0),
+            key_groups: case.key_groups.unwrap_or(0),
             splits: case.splits_label(),
             num_splits: 0,
             lse: case.lse,
