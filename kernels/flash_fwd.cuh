@@ -38,13 +38,17 @@ namespace fa {
 #define FA_BLOCK_N_D128 64
 #endif
 
-template <int D, int MT, int KG = 1>
+template <int D, int MT, int KG = 1, int ST = 1>
 struct FwdConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
   static constexpr int kWarps = D == 64 ? FA_WARPS_D64 : FA_WARPS_D128;  // per key group
   static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
   static constexpr int kKeyGroups = KG;
   static_assert(KG == 1 || KG == 2, "1 or 2 key groups");
+  // K and V tiles per group: 1 (K(j+1) loads under P·V(j), V(j) under Q·Kᵀ(j) and
+  // the softmax) or 2 (each loads about one and a half tiles ahead).
+  static constexpr int kStages = ST;
+  static_assert(ST == 1 || ST == 2, "1 or 2 K/V stages");
   static constexpr int kGroupThreads = 32 * kWarps;
   static constexpr int kThreads = kGroupThreads * KG;
   static constexpr int kRowTiles = MT;
@@ -53,15 +57,18 @@ struct FwdConfig {
   static constexpr int kBlockN = D == 64 ? FA_BLOCK_N_D64 : FA_BLOCK_N_D128;
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "32, 64 or 128 keys per tile");
   static constexpr int kChunks = D / 8;         // 16-byte chunks per row
-  // Per key group: Q tile, K tile, V tile, 16-bit elements. Must equal the
+  // Per key group: Q tile, K tiles, V tiles, 16-bit elements. Must equal the
   // manifest's dynamic_smem.
-  static constexpr int kGroupSmemBytes = (kBlockM + 2 * kBlockN) * D * 2;
+  static constexpr int kTileBytes = kBlockN * D * 2;
+  static constexpr int kGroupSmemBytes = kBlockM * D * 2 + 2 * ST * kTileBytes;
   static constexpr int kSmemBytes = kGroupSmemBytes * KG;
-  // A group's hand-over for the merge, in its own (by then idle) tiles: per thread
-  // its O accumulators, row maxima and sums (4·(D/8 + 1)·MT floats).
+  // A group's hand-over for the merge, in its own tiles that every warp of the
+  // group has finished reading once any of them leaves the key loop: all of them
+  // after the last tile's closing barrier (ST = 1), Q and K after its barrier
+  // before P·V (ST = 2). Per thread its O accumulators, row maxima and sums.
   static constexpr int kMergeFloats = (4 * D / 8 + 4) * MT;
-  static_assert(KG == 1 || kMergeFloats * kGroupThreads * 4 <= kGroupSmemBytes,
-                "the merge hand-over fits a group's tiles");
+  static constexpr int kIdleBytes = ST == 1 ? kGroupSmemBytes : kBlockM * D * 2 + ST * kTileBytes;
+  static_assert(KG == 1 || kMergeFloats * kGroupThreads * 4 <= kIdleBytes, "the merge hand-over fits idle tiles");
   static_assert(kBlockN % 16 == 0 && D % 16 == 0, "mma k-steps are 16 wide");
   static_assert((kBlockM * kChunks) % kGroupThreads == 0 && (kBlockN * kChunks) % kGroupThreads == 0,
                 "every thread of a group copies the same number of chunks");
@@ -93,14 +100,15 @@ struct TileCopy {
     pass_stride = (int64_t)kRowsPerPass * row_stride;
   }
 
-  // Rows [row0, row0 + ROWS); `offset` = row0 × row_stride. Rows ≥ rows_valid are
-  // zero-filled so that 0 × garbage can never turn into NaN in P·V.
-  __device__ __forceinline__ void copy(int64_t offset, int row0, int rows_valid) const {
+  // Rows [row0, row0 + ROWS); `offset` = row0 × row_stride; into the tile
+  // `smem_offset` bytes past the constructor's. Rows ≥ rows_valid are zero-filled
+  // so that 0 × garbage can never turn into NaN in P·V.
+  __device__ __forceinline__ void copy(int64_t offset, int row0, int rows_valid, uint32_t smem_offset = 0) const {
     const T* src = gmem + offset;
     #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const bool valid = row0 + row + i * kRowsPerPass < rows_valid;
-      cp_async_16(smem + i * kRowsPerPass * D * 2, valid ? src : gmem, valid ? 16 : 0);
+      cp_async_16(smem + smem_offset + i * kRowsPerPass * D * 2, valid ? src : gmem, valid ? 16 : 0);
       src += pass_stride;
     }
   }
@@ -133,9 +141,9 @@ struct FragAddr {
 // tile) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax scale), e.g.
 // `cargo xtask ci --gpu --define FA_PLANT_WRONG_RESULT …`.
 
-template <typename T, int D, bool CAUSAL, int MT, int KG>
+template <typename T, int D, bool CAUSAL, int MT, int KG, int ST>
 __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
-  using Cfg = FwdConfig<D, MT, KG>;
+  using Cfg = FwdConfig<D, MT, KG, ST>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NT = BN / 8, DT = D / 8, GT = Cfg::kGroupThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // The launcher takes smem and threads from the manifest; a mismatch is a build bug.
@@ -145,8 +153,8 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   const unsigned gtid = KG == 1 ? threadIdx.x : threadIdx.x % GT;
   unsigned char* group_smem = smem_raw + group * Cfg::kGroupSmemBytes;
   T* sQ = reinterpret_cast<T*>(group_smem);
-  T* sK = sQ + BM * D;
-  T* sV = sK + BN * D;
+  T* sK = sQ + BM * D;       // ST tiles
+  T* sV = sK + ST * BN * D;  // ST tiles
   // The group's warps meet at their own barrier (ids 1, 2; compile-time ids, so
   // ptxas reserves three barriers, not all sixteen), not the CTA's.
   auto group_sync = [&] {
@@ -226,31 +234,20 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 
   // Group g takes key tiles g, g + KG, … of the split.
   const int n_first = n_begin + group * BN;
-  if (n_first < n_end) {
-    TileCopy<T, BM, D, GT>(sQ, q, p.q_row_stride, gtid).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
-    k_copy.copy((int64_t)n_first * p.k_row_stride, n_first, p.seqlen_k);
-    cp_async_commit();
-  }
-
-  for (int n0 = n_first; n0 < n_end; n0 += KG * BN) {
-    // cp.async groups in flight: [Q+K0] [V0] [K1] [V1] …
-    v_copy.copy((int64_t)n0 * p.v_row_stride, n0, p.seqlen_k);
-    cp_async_commit();
-    cp_async_wait<1>();  // K(n0) (and Q) landed
-    group_sync();
-
+  constexpr int kStep = KG * BN;  // between this group's key tiles
+  auto load_k = [&](int n, uint32_t off) { k_copy.copy((int64_t)n * p.k_row_stride, n, p.seqlen_k, off); };
+  auto load_v = [&](int n, uint32_t off) { v_copy.copy((int64_t)n * p.v_row_stride, n, p.seqlen_k, off); };
+  auto load_q_frags = [&] {
     if constexpr (kQInRegs) {
-      if (n0 == n_first) {
+      #pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
         #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          #pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_addr(mt, kk));
-        }
+        for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_addr(mt, kk));
       }
     }
-
-    // ---- S = Q·Kᵀ for this warp's 16·MT rows × BN keys.
-    float s[MT][NT][4];
+  };
+  // S = Q·Kᵀ for this warp's 16·MT rows × BN keys, K from the tile `koff` bytes in.
+  auto qk = [&](float (&s)[MT][NT][4], uint32_t koff) {
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       #pragma unroll
@@ -266,7 +263,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
       #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t kf[4];
-        ldmatrix_x4(kf, k_frag.at(np, kk));
+        ldmatrix_x4(kf, k_frag.at(np, kk) + koff);
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint32_t(&qa)[4] = q_frag(mt, kk, qs);
@@ -275,33 +272,23 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
         }
       }
     }
-
-    // ---- Mask only tiles that cross the sequence end or the causal diagonal.
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int row_lo = m0 + w0 + 16 * mt + g;  // this thread's rows: row_lo, row_lo + 8
-      mask_tile<CAUSAL>(s[mt], n0, m0, row_lo, t, p.seqlen_k, diag);
-      softmax_step(s[mt], o[mt], row_max[mt], row_sum[mt], scale_log2);
-    }
-
-    cp_async_wait<0>();  // V(n0) landed
-    group_sync();        // and every warp is done reading sK
-    const int n_next = n0 + KG * BN;
-    if (n_next < n_end) {
-      k_copy.copy((int64_t)n_next * p.k_row_stride, n_next, p.seqlen_k);
-      cp_async_commit();
-    }
-
-    // ---- O += P·V with P straight from the S accumulators.
+  };
+  // Masks row tile mt's scores, only on tiles that cross the sequence end or the
+  // causal diagonal; this thread's rows are row_lo and row_lo + 8.
+  auto mask = [&](float (&s)[NT][4], int mt, int n0) {
+    mask_tile<CAUSAL>(s, n0, m0, m0 + w0 + 16 * mt + g, t, p.seqlen_k, diag);
+  };
+  // O += P·V with P as A fragments (kk: 16-key step), V from the tile `voff` bytes in.
+  auto pv = [&](auto&& p_frag, uint32_t voff) {
     #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       uint32_t pf[MT][4];
       #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) p_fragment<T>(pf[mt], s[mt], kk);
+      for (int mt = 0; mt < MT; ++mt) p_frag(pf[mt], mt, kk);
       #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vf[4];
-        ldmatrix_x4_trans(vf, v_frag.at(kk, dp));
+        ldmatrix_x4_trans(vf, v_frag.at(kk, dp) + voff);
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816<T>(o[mt][2 * dp], pf[mt], vf[0], vf[1]);
@@ -309,16 +296,96 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
         }
       }
     }
+  };
+
+  if constexpr (ST == 1) {
+    if (n_first < n_end) {
+      TileCopy<T, BM, D, GT>(sQ, q, p.q_row_stride, gtid).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
+      load_k(n_first, 0);
+      cp_async_commit();
+    }
+    for (int n0 = n_first; n0 < n_end; n0 += kStep) {
+      // cp.async groups in flight: [Q+K0] [V0] [K1] [V1] …
+      load_v(n0, 0);
+      cp_async_commit();
+      cp_async_wait<1>();  // K(n0) (and Q) landed
+      group_sync();
+      if (n0 == n_first) load_q_frags();
+
+      float s[MT][NT][4];
+      qk(s, 0);
+      #pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mask(s[mt], mt, n0);
+        softmax_step(s[mt], o[mt], row_max[mt], row_sum[mt], scale_log2);
+      }
+
+      cp_async_wait<0>();  // V(n0) landed
+      group_sync();        // and every warp is done reading sK
+      if (n0 + kStep < n_end) {
+        load_k(n0 + kStep, 0);
+        cp_async_commit();
+      }
+      // P straight from the S accumulators.
+      pv([&](uint32_t(&f)[4], int mt, int kk) { p_fragment<T>(f, s[mt], kk); }, 0);
 #ifdef FA_PLANT_SLOWDOWN
-    // A dependent FMA chain per tile: a measured, deliberate slowdown for proving the gate.
-    float chain = s[0][0][0];
-    #pragma unroll 1
-    for (int i = 0; i < FA_PLANT_SLOWDOWN; ++i) chain = fmaf(chain, 0.999f, 1e-7f);
-    if (chain != chain) o[0][0][0] += chain;  // never true for finite input; keeps the chain alive
+      // A dependent FMA chain per tile: a measured, deliberate slowdown for proving the gate.
+      float chain = s[0][0][0];
+      #pragma unroll 1
+      for (int i = 0; i < FA_PLANT_SLOWDOWN; ++i) chain = fmaf(chain, 0.999f, 1e-7f);
+      if (chain != chain) o[0][0][0] += chain;  // never true for finite input; keeps the chain alive
 #endif
 #ifndef FA_DEFECT_RACE
-    group_sync();  // every warp is done reading sV before the next V load
+      group_sync();  // every warp is done reading sV before the next V load
 #endif
+    }
+  } else if (n_first < n_end) {
+    // Software-pipelined: iteration j issues Q·Kᵀ(j) and P·V(j−1) together and
+    // runs softmax(j) while P·V(j−1) is in the tensor pipe, so a lone warp per
+    // scheduler still has independent work. K(j) and V(j) live in stage j % 2;
+    // iteration j loads K(j+1) and V(j) once its barrier shows iteration j−1 done
+    // with them, a whole iteration before they are read.
+    TileCopy<T, BM, D, GT>(sQ, q, p.q_row_stride, gtid).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
+    load_k(n_first, 0);
+    cp_async_commit();
+    uint32_t pf[MT][BN / 16][4];  // P(j − 1), packed
+    float corr[MT][2];            // O's rescale before P(j − 1)·V(j − 1) is added
+    auto packed_p = [&](uint32_t(&f)[4], int mt, int kk) {
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) f[i] = pf[mt][kk][i];
+    };
+    uint32_t kst = 0, vst = 0;    // byte offsets of K(j)'s and V(j − 1)'s stages
+    for (int n0 = n_first; n0 < n_end; n0 += kStep) {
+      cp_async_wait<0>();  // K(j), V(j − 1) (and Q) landed
+      group_sync();        // and iteration j − 1 is done with K(j − 1), V(j − 2)
+      if (n0 + kStep < n_end) load_k(n0 + kStep, kst ^ Cfg::kTileBytes);
+      load_v(n0, n0 == n_first ? 0 : vst ^ Cfg::kTileBytes);
+      cp_async_commit();
+      float s[MT][NT][4];
+      if (n0 == n_first) {
+        load_q_frags();
+        qk(s, kst);
+      } else {
+        qk(s, kst);
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) rescale(o[mt], corr[mt]);
+        pv(packed_p, vst);
+        vst ^= Cfg::kTileBytes;
+      }
+      #pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mask(s[mt], mt, n0);
+        softmax_rows(s[mt], row_max[mt], row_sum[mt], corr[mt], scale_log2);
+        #pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[mt][kk], s[mt], kk);
+      }
+      kst ^= Cfg::kTileBytes;
+    }
+    cp_async_wait<0>();  // the last V landed
+    group_sync();
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) rescale(o[mt], corr[mt]);
+    pv(packed_p, vst);
   }
 
   if constexpr (KG == 2) {
@@ -403,22 +470,25 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
 }  // namespace fa
 
 // One stable extern "C" forward entry: flash_fwd_<dtype>_d<D>[_causal][_m64|_kg2].
-#define FA_FWD_ENTRY(T, D, CAUSAL, MT, KG, NAME)                                                 \
-  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG>::kThreads, 1)                    \
+// MT: 16-row tiles per warp; KG: key groups; ST: K/V stages (2: the pipelined schedule).
+#define FA_FWD_ENTRY(T, D, CAUSAL, MT, KG, ST, NAME)                                             \
+  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG, ST>::kThreads, 1)                \
       NAME(const fa::FlashParams p) {                                                                     \
-    fa::flash_fwd<T, D, CAUSAL, MT, KG>(p);                                                               \
+    fa::flash_fwd<T, D, CAUSAL, MT, KG, ST>(p);                                                           \
   }
-
 // Every forward entry of one dtype: two 16-row tiles per warp, or one (`_m64`,
 // for problems that would not fill the GPU), or one with two key groups (`_kg2`,
 // for grids of at most one CTA per SM); causal D=64 one tile only (two lost 7%).
-#define FA_FWD_ENTRIES(T, DT)                                          \
-  FA_FWD_ENTRY(T, 64, false, 2, 1, flash_fwd_##DT##_d64)               \
-  FA_FWD_ENTRY(T, 64, false, 1, 1, flash_fwd_##DT##_d64_m64)           \
-  FA_FWD_ENTRY(T, 64, false, 1, 2, flash_fwd_##DT##_d64_kg2)           \
-  FA_FWD_ENTRY(T, 64, true, 1, 1, flash_fwd_##DT##_d64_causal)         \
-  FA_FWD_ENTRY(T, 128, false, 2, 1, flash_fwd_##DT##_d128)             \
-  FA_FWD_ENTRY(T, 128, false, 1, 1, flash_fwd_##DT##_d128_m64)         \
-  FA_FWD_ENTRY(T, 128, false, 1, 2, flash_fwd_##DT##_d128_kg2)         \
-  FA_FWD_ENTRY(T, 128, true, 2, 1, flash_fwd_##DT##_d128_causal)       \
-  FA_FWD_ENTRY(T, 128, true, 1, 1, flash_fwd_##DT##_d128_causal_m64)
+// The D=64 two-group entry runs the pipelined schedule (two K/V stages: 80 KB, one
+// CTA per SM on an L4 as its registers allow anyway); elsewhere a second stage
+// would cost resident CTAs on an L4 (100 KB per SM) or not fit it (D=128: 160 KB).
+#define FA_FWD_ENTRIES(T, DT)                                                   \
+  FA_FWD_ENTRY(T, 64, false, 2, 1, 1, flash_fwd_##DT##_d64)                     \
+  FA_FWD_ENTRY(T, 64, false, 1, 1, 1, flash_fwd_##DT##_d64_m64)                 \
+  FA_FWD_ENTRY(T, 64, false, 1, 2, 2, flash_fwd_##DT##_d64_kg2)                 \
+  FA_FWD_ENTRY(T, 64, true, 1, 1, 1, flash_fwd_##DT##_d64_causal)               \
+  FA_FWD_ENTRY(T, 128, false, 2, 1, 1, flash_fwd_##DT##_d128)                   \
+  FA_FWD_ENTRY(T, 128, false, 1, 1, 1, flash_fwd_##DT##_d128_m64)               \
+  FA_FWD_ENTRY(T, 128, false, 1, 2, 1, flash_fwd_##DT##_d128_kg2)               \
+  FA_FWD_ENTRY(T, 128, true, 2, 1, 1, flash_fwd_##DT##_d128_causal)             \
+  FA_FWD_ENTRY(T, 128, true, 1, 1, 1, flash_fwd_##DT##_d128_causal_m64)
