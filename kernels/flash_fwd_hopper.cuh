@@ -8,9 +8,9 @@
 // into a kStages-deep ring. Each consumer warpgroup owns 64 query rows end to end:
 // S = Q·Kᵀ (wgmma, both operands in shared memory), the shared online softmax on
 // the accumulators, O += P·V (wgmma, P from registers, V transposed on read),
-// software-pipelined so that a tile's softmax overlaps the previous tile's P·V;
-// and while one consumer warpgroup does its softmax, the other's wgmmas keep the
-// tensor cores busy. Barriers per stage:
+// a tile's Q·Kᵀ issued together with the previous tile's P·V; while one consumer
+// warpgroup (or CTA) does its softmax, the other's wgmmas keep the tensor cores
+// busy. Barriers per stage:
 //   full_k/full_v  the producer's expect_tx arrival + TMA bytes; consumers wait
 //   empty_k/empty_v every consumer thread arrives once its wgmma has read the stage
 #pragma once
@@ -29,8 +29,12 @@ namespace fa {
 // (planner::prefer_m64).
 //
 // The consumer schedule follows from ROWS:
-//   pipelined  tile j's Q·Kᵀ and tile j−1's P·V issued together, tile j's softmax
-//              overlapping that P·V (FlashAttention-3's intra-warpgroup overlap)
+//   pipelined  tile j's Q·Kᵀ and tile j−1's P·V issued together, then tile j's
+//              softmax. ptxas hoists the wait for that P·V above the softmax (its
+//              WARPGROUP.DEPBAR precedes every MUFU.EX2), so within a warpgroup the
+//              softmax follows both products; FlashAttention-3's intra-warpgroup
+//              overlap, forced by putting the wait behind a loop edge, measured
+//              4-14% slower on an H200 (ARCHITECTURE.md)
 //   ping-pong  (two consumer warpgroups) pipelined, and the warpgroups take turns
 //              issuing their wgmmas (named barriers), so one's softmax runs under
 //              the other's matrix products
@@ -321,8 +325,8 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       ++q_loads;
       if (kPersistent && live == 0) mbar_arrive(empty_q);
     }
-    // Software pipeline: while the tensor cores run P_{j−1}·V_{j−1}, the
-    // warpgroup does tile j's softmax; O is rescaled once that P·V has landed.
+    // Software pipeline: Q·K_j and P_{j−1}·V_{j−1} go to the tensor cores
+    // together; O is rescaled once that P·V has landed (in SASS before the softmax).
     if (live > 0) {
       mbar_wait(full_k(stage(0)), kv_phase(0));
       take_turn();
