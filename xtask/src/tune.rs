@@ -46,9 +46,10 @@ impl Config {
         16 * self.warps * row_tiles
     }
 
-    /// Q tile plus K and V tiles of 16-bit elements per key group (FwdConfig::kSmemBytes).
-    fn dynamic_smem(&self, row_tiles: u32, key_groups: u32) -> u32 {
-        (self.block_m(row_tiles) + 2 * self.block_n) * self.head_dim * 2 * key_groups
+    /// Per key group a Q tile of `block_m` rows plus `kv_stages` K and V tiles, of
+    /// 16-bit elements (FwdConfig::kSmemBytes).
+    fn dynamic_smem(&self, block_m: u32, kv_stages: u32, key_groups: u32) -> u32 {
+        (block_m + 2 * kv_stages * self.block_n) * self.head_dim * 2 * key_groups
     }
 
     fn defines(&self) -> [String; 2] {
@@ -59,9 +60,11 @@ impl Config {
     }
 
     /// The manifest with this configuration for its head dim: source defines and the
-    /// launch geometry of every forward entry of that head dim. Row tiles per warp
-    /// and key groups are the entry's own (fixed in its .cu instantiation): the old
-    /// geometry's block_m / (16 × warps per group) and key_groups.
+    /// launch geometry of every forward entry of that head dim. Row tiles per warp,
+    /// key groups and K/V stages are the entry's own (fixed in its .cu
+    /// instantiation): the old geometry's block_m / (16 × warps per group),
+    /// key_groups and kv_stages. Two-group entries keep their warps and rows (four
+    /// warps per group on 64 rows, fixed in FwdConfig) and take only the key tile.
     pub fn apply_to(&self, manifest: &Manifest) -> Manifest {
         let mut m = manifest.clone();
         let prefixes = [format!("FA_WARPS_D{}=", self.head_dim), format!("FA_BLOCK_N_D{}=", self.head_dim)];
@@ -78,16 +81,18 @@ impl Config {
                 portable(&k.entry) && (k.entry.ends_with(&suffix) || k.entry.contains(&format!("{suffix}_")))
             }) {
                 let key_groups = k.launch.map_or(1, |l| l.key_groups.max(1));
-                let group_warps = k.launch.map_or(1, |l| (l.threads / 32 / key_groups).max(1));
-                let row_tiles = k.launch.map_or(1, |l| (l.block_m / (16 * group_warps)).max(1));
-                k.launch = Some(Launch {
-                    threads: 32 * self.warps * key_groups,
-                    block_m: self.block_m(row_tiles),
-                    block_n: self.block_n,
-                    persistent: false,
-                    key_groups,
-                });
-                k.dynamic_smem = self.dynamic_smem(row_tiles, key_groups);
+                let kv_stages = k.launch.map_or(1, |l| l.kv_stages.max(1));
+                let (threads, block_m) = match k.launch {
+                    Some(l) if key_groups > 1 => (l.threads, l.block_m),
+                    _ => {
+                        let group_warps = k.launch.map_or(1, |l| (l.threads / 32).max(1));
+                        let row_tiles = k.launch.map_or(1, |l| (l.block_m / (16 * group_warps)).max(1));
+                        (32 * self.warps, self.block_m(row_tiles))
+                    }
+                };
+                k.launch =
+                    Some(Launch { threads, block_m, block_n: self.block_n, persistent: false, key_groups, kv_stages });
+                k.dynamic_smem = self.dynamic_smem(block_m, kv_stages, key_groups);
             }
         }
         m
@@ -332,17 +337,17 @@ mod tests {
             if !k.entry.starts_with("flash_fwd_") {
                 assert_eq!(l.block_n, 0, "{} is not a tiled kernel", k.entry);
             } else if k.entry.contains("_d128") {
-                // 16 rows × 8 warps × the entry's row tiles (two, but one in the _m64 and
-                // _kg2 entries); a _kg2 entry has two such groups of warps and tiles.
-                let rows = if k.entry.ends_with("_m64") || k.entry.ends_with("_kg2") { 128 } else { 256 };
-                let groups = if k.entry.ends_with("_kg2") { 2 } else { 1 };
-                assert_eq!(l.key_groups, groups, "{}", k.entry);
-                assert_eq!(
-                    (l.threads, l.block_m, l.block_n, k.dynamic_smem),
-                    (256 * groups, rows, 32, (rows + 64) * 128 * 2 * groups),
-                    "{}",
-                    k.entry
-                );
+                if k.entry.ends_with("_kg2") {
+                    // Two groups of four warps on 64 rows whatever the warps; one K/V stage.
+                    assert_eq!(
+                        (l.threads, l.block_m, l.block_n, l.key_groups, k.dynamic_smem),
+                        (256, 64, 32, 2, 2 * (64 + 64) * 128 * 2)
+                    );
+                    continue;
+                }
+                // 16 rows × 8 warps × the entry's row tiles (two, but one in the _m64 entries).
+                let rows = if k.entry.ends_with("_m64") { 128 } else { 256 };
+                assert_eq!((l.threads, l.block_m, l.block_n, k.dynamic_smem), (256, rows, 32, (rows + 64) * 128 * 2));
             } else {
                 assert_eq!((l.threads / l.key_groups, l.block_n), (128, 64), "{} untouched", k.entry);
             }
@@ -353,6 +358,29 @@ mod tests {
         let again = Config { warps: 4, ..c }.apply_to(&t);
         let fwd = again.sources.iter().find(|s| s.file == "flash_fwd_f16.cu").unwrap();
         assert_eq!(fwd.defines.iter().filter(|d| d.starts_with("FA_WARPS_D128=")).count(), 1);
+    }
+
+    #[test]
+    fn applying_the_shipped_configuration_changes_nothing() {
+        // The committed manifest is what `tune --apply` wrote for its winners (4 warps,
+        // 64 keys for both head dims): re-applying them must reproduce every entry's
+        // geometry and shared memory, stages and key groups included.
+        let m = Manifest::parse(include_str!("../../kernels/manifest.json")).unwrap();
+        let mut t = m.clone();
+        for head_dim in [64, 128] {
+            t = Config { head_dim, warps: 4, block_n: 64 }.apply_to(&t);
+        }
+        for (a, b) in m.sources.iter().zip(&t.sources) {
+            let sorted = |d: &[String]| {
+                let mut d = d.to_vec();
+                d.sort();
+                d
+            };
+            assert_eq!(sorted(&a.defines), sorted(&b.defines), "{}", a.file);
+            for (x, y) in a.kernels.iter().zip(&b.kernels) {
+                assert_eq!(serde_json::to_value(x).unwrap(), serde_json::to_value(y).unwrap(), "{}", x.entry);
+            }
+        }
     }
 
     #[test]
@@ -368,7 +396,8 @@ mod tests {
         assert_eq!(geometry("flash_fwd_f16_d64"), (256, (256 + 64) * 64 * 2));
         assert_eq!(geometry("flash_fwd_f16_d64_m64"), (128, (128 + 64) * 64 * 2));
         assert_eq!(geometry("flash_fwd_f16_d64_causal"), (128, (128 + 64) * 64 * 2));
-        assert_eq!(geometry("flash_fwd_f16_d64_kg2"), (128, 2 * (128 + 64) * 64 * 2));
+        // The two-group entry keeps 64 rows and its two K/V stages: (64 + 2 × 2 × 32) × 2 groups.
+        assert_eq!(geometry("flash_fwd_f16_d64_kg2"), (64, 2 * (64 + 2 * 2 * 32) * 64 * 2));
     }
 
     #[test]
