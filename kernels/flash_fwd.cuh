@@ -64,13 +64,10 @@ struct FwdConfig {
   static constexpr int kTileBytes = kBlockN * D * 2;
   static constexpr int kGroupSmemBytes = kBlockM * D * 2 + 2 * ST * kTileBytes;
   static constexpr int kSmemBytes = kGroupSmemBytes * KG;
-  // A group's hand-over for the merge, in its own tiles that every warp of the
-  // group has finished reading once any of them leaves the key loop: all of them
-  // after the last tile's closing barrier (ST = 1), Q and K after its barrier
-  // before P·V (ST = 2). Per thread its O accumulators, row maxima and sums.
+  // A group's hand-over for the merge, in the CTA's tiles once both groups are
+  // done with them: per thread its O accumulators, row maxima and sums.
   static constexpr int kMergeFloats = (4 * D / 8 + 4) * MT;
-  static constexpr int kIdleBytes = ST == 1 ? kGroupSmemBytes : kBlockM * D * 2 + ST * kTileBytes;
-  static_assert(KG == 1 || kMergeFloats * kGroupThreads * 4 <= kIdleBytes, "the merge hand-over fits idle tiles");
+  static_assert(KG == 1 || kMergeFloats * kGroupThreads * 4 <= kSmemBytes, "the merge hand-over fits the tiles");
   static_assert(kBlockN % 16 == 0 && D % 16 == 0, "mma k-steps are 16 wide");
   static_assert((kBlockM * kChunks) % kGroupThreads == 0 && (kBlockN * kChunks) % kGroupThreads == 0,
                 "every thread of a group copies the same number of chunks");
@@ -391,10 +388,12 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   }
 
   if constexpr (KG == 2) {
-    // Group 1 hands its state over in its own tiles (its loop is over and its last
-    // barrier saw every read of them); group 0 merges it like one more key tile:
-    // both maxima to the larger, each side scaled by 2^(its max − new max).
-    float* hand = reinterpret_cast<float*>(smem_raw + Cfg::kGroupSmemBytes) + gtid;  // slot i at hand[i·GT]
+    // Group 1 hands its state over in the tiles, which neither group reads after
+    // this barrier (at 32 keys per tile its own are too small for it); group 0
+    // merges it like one more key tile: both maxima to the larger, each side
+    // scaled by 2^(its max − new max).
+    float* hand = reinterpret_cast<float*>(smem_raw) + gtid;  // slot i at hand[i·GT]
+    __syncthreads();
     if (group == 1) {
       #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
