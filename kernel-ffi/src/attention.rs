@@ -340,8 +340,11 @@ impl Attention {
                 if found.is_empty() {
                     Error::MissingKernels(format!("entry {base} (or {base}_m64, {base}_kg2) is not in the loaded fatbins"))
                 } else {
+                    let shown = |x: Option<u32>| x.map_or_else(|| "any".to_string(), |v| v.to_string());
                     Error::Invalid(format!(
-                        "block_m {rows:?}, key_groups {groups:?}: {base} is loaded with (rows, key groups) {found:?}; pick one of those or leave it to the planner"
+                        "block_m {}, key_groups {}: {base} is loaded with (rows, key groups) {found:?}; pick one of those or leave it to the planner",
+                        shown(rows),
+                        shown(groups)
                     ))
                 }
             })
