@@ -236,6 +236,12 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   constexpr int kStep = KG * BN;  // between this group's key tiles
   auto load_k = [&](int n, uint32_t off) { k_copy.copy((int64_t)n * p.k_row_stride, n, p.seqlen_k, off); };
   auto load_v = [&](int n, uint32_t off) { v_copy.copy((int64_t)n * p.v_row_stride, n, p.seqlen_k, off); };
+  // The group's first loads, one cp.async group: Q and its first K tile.
+  auto load_q_k0 = [&] {
+    TileCopy<T, BM, D, GT>(sQ, q, p.q_row_stride, gtid).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
+    load_k(n_first, 0);
+    cp_async_commit();
+  };
   auto load_q_frags = [&] {
     if constexpr (kQInRegs) {
       #pragma unroll
@@ -298,11 +304,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   };
 
   if constexpr (ST == 1) {
-    if (n_first < n_end) {
-      TileCopy<T, BM, D, GT>(sQ, q, p.q_row_stride, gtid).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
-      load_k(n_first, 0);
-      cp_async_commit();
-    }
+    if (n_first < n_end) load_q_k0();
     for (int n0 = n_first; n0 < n_end; n0 += kStep) {
       // cp.async groups in flight: [Q+K0] [V0] [K1] [V1] …
       load_v(n0, 0);
@@ -344,9 +346,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     // scheduler still has independent work. K(j) and V(j) live in stage j % 2;
     // iteration j loads K(j+1) and V(j) once its barrier shows iteration j−1 done
     // with them, a whole iteration before they are read.
-    TileCopy<T, BM, D, GT>(sQ, q, p.q_row_stride, gtid).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
-    load_k(n_first, 0);
-    cp_async_commit();
+    load_q_k0();
     uint32_t pf[MT][BN / 16][4];  // P(j − 1), packed
     float corr[MT][2];            // O's rescale before P(j − 1)·V(j − 1) is added
     auto packed_p = [&](uint32_t(&f)[4], int mt, int kk) {
