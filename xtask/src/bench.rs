@@ -362,33 +362,46 @@ fn build_revision(paths: &Paths, rev: &str) -> Result<Side> {
     Ok(Side { bench: target.join("release/fa-bench"), kernels: target.join("kernels") })
 }
 
+/// PyTorch SDPA timed by `ci/bench_torch.py` in as many processes as our side ran
+/// (its small-shape times move by up to 30% between processes), compared median
+/// to median.
 fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<TorchRatio>> {
-    let json = paths.reports().join("bench/torch.json");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let mut cmd = Cmd::new(python)
-        .arg(paths.root.join("ci/bench_torch.py").display().to_string())
-        .arg("--json")
-        .arg(json.display().to_string())
-        .args(["--dtype", &opts.dtypes, "--budget-ms", &opts.budget_ms.to_string()])
-        .timeout(opts.timeout)
-        .log(paths.reports().join("bench/torch.log"))
-        .echo();
     // The shapes fa-bench ran, so both sides time the same cases.
-    let mut seen = std::collections::BTreeSet::new();
+    let mut shapes = Vec::new();
     for c in runs.iter().flat_map(|r| &r.run.cases) {
         let shape =
             format!("{},{},{},{}{}", c.batch, c.heads, c.seqlen_q, c.head_dim, if c.causal { ",causal" } else { "" });
-        if seen.insert(shape.clone()) {
-            cmd = cmd.arg("--shape").arg(shape);
+        if !shapes.contains(&shape) {
+            shapes.push(shape);
         }
     }
-    let out = cmd.run()?;
-    if !out.success() {
-        bail!(CannotRun(format!("ci/bench_torch.py failed (is PyTorch installed?): {}", out.tail())));
+    let processes = opts.processes.max(1);
+    let mut torch: Vec<BenchRun> = Vec::new();
+    for i in 0..processes {
+        eprintln!("== bench: PyTorch SDPA process {}/{processes}", i + 1);
+        let json = paths.reports().join(format!("bench/torch-{i}.json"));
+        let mut cmd = Cmd::new(&python)
+            .arg(paths.root.join("ci/bench_torch.py").display().to_string())
+            .arg("--json")
+            .arg(json.display().to_string())
+            .args(["--dtype", &opts.dtypes, "--budget-ms", &opts.budget_ms.to_string()])
+            .timeout(opts.timeout)
+            .log(paths.reports().join(format!("bench/torch-{i}.log")))
+            .echo();
+        for shape in &shapes {
+            cmd = cmd.arg("--shape").arg(shape);
+        }
+        let out = cmd.run()?;
+        if !out.success() {
+            bail!(CannotRun(format!("ci/bench_torch.py failed (is PyTorch installed?): {}", out.tail())));
+        }
+        torch.extend(read_json::<Vec<BenchRun>>(&json)?);
     }
-    let torch: Vec<BenchRun> = read_json(&json)?;
     let ratios = torch_ratios(&side_medians(runs, "candidate"), &torch);
-    let backends: Vec<String> = torch.iter().map(|t| t.implementation.clone()).collect();
+    let mut backends: Vec<String> = torch.iter().map(|t| t.implementation.clone()).collect();
+    backends.sort();
+    backends.dedup();
     let mut header = vec!["shape".to_string(), "fa us".to_string()];
     header.extend(backends.iter().map(|b| format!("{b} us (speedup)")));
     let rows: Vec<Vec<String>> = ratios
@@ -406,15 +419,23 @@ fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<To
     Ok(ratios)
 }
 
+/// Speedup against each PyTorch backend per case: the median over our processes
+/// against the median over `torch`'s runs of that backend (one per process).
 pub fn torch_ratios(fa: &BTreeMap<String, Vec<f64>>, torch: &[BenchRun]) -> Vec<TorchRatio> {
     fa.iter()
         .map(|(name, m)| {
             let fa_us = stats::median(m);
-            let backends = torch
-                .iter()
-                .filter_map(|t| {
-                    let c: &BenchCase = t.cases.iter().find(|c| &c.name == name)?;
-                    Some((t.implementation.clone(), (c.median_us, c.median_us / fa_us)))
+            let mut per_backend: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+            for t in torch {
+                if let Some(c) = t.cases.iter().find(|c: &&BenchCase| &c.name == name) {
+                    per_backend.entry(t.implementation.clone()).or_default().push(c.median_us);
+                }
+            }
+            let backends = per_backend
+                .into_iter()
+                .map(|(backend, us)| {
+                    let us = stats::median(&us);
+                    (backend, (us, us / fa_us))
                 })
                 .collect();
             TorchRatio { name: name.clone(), fa_us, backends }
@@ -514,6 +535,40 @@ mod tests {
         assert_eq!(slug("NVIDIA H200"), "nvidia-h200");
         assert_eq!(slug("NVIDIA H100 80GB HBM3"), "nvidia-h100-80gb-hbm3");
         assert_eq!(slug("NVIDIA L4"), "nvidia-l4");
+    }
+
+    #[test]
+    fn torch_ratios_compare_medians_over_processes() {
+        // Three torch processes, as `vs_torch` collects them: SDPA's default moved
+        // 9.4 → 11.9 → 10.0 µs between processes; flash timed only twice.
+        let run = |backend: &str, us: f64| -> BenchRun {
+            let case = serde_json::json!({"name": "f16-b2h8s512d64", "dtype": "f16", "batch": 2, "heads": 8,
+                "kv_heads": 8, "seqlen_q": 512, "seqlen_k": 512, "head_dim": 64, "causal": false,
+                "method": "graph-replay", "samples": 40, "median_us": us, "q1_us": us, "q3_us": us,
+                "min_us": us, "mean_us": us, "rel_stdev": 0.0, "tflops": 0.0, "ctas": 0, "num_splits": 0});
+            serde_json::from_value(serde_json::json!({
+                "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "driver": null},
+                "implementation": backend, "cases": [case]}))
+            .unwrap()
+        };
+        let torch = [
+            run("torch-default", 9.4),
+            run("torch-flash", 12.8),
+            run("torch-default", 11.9),
+            run("torch-flash", 13.0),
+            run("torch-default", 10.0),
+        ];
+        let fa = BTreeMap::from([
+            ("f16-b2h8s512d64".to_string(), vec![5.1, 5.0, 4.9]),
+            ("f16-b1h1s64d64".to_string(), vec![3.0]),
+        ]);
+        let r = torch_ratios(&fa, &torch);
+        let small = r.iter().find(|r| r.name == "f16-b2h8s512d64").unwrap();
+        assert_eq!(small.fa_us, 5.0);
+        assert_eq!(small.backends["torch-default"], (10.0, 2.0));
+        assert_eq!(small.backends["torch-flash"].0, 12.9);
+        // A case no torch process timed has no ratios, not a zero or NaN one.
+        assert!(r.iter().find(|r| r.name == "f16-b1h1s64d64").unwrap().backends.is_empty());
     }
 
     #[test]
