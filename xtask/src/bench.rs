@@ -572,6 +572,20 @@ mod tests {
     }
 
     #[test]
+    fn a_captured_torch_run_yields_every_backend() {
+        // ci/bench_torch.py's output on an H200 (PyTorch 2.11, the default shape set).
+        let torch: Vec<BenchRun> =
+            serde_json::from_str(include_str!("../tests/data/h200/bench-torch-sdpa.json")).unwrap();
+        let fa = BTreeMap::from([("f16-b4h16s2048d128".to_string(), vec![240.0])]);
+        let r = torch_ratios(&fa, &torch);
+        let names: Vec<&str> = r[0].backends.keys().map(String::as_str).collect();
+        assert_eq!(names, ["torch-cudnn", "torch-default", "torch-efficient", "torch-flash"]);
+        for (us, x) in r[0].backends.values() {
+            assert!(us.is_finite() && *us > 100.0 && (x - us / 240.0).abs() < 1e-12, "{us} {x}");
+        }
+    }
+
+    #[test]
     fn comparisons_join_on_case_names() {
         let base = BTreeMap::from([("a".to_string(), vec![100.0; 5]), ("gone".to_string(), vec![1.0; 5])]);
         let cand = BTreeMap::from([
