@@ -48,7 +48,7 @@ struct FwdConfig {
   static constexpr int kKeyGroups = KG;
   static_assert(KG == 1 || KG == 2, "1 or 2 key groups");
   // K and V tiles per group: 1 (K(j+1) loads under P·V(j), V(j) under Q·Kᵀ(j) and
-  // the softmax) or 2 (each loads about one and a half tiles ahead).
+  // the softmax) or 2 (the pipelined schedule; each loads a whole iteration ahead).
   static constexpr int kStages = ST;
   static_assert(ST == 1 || ST == 2, "1 or 2 K/V stages");
   static constexpr int kGroupThreads = 32 * kWarps;
@@ -393,16 +393,19 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     // merges it like one more key tile: both maxima to the larger, each side
     // scaled by 2^(its max − new max).
     float* hand = reinterpret_cast<float*>(smem_raw) + gtid;  // slot i at hand[i·GT]
+    auto o_slot = [&](int mt, int i) -> float& { return hand[(mt * DT * 4 + i) * GT]; };
+    auto max_slot = [&](int mt, int r) -> float& { return hand[(MT * DT * 4 + 4 * mt + r) * GT]; };
+    auto sum_slot = [&](int mt, int r) -> float& { return hand[(MT * DT * 4 + 4 * mt + 2 + r) * GT]; };
     __syncthreads();
     if (group == 1) {
       #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         #pragma unroll
-        for (int i = 0; i < DT * 4; ++i) hand[(mt * DT * 4 + i) * GT] = o[mt][i / 4][i % 4];
+        for (int i = 0; i < DT * 4; ++i) o_slot(mt, i) = o[mt][i / 4][i % 4];
         #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          hand[(MT * DT * 4 + 4 * mt + r) * GT] = row_max[mt][r];
-          hand[(MT * DT * 4 + 4 * mt + 2 + r) * GT] = row_sum[mt][r];
+          max_slot(mt, r) = row_max[mt][r];
+          sum_slot(mt, r) = row_sum[mt][r];
         }
       }
     }
@@ -413,18 +416,18 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
       float mine[2], theirs[2];
       #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float other_max = hand[(MT * DT * 4 + 4 * mt + r) * GT];
+        const float other_max = max_slot(mt, r);
         const float new_max = fmaxf(row_max[mt][r], other_max);
-        const float base = new_max == -INFINITY ? 0.f : new_max;  // no −inf − (−inf)
+        const float base = exp_base(new_max);
         mine[r] = fast_exp2(row_max[mt][r] - base);
         theirs[r] = fast_exp2(other_max - base);
         row_max[mt][r] = new_max;
-        row_sum[mt][r] = row_sum[mt][r] * mine[r] + hand[(MT * DT * 4 + 4 * mt + 2 + r) * GT] * theirs[r];
+        row_sum[mt][r] = row_sum[mt][r] * mine[r] + sum_slot(mt, r) * theirs[r];
       }
       #pragma unroll
       for (int i = 0; i < DT * 4; ++i) {
         const int r = (i % 4) / 2;  // elements 0, 1 are row g; 2, 3 row g + 8
-        o[mt][i / 4][i % 4] = o[mt][i / 4][i % 4] * mine[r] + hand[(mt * DT * 4 + i) * GT] * theirs[r];
+        o[mt][i / 4][i % 4] = o[mt][i / 4][i % 4] * mine[r] + o_slot(mt, i) * theirs[r];
       }
     }
   }

@@ -40,6 +40,10 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_r
   }
 }
 
+// The max a row's scores are shifted by: a row that has seen only masked keys
+// keeps max −inf; shift by 0 instead, so that −inf − (−inf) never makes a NaN.
+__device__ __forceinline__ float exp_base(float row_max) { return row_max == -INFINITY ? 0.f : row_max; }
+
 // One key tile of the online softmax, without touching O: s becomes
 // p = 2^(s·scale·log2e − max) in place, the running max / partial sums of rows g
 // and g+8 advance, and `correction` gets 2^(old max − new max), by which O must
@@ -55,9 +59,7 @@ __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)
     for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
     mx = quad_max(mx) * scale_log2;
     const float new_max = fmaxf(row_max[r], mx);
-    // A row that has seen only masked keys keeps max −inf; subtract 0 instead so
-    // that −inf − (−inf) never makes a NaN.
-    const float base = new_max == -INFINITY ? 0.f : new_max;
+    const float base = exp_base(new_max);
     correction[r] = fast_exp2(row_max[r] - base);
     row_max[r] = new_max;
     float sum = 0.f;
