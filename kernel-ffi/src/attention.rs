@@ -305,7 +305,14 @@ impl Attention {
     /// groups), whichever is loaded. Rows per CTA: `block_m`, or else
     /// `planner::prefer_m64` between the one-group entries; then key groups:
     /// `key_groups`, or else `planner::prefer_key_groups` from the one-group entry's plan.
-    fn fwd_kernel(&self, variant: Variant, dtype: Dtype, p: &Problem, opts: &Options) -> Result<(String, &Kernel)> {
+    /// Returns the entry's split plan too (the twin's, where that was already made).
+    fn fwd_kernel(
+        &self,
+        variant: Variant,
+        dtype: Dtype,
+        p: &Problem,
+        opts: &Options,
+    ) -> Result<(String, &Kernel, Plan)> {
         let causal = opts.causal;
         let (base, loaded) = self.fwd_entries(variant, dtype, p.head_dim, causal);
         let single: Vec<&Kernel> = loaded.iter().map(|(_, k)| *k).filter(|k| k.launch.key_groups == 1).collect();
@@ -319,11 +326,13 @@ impl Attention {
             }
             _ => None,
         });
+        let mut twin_plan = None;
         let groups = opts.key_groups.or_else(|| {
             let (_, grouped) =
                 loaded.iter().find(|(_, k)| k.launch.key_groups > 1 && rows.is_none_or(|m| k.launch.block_m == m))?;
             let one = single.iter().find(|k| k.launch.block_m == grouped.launch.block_m)?;
             let plan = self.plan_for(one, p, opts.splits).ok()?;
+            twin_plan = Some(((one.launch.block_m, one.launch.block_n), plan));
             let ctas = Self::work_ctas(one, p) * u64::from(plan.num_splits);
             let blocks = plan.keys_per_split / one.launch.block_n.max(1);
             Some(if planner::prefer_key_groups(ctas, self.device.sm_count, blocks) {
@@ -333,7 +342,7 @@ impl Attention {
             })
         });
         let found: Vec<(u32, u32)> = loaded.iter().map(|(_, k)| (k.launch.block_m, k.launch.key_groups)).collect();
-        loaded
+        let (name, kern) = loaded
             .into_iter()
             .find(|(_, k)| rows.is_none_or(|m| k.launch.block_m == m) && groups.is_none_or(|g| k.launch.key_groups == g))
             .ok_or_else(|| {
@@ -347,7 +356,14 @@ impl Attention {
                         shown(groups)
                     ))
                 }
-            })
+            })?;
+        // The planner counts one useful CTA per SM, so the twin's plan is the chosen
+        // entry's wherever both tile the problem alike.
+        let plan = match twin_plan {
+            Some((tiles, plan)) if tiles == (kern.launch.block_m, kern.launch.block_n) => plan,
+            _ => self.plan_for(kern, p, opts.splits)?,
+        };
+        Ok((name, kern, plan))
     }
 
     /// Whether the Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
@@ -373,8 +389,7 @@ impl Attention {
     /// The split plan `forward` would use for this problem.
     pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
         let variant = self.resolve(p, opts.causal, opts.variant)?;
-        let (_, k) = self.fwd_kernel(variant, dtype, p, opts)?;
-        self.plan_for(k, p, opts.splits)
+        Ok(self.fwd_kernel(variant, dtype, p, opts)?.2)
     }
 
     fn plan_for(&self, k: &Kernel, p: &Problem, splits: Splits) -> Result<Plan> {
@@ -418,8 +433,7 @@ impl Attention {
         if rows == 0 {
             return Ok(Launched { num_splits: 0, ctas: 0, variant, block_m: 0, key_groups: 0 }); // empty result: nothing to launch
         }
-        let (name, kern) = self.fwd_kernel(variant, q.dtype, &p, opts)?;
-        let plan = self.plan_for(kern, &p, opts.splits)?;
+        let (name, kern, plan) = self.fwd_kernel(variant, q.dtype, &p, opts)?;
         let m_blocks = (p.seqlen_q as u32).div_ceil(kern.launch.block_m);
         let splits = plan.num_splits;
         let (mut o_part, mut lse_part) = if splits > 1 {
