@@ -3,7 +3,7 @@
 //! compared per shape by the median of per-process medians with a bootstrap
 //! interval; or against a stored per-GPU baseline; or against PyTorch SDPA.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,8 +76,13 @@ pub struct Baseline {
 pub struct TorchRatio {
     pub name: String,
     pub fa_us: f64,
-    /// Backend → (µs, speedup = backend µs / fa µs).
+    /// How our processes timed the case ("graph-replay+events-cold-l2" if they differed).
+    pub fa_method: String,
+    /// Backend → (µs, speedup = backend µs / fa µs), from its runs timed by `fa_method`.
     pub backends: BTreeMap<String, (f64, f64)>,
+    /// Backend → methods of its runs left out because they timed the case another way.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub other_method: BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,6 +120,17 @@ pub fn side_medians(runs: &[ProcessRun], side: &str) -> BTreeMap<String, Vec<f64
         }
     }
     out
+}
+
+/// The timing method per case of one side's processes, `+`-joined where they differed.
+pub fn side_methods(runs: &[ProcessRun], side: &str) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+    for r in runs.iter().filter(|r| r.side == side) {
+        for c in &r.run.cases {
+            out.entry(c.name.clone()).or_default().insert(&c.method);
+        }
+    }
+    out.into_iter().map(|(k, m)| (k, m.into_iter().collect::<Vec<_>>().join("+"))).collect()
 }
 
 /// Fewest processes per side behind a verdict or a stored baseline.
@@ -362,9 +378,8 @@ fn build_revision(paths: &Paths, rev: &str) -> Result<Side> {
     Ok(Side { bench: target.join("release/fa-bench"), kernels: target.join("kernels") })
 }
 
-/// PyTorch SDPA timed by `ci/bench_torch.py` in as many processes as our side ran
-/// (its small-shape times move by up to 30% between processes), compared median
-/// to median.
+/// PyTorch SDPA timed by `ci/bench_torch.py` in as many processes as our side ran,
+/// compared median to median where both sides timed a case the same way.
 fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<TorchRatio>> {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     // The shapes fa-bench ran, so both sides time the same cases.
@@ -398,7 +413,7 @@ fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<To
         }
         torch.extend(read_json::<Vec<BenchRun>>(&json)?);
     }
-    let ratios = torch_ratios(&side_medians(runs, "candidate"), &torch);
+    let ratios = torch_ratios(&side_medians(runs, "candidate"), &side_methods(runs, "candidate"), &torch);
     let mut backends: Vec<String> = torch.iter().map(|t| t.implementation.clone()).collect();
     backends.sort();
     backends.dedup();
@@ -408,9 +423,11 @@ fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<To
         .iter()
         .map(|r| {
             let mut row = vec![r.name.clone(), format!("{:.2}", r.fa_us)];
-            row.extend(
-                backends.iter().map(|b| r.backends.get(b).map_or("n/a".into(), |(us, x)| format!("{us:.2} ({x:.2}x)"))),
-            );
+            row.extend(backends.iter().map(|b| match (r.backends.get(b), r.other_method.get(b)) {
+                (Some((us, x)), _) => format!("{us:.2} ({x:.2}x)"),
+                (None, Some(m)) => format!("n/a: timed by {}", m.join("+")),
+                (None, None) => "n/a".into(),
+            }));
             row
         })
         .collect();
@@ -420,15 +437,31 @@ fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<To
 }
 
 /// Speedup against each PyTorch backend per case: the median over our processes
-/// against the median over `torch`'s runs of that backend (one per process).
-pub fn torch_ratios(fa: &BTreeMap<String, Vec<f64>>, torch: &[BenchRun]) -> Vec<TorchRatio> {
+/// against the median over `torch`'s runs of that backend (one per process), only
+/// from runs that timed the case by our method (`fa_methods`): graph replay and
+/// cold-L2 events differ by microseconds on small shapes, so a mixed median would
+/// compare methods, not kernels.
+pub fn torch_ratios(
+    fa: &BTreeMap<String, Vec<f64>>,
+    fa_methods: &BTreeMap<String, String>,
+    torch: &[BenchRun],
+) -> Vec<TorchRatio> {
     fa.iter()
         .map(|(name, m)| {
             let fa_us = stats::median(m);
+            let fa_method = fa_methods.get(name).cloned().unwrap_or_default();
             let mut per_backend: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+            let mut other_method: BTreeMap<String, Vec<String>> = BTreeMap::new();
             for t in torch {
                 if let Some(c) = t.cases.iter().find(|c: &&BenchCase| &c.name == name) {
-                    per_backend.entry(t.implementation.clone()).or_default().push(c.median_us);
+                    if c.method == fa_method {
+                        per_backend.entry(t.implementation.clone()).or_default().push(c.median_us);
+                    } else {
+                        let m = other_method.entry(t.implementation.clone()).or_default();
+                        if !m.contains(&c.method) {
+                            m.push(c.method.clone());
+                        }
+                    }
                 }
             }
             let backends = per_backend
@@ -438,7 +471,7 @@ pub fn torch_ratios(fa: &BTreeMap<String, Vec<f64>>, torch: &[BenchRun]) -> Vec<
                     (backend, (us, us / fa_us))
                 })
                 .collect();
-            TorchRatio { name: name.clone(), fa_us, backends }
+            TorchRatio { name: name.clone(), fa_us, fa_method, backends, other_method }
         })
         .collect()
 }
@@ -519,7 +552,13 @@ pub fn markdown(p: &BenchPayload) -> String {
     if !p.torch.is_empty() {
         md.push_str("\n| case | fa µs | vs PyTorch SDPA (speedup) |\n|---|---:|---|\n");
         for t in &p.torch {
-            let b: Vec<String> = t.backends.iter().map(|(k, (us, x))| format!("{k} {us:.2} µs ({x:.2}×)")).collect();
+            let mut b: Vec<String> =
+                t.backends.iter().map(|(k, (us, x))| format!("{k} {us:.2} µs ({x:.2}×)")).collect();
+            b.extend(
+                t.other_method
+                    .iter()
+                    .map(|(k, m)| format!("{k} n/a (timed by {}, ours by {})", m.join("+"), t.fa_method)),
+            );
             md.push_str(&format!("| {} | {:.2} | {} |\n", t.name, t.fa_us, b.join(", ")));
         }
     }
@@ -539,34 +578,41 @@ mod tests {
 
     #[test]
     fn torch_ratios_compare_medians_over_processes() {
-        // Three torch processes, as `vs_torch` collects them: SDPA's default moved
-        // 9.4 → 11.9 → 10.0 µs between processes; flash timed only twice.
-        let run = |backend: &str, us: f64| -> BenchRun {
+        // Three torch processes, as `vs_torch` collects them: flash timed only twice.
+        let run = |backend: &str, us: f64, method: &str| -> BenchRun {
             let case = serde_json::json!({"name": "f16-b2h8s512d64", "dtype": "f16", "batch": 2, "heads": 8,
                 "kv_heads": 8, "seqlen_q": 512, "seqlen_k": 512, "head_dim": 64, "causal": false,
-                "method": "graph-replay", "samples": 40, "median_us": us, "q1_us": us, "q3_us": us,
+                "method": method, "samples": 40, "median_us": us, "q1_us": us, "q3_us": us,
                 "min_us": us, "mean_us": us, "rel_stdev": 0.0, "tflops": 0.0, "ctas": 0, "num_splits": 0});
             serde_json::from_value(serde_json::json!({
                 "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "driver": null},
                 "implementation": backend, "cases": [case]}))
             .unwrap()
         };
+        let g = "graph-replay";
         let torch = [
-            run("torch-default", 9.4),
-            run("torch-flash", 12.8),
-            run("torch-default", 11.9),
-            run("torch-flash", 13.0),
-            run("torch-default", 10.0),
+            run("torch-default", 9.4, g),
+            run("torch-flash", 12.8, g),
+            run("torch-default", 10.2, g),
+            run("torch-flash", 13.0, g),
+            run("torch-default", 10.0, g),
+            // Timed with cold-L2 events (its estimate was CPU-bound): not comparable.
+            run("torch-default", 11.9, "events-cold-l2"),
+            run("torch-efficient", 22.0, "events-cold-l2"),
         ];
         let fa = BTreeMap::from([
             ("f16-b2h8s512d64".to_string(), vec![5.1, 5.0, 4.9]),
             ("f16-b1h1s64d64".to_string(), vec![3.0]),
         ]);
-        let r = torch_ratios(&fa, &torch);
+        let methods = fa.keys().map(|k| (k.clone(), g.to_string())).collect();
+        let r = torch_ratios(&fa, &methods, &torch);
         let small = r.iter().find(|r| r.name == "f16-b2h8s512d64").unwrap();
         assert_eq!(small.fa_us, 5.0);
         assert_eq!(small.backends["torch-default"], (10.0, 2.0));
         assert_eq!(small.backends["torch-flash"].0, 12.9);
+        assert!(!small.backends.contains_key("torch-efficient"));
+        assert_eq!(small.other_method["torch-efficient"], ["events-cold-l2"]);
+        assert_eq!(small.other_method["torch-default"], ["events-cold-l2"]);
         // A case no torch process timed has no ratios, not a zero or NaN one.
         assert!(r.iter().find(|r| r.name == "f16-b1h1s64d64").unwrap().backends.is_empty());
     }
@@ -577,7 +623,8 @@ mod tests {
         let torch: Vec<BenchRun> =
             serde_json::from_str(include_str!("../tests/data/h200/bench-torch-sdpa.json")).unwrap();
         let fa = BTreeMap::from([("f16-b4h16s2048d128".to_string(), vec![240.0])]);
-        let r = torch_ratios(&fa, &torch);
+        let methods = BTreeMap::from([("f16-b4h16s2048d128".to_string(), "events-cold-l2".to_string())]);
+        let r = torch_ratios(&fa, &methods, &torch);
         let names: Vec<&str> = r[0].backends.keys().map(String::as_str).collect();
         assert_eq!(names, ["torch-cudnn", "torch-default", "torch-efficient", "torch-flash"]);
         for (us, x) in r[0].backends.values() {
