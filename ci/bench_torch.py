@@ -3,9 +3,9 @@
 method as fa-bench, and write the same JSON schema (a list of BenchRun, one per
 backend: torch-default, torch-flash, torch-efficient, torch-cudnn).
 
-Method: warm up; estimate one call's GPU time (ten calls queued behind a GPU sleep,
-so the CPU's launch cost, which differs per backend, does not pick the method);
-calls under --graph-below-us are timed by
+Method: warm up; estimate one call's GPU time (the median of three batches of ten
+warm calls queued behind a GPU sleep, so the CPU's launch cost, which differs per
+backend, does not pick the method); calls under --graph-below-us are timed by
 replaying a CUDA graph of many calls (per-call time); longer calls are timed with
 events around each call, after an L2-flushing memset queued ahead of the start
 event. Batches until IQR/median/sqrt(n) < --target-spread or the budget runs out.
@@ -48,14 +48,18 @@ def time_case(fn, args, flush):
     ev = lambda: torch.cuda.Event(enable_timing=True)
     fn()
     torch.cuda.synchronize()
-    a, b = ev(), ev()
-    torch.cuda._sleep(20_000_000)  # ~10 ms of GPU work queued ahead of the calls
-    a.record()
-    for _ in range(10):
+    estimates = []
+    for _ in range(3):
+        a, b = ev(), ev()
+        torch.cuda._sleep(20_000_000)  # ~10 ms of GPU work queued ahead of the calls
         fn()
-    b.record()
-    torch.cuda.synchronize()
-    estimate = a.elapsed_time(b) * 1e3 / 10
+        a.record()
+        for _ in range(10):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        estimates.append(a.elapsed_time(b) * 1e3 / 10)
+    estimate = quantile(estimates, 0.5)
     samples, start = [], time.time()
     budget = args.budget_ms / 1e3
     if estimate < args.graph_below_us:

@@ -1,7 +1,7 @@
 //! Times the attention kernels on a shape set and writes JSON for `cargo xtask bench`.
 //!
-//! Method per case: warm up; estimate one call's GPU time (ten calls queued behind
-//! L2-flushing memsets, so launch cost does not pick the method; ci/bench_torch.py
+//! Method per case: warm up; estimate one call's GPU time (batches of ten warm calls
+//! queued behind memsets, so launch cost does not pick the method; ci/bench_torch.py
 //! does the same for PyTorch); if it is short (< --graph-below-us),
 //! capture a CUDA graph of many calls and time replays back to back (per-call time,
 //! no launch gaps, L2-warm: such shapes fit in L2 anyway); otherwise flush L2 with a
@@ -162,18 +162,26 @@ fn bench_case(
         Ok(f64::from(a.elapsed_ms(b)?) * 1e3)
     };
 
-    // Warm-up and a first estimate, queued behind ~1 GB of memsets.
-    let (e0, e1) = (ev()?, ev()?);
-    for _ in 0..4 {
-        s.memset_zeros(flush)?;
-    }
-    e0.record(s)?;
-    for _ in 0..10 {
+    // The estimate that picks the method: the median of three batches of ten calls,
+    // each queued behind ~1 GB of memsets and a warm-up call, so that neither the
+    // CPU's launch cost nor the cold first call moves it (a case near
+    // --graph-below-us must not flip methods between processes).
+    let mut batches = Vec::new();
+    for _ in 0..3 {
+        let (e0, e1) = (ev()?, ev()?);
+        for _ in 0..4 {
+            s.memset_zeros(flush)?;
+        }
         call(&mut out)?;
+        e0.record(s)?;
+        for _ in 0..10 {
+            call(&mut out)?;
+        }
+        e1.record(s)?;
+        att.synchronize()?;
+        batches.push(elapsed_us(&e0, &e1)? / 10.0);
     }
-    e1.record(s)?;
-    att.synchronize()?;
-    let estimate = elapsed_us(&e0, &e1)? / 10.0;
+    let estimate = bench::stats(&batches).median;
 
     let budget = Duration::from_millis(args.budget_ms);
     let start = Instant::now();
