@@ -373,10 +373,9 @@ impl Attention {
 
     /// The kernel `forward` runs for this problem: `Auto` takes the Hopper kernel
     /// where loaded and measured faster (`planner::prefer_hopper`).
-    pub fn resolve(&self, p: &Problem, causal: bool, variant: Variant) -> Result<Variant> {
-        let flops = planner::attention_flops(p.batch, p.heads, p.seqlen_q, p.seqlen_k, p.head_dim, causal);
+    pub fn resolve(&self, p: &Problem, variant: Variant) -> Result<Variant> {
         match variant {
-            Variant::Auto if self.has_hopper() && planner::prefer_hopper(p.head_dim, flops) => Ok(Variant::Hopper),
+            Variant::Auto if self.has_hopper() && planner::prefer_hopper(p.seqlen_k) => Ok(Variant::Hopper),
             Variant::Auto | Variant::Portable => Ok(Variant::Portable),
             Variant::Hopper if self.has_hopper() => Ok(Variant::Hopper),
             Variant::Hopper => Err(Error::Unsupported(format!(
@@ -388,7 +387,7 @@ impl Attention {
 
     /// The split plan `forward` would use for this problem.
     pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
-        let variant = self.resolve(p, opts.causal, opts.variant)?;
+        let variant = self.resolve(p, opts.variant)?;
         Ok(self.fwd_kernel(variant, dtype, p, opts)?.2)
     }
 
@@ -429,7 +428,7 @@ impl Attention {
         {
             invalid!("lse holds {} floats but batch × heads × seqlen_q = {rows}", l.len());
         }
-        let variant = self.resolve(&p, opts.causal, opts.variant)?;
+        let variant = self.resolve(&p, opts.variant)?;
         if rows == 0 {
             return Ok(Launched { num_splits: 0, ctas: 0, variant, block_m: 0, key_groups: 0 }); // empty result: nothing to launch
         }

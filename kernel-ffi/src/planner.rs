@@ -56,18 +56,18 @@ pub fn plan(sm_count: u32, ctas_per_sm: u32, work_ctas: u64, seqlen_k: u32, bloc
     best.1
 }
 
-/// Whether the Hopper kernel beats the portable one on an sm_90 device. Its fixed
-/// cost per call is higher (barrier set-up, the TMA pipeline filling), its
-/// throughput about twice as high. Measured on an H200 with graph replay
-/// (`fa-bench --variant portable|hopper`, exploratory runs; not in the ledger):
-/// D=128 wins from 2.1 GFLOP (B1 H16 S512, 1.16x; 1.40x with its 64-row entry)
-/// and at 1.07 GFLOP causal (1.23x), loses at 0.13 GFLOP (0.77x, before the
-/// 64-row entry); at D=64 the 64-row entry (two CTAs per SM) wins from the
-/// smallest problem up (B1 H1 S128 3.5 against 3.9 µs, B1 H1 S512 5.4 against
-/// 5.5, B2 H8 S512 6.5 against 9.2; before ledger iteration 16). `flops` as
-/// `attention_flops` counts.
-pub fn prefer_hopper(head_dim: usize, flops: f64) -> bool {
-    head_dim < 128 || flops >= 0.5e9
+/// Whether the Hopper kernel beats the portable one on an sm_90 device: wherever
+/// a head has more than one 64-key block. Below that the Hopper kernel's 128-key
+/// tile is half empty and its fixed cost (barrier set-up, the TMA pipeline
+/// filling) shows. Measured on an H200 with graph replay (`fa-bench --variant
+/// portable|hopper`, 3 rounds in one run, f16; exploratory, not in the ledger):
+/// 64 keys or fewer, portable 14-16% faster (B1 H1 S32/S64, D64 2.82/3.07 against
+/// 3.33/3.55 µs, D128 3.39/4.05 against 4.01/4.71); from 96 keys on the Hopper
+/// kernel 2-18% faster at every size tried (B1 H1 S96 D64 3.51 against 3.90, B1 H1
+/// S128 D128 4.50 against 5.23, B1 H1/H2/H4/H8 S256 D128 4-18%, B1 H16 S512 D128
+/// 9.1 against 12.5, and 1.5-1.7x on every large shape).
+pub fn prefer_hopper(seqlen_k: usize) -> bool {
+    seqlen_k > 64
 }
 
 /// Whether a kernel with 64- and 128-row entries should run the 64-row one, from
@@ -267,17 +267,16 @@ mod tests {
 
     #[test]
     fn hopper_only_where_it_measured_faster() {
-        let f = |b, h, s, d, causal| prefer_hopper(d, attention_flops(b, h, s, s, d, causal));
-        // Measured loss on an H200 (portable faster).
-        assert!(!f(1, 4, 256, 128, false));
-        // Measured wins.
-        assert!(f(1, 1, 128, 64, false));
-        assert!(f(1, 1, 512, 64, false));
-        assert!(f(2, 8, 512, 64, false));
-        assert!(f(1, 16, 512, 128, false));
-        assert!(f(1, 1, 2048, 128, true));
-        assert!(f(1, 2, 2048, 64, false));
-        assert!(f(4, 16, 2048, 64, false));
+        // Measured on an H200: portable faster at one 64-key block, Hopper from 96 keys.
+        assert!(!prefer_hopper(32) && !prefer_hopper(64));
+        for keys in [96, 128, 256, 512, 2048, 8192] {
+            assert!(prefer_hopper(keys), "{keys}");
+        }
+    }
+
+    #[test]
+    fn causal_attention_counts_half_the_flops() {
         assert_eq!(attention_flops(1, 1, 2048, 2048, 128, true), attention_flops(1, 1, 2048, 2048, 128, false) / 2.0);
+        assert_eq!(attention_flops(2, 8, 512, 256, 64, false), 4.0 * 16.0 * 512.0 * 256.0 * 64.0);
     }
 }
