@@ -61,6 +61,9 @@ pub struct ShapeComparison {
     pub cand_us: f64,
     #[serde(flatten)]
     pub comparison: Comparison,
+    /// Why the verdict was overridden, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// A stored per-GPU baseline: per-process medians per shape.
@@ -106,9 +109,25 @@ pub fn compare_runs(base: &BTreeMap<String, Vec<f64>>, cand: &BTreeMap<String, V
                 base_us: stats::median(b),
                 cand_us: stats::median(c),
                 comparison: stats::compare(b, c),
+                note: None,
             })
         })
         .collect()
+}
+
+/// A case the two sides timed by different methods (graph replay against cold-L2
+/// events: microseconds apart on small shapes) cannot be called either way: its
+/// verdict becomes ambiguous, with the methods in the note.
+pub fn flag_method_changes(comparisons: &mut [ShapeComparison], runs: &[ProcessRun]) {
+    let (base, cand) = (side_methods(runs, "base"), side_methods(runs, "candidate"));
+    for c in comparisons {
+        if let (Some(b), Some(m)) = (base.get(&c.name), cand.get(&c.name))
+            && b != m
+        {
+            c.comparison.verdict = Verdict::Ambiguous;
+            c.note = Some(format!("timed by {b} (base) and {m} (candidate)"));
+        }
+    }
 }
 
 /// Per-process medians per case, of one side's processes.
@@ -162,6 +181,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         mode = "a/b".to_string();
         runs = interleaved(base, &cand, &dir, opts)?;
         comparisons = compare_runs(&side_medians(&runs, "base"), &side_medians(&runs, "candidate"));
+        flag_method_changes(&mut comparisons, &runs);
     } else {
         let first = run_process(&cand, "candidate", 0, &dir, opts)?;
         let device = first.run.device.name.clone();
@@ -516,7 +536,10 @@ fn comparison_table(cs: &[ShapeComparison]) -> String {
                 format!("{:.2}", c.cand_us),
                 format!("{:+.2}%", c.comparison.change * 100.0),
                 format!("[{:+.2}%, {:+.2}%]", c.comparison.ci_low * 100.0, c.comparison.ci_high * 100.0),
-                format!("{:?}", c.comparison.verdict).to_lowercase(),
+                match &c.note {
+                    Some(n) => format!("{:?} ({n})", c.comparison.verdict).to_lowercase(),
+                    None => format!("{:?}", c.comparison.verdict).to_lowercase(),
+                },
             ]
         })
         .collect();
@@ -534,6 +557,10 @@ pub fn markdown(p: &BenchPayload) -> String {
                 Verdict::Improvement => "✅ improvement",
                 Verdict::Same => "same",
                 Verdict::Ambiguous => "⚠️ ambiguous: rerun",
+            };
+            let mark = match &c.note {
+                Some(n) => format!("{mark} ({n})"),
+                None => mark.to_string(),
             };
             md.push_str(&format!(
                 "| {} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {mark} |\n",
@@ -671,5 +698,35 @@ mod tests {
         };
         assert!(clock_warning(&[run("base", 1980.0), run("candidate", 1755.0)]).is_some());
         assert!(clock_warning(&[run("base", 1980.0), run("candidate", 1975.0)]).is_none());
+    }
+
+    #[test]
+    fn a_case_timed_two_ways_cannot_be_called() {
+        // B1 H4 S2048 D64 causal sat near --graph-below-us: one side's processes
+        // graph-replayed it (28 µs), the other's timed cold-L2 events (42 µs).
+        let run = |side: &str, method: &str, us: f64| -> ProcessRun {
+            let case = |name: &str, method: &str, us: f64| {
+                serde_json::json!({"name": name, "dtype": "f16", "batch": 1, "heads": 4, "kv_heads": 4,
+                    "seqlen_q": 2048, "seqlen_k": 2048, "head_dim": 64, "causal": true, "method": method,
+                    "samples": 40, "median_us": us, "q1_us": us, "q3_us": us, "min_us": us, "mean_us": us,
+                    "rel_stdev": 0.0, "tflops": 0.0, "ctas": 0, "num_splits": 0})
+            };
+            let run = serde_json::json!({
+                "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "driver": null},
+                "implementation": "fa",
+                "cases": [case("flipped", method, us), case("steady", "graph-replay", 10.0)]});
+            ProcessRun { side: side.into(), run: serde_json::from_value(run).unwrap(), sm_clock_mhz: None }
+        };
+        let runs: Vec<ProcessRun> = (0..5)
+            .flat_map(|_| [run("base", "events-cold-l2", 42.0), run("candidate", "graph-replay", 28.0)])
+            .collect();
+        let mut c = compare_runs(&side_medians(&runs, "base"), &side_medians(&runs, "candidate"));
+        assert_eq!(c.iter().find(|c| c.name == "flipped").unwrap().comparison.verdict, Verdict::Improvement);
+        flag_method_changes(&mut c, &runs);
+        let flipped = c.iter().find(|c| c.name == "flipped").unwrap();
+        assert_eq!(flipped.comparison.verdict, Verdict::Ambiguous);
+        assert_eq!(flipped.note.as_deref(), Some("timed by events-cold-l2 (base) and graph-replay (candidate)"));
+        let steady = c.iter().find(|c| c.name == "steady").unwrap();
+        assert_eq!((steady.comparison.verdict, steady.note.as_deref()), (Verdict::Same, None));
     }
 }

@@ -254,7 +254,8 @@ fn evaluate(
         bench::interleaved(&base, &cand, &dir, &opts.bench)?
     };
     let (b, c) = (bench::side_medians(&runs, "base"), bench::side_medians(&runs, "candidate"));
-    let comparisons = bench::compare_runs(&b, &c);
+    let mut comparisons = bench::compare_runs(&b, &c);
+    bench::flag_method_changes(&mut comparisons, &runs);
     let last: &BenchRun = &runs.last().expect("at least one bench process").run;
     let torch: Vec<BenchRun> = read_json(&paths.reports().join("bench/torch.json")).unwrap_or_default();
     for case in &last.cases {
