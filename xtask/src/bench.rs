@@ -80,6 +80,7 @@ pub struct TorchRatio {
     pub name: String,
     pub fa_us: f64,
     /// How our processes timed the case ("graph-replay+events-cold-l2" if they differed).
+    #[serde(default)]
     pub fa_method: String,
     /// Backend → (µs, speedup = backend µs / fa µs), from its runs timed by `fa_method`.
     pub backends: BTreeMap<String, (f64, f64)>,
