@@ -103,6 +103,15 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pf)[4], const float (&s)[N
   pf[3] = Dtype<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
+// The normaliser 1/l of row r (g or g + 8) of this thread's quad and its
+// natural-log LSE; a row that saw no key gets 0 (its output is zeros) and −inf.
+__device__ __forceinline__ void row_finish(const float (&row_max)[2], const float (&row_sum)[2], int r, float& inv,
+                                           float& lse) {
+  const float l = quad_sum(row_sum[r]);
+  inv = l > 0.f ? 1.f / l : 0.f;
+  lse = l > 0.f ? (row_max[r] + __log2f(l)) * 0.69314718056f : -INFINITY;
+}
+
 // Normalises and writes rows row_lo and row_lo + 8: O in the input dtype and the
 // natural-log LSE, or with several splits the fp32 partial and its LSE.
 template <typename T, int D>
@@ -110,9 +119,8 @@ __device__ __forceinline__ void store_rows(const FlashParams& p, const float (&o
                                            const float (&row_sum)[2], int row_lo, int b, int h, int split, int t) {
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(row_sum[r]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key outputs zeros
-    const float lse = l > 0.f ? (row_max[r] + __log2f(l)) * 0.69314718056f : -INFINITY;
+    float inv, lse;
+    row_finish(row_max, row_sum, r, inv, lse);
     const int row = row_lo + 8 * r;
 #ifndef FA_DEFECT_OOB_TAIL
     if (row >= p.seqlen_q) continue;
