@@ -296,7 +296,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(chunk_addr(row, dt) + 4 * t), "r"(v) : "memory");
       }
       const int grow = it.m0 + 64 * cw + row;
-      if (p.lse != nullptr && t == 0 && grow < p.seqlen_q)
+      if (p.lse != nullptr && t == 0 && row_stored(grow, p.seqlen_q))
         p.lse[((int64_t)it.b * p.heads + it.h) * p.seqlen_q + grow] = lse;
     }
     if constexpr (Cfg::kConsumers == 1) {
@@ -315,7 +315,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                    : "r"(chunk_addr(row, chunk)));
-      if (grow < p.seqlen_q) *reinterpret_cast<uint4*>(out + (int64_t)grow * p.o_row_stride) = v;
+      if (row_stored(grow, p.seqlen_q)) *reinterpret_cast<uint4*>(out + (int64_t)grow * p.o_row_stride) = v;
     }
   };
 

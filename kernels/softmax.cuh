@@ -103,6 +103,16 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pf)[4], const float (&s)[N
   pf[3] = Dtype<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
+// Whether a query row is stored: rows past seqlen_q are not, unless the planted
+// FA_DEFECT_OOB_TAIL asks memcheck to catch the out-of-bounds write.
+__device__ __forceinline__ bool row_stored(int row, int seqlen_q) {
+#ifdef FA_DEFECT_OOB_TAIL
+  return true;
+#else
+  return row < seqlen_q;
+#endif
+}
+
 // The normaliser 1/l of row r (g or g + 8) of this thread's quad and its
 // natural-log LSE; a row that saw no key gets 0 (its output is zeros) and −inf.
 __device__ __forceinline__ void row_finish(const float (&row_max)[2], const float (&row_sum)[2], int r, float& inv,
@@ -122,9 +132,7 @@ __device__ __forceinline__ void store_rows(const FlashParams& p, const float (&o
     float inv, lse;
     row_finish(row_max, row_sum, r, inv, lse);
     const int row = row_lo + 8 * r;
-#ifndef FA_DEFECT_OOB_TAIL
-    if (row >= p.seqlen_q) continue;
-#endif
+    if (!row_stored(row, p.seqlen_q)) continue;
     const int64_t bh_row = ((int64_t)b * p.heads + h) * p.seqlen_q + row;
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row * p.o_row_stride;
