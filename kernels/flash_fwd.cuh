@@ -14,6 +14,8 @@
 // and half the serial key loop, without a second launch to combine splits.
 #pragma once
 
+#include <type_traits>
+
 #include "common.cuh"
 #include "flash_params.h"
 #include "softmax.cuh"
@@ -434,9 +436,47 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 
   // ---- Epilogue: normalise, then write O (or the split's fp32 partial) and LSE.
   if (p.num_splits > 1) {
+    // Two-tile entries, which the planner never splits, store the partials from
+    // the accumulators (staging them spilled the D=128 one on sm_89).
+    if constexpr (MT == 2) {
+      #pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        store_rows<T, D>(p, o[mt], row_max[mt], row_sum[mt], m0 + w0 + 16 * mt + g, b, h, split, t);
+      }
+      return;
+    }
+    // The fp32 partials take the same route through all of the group's tiles (BM
+    // rows of D floats fit: 2·ST·BN ≥ BM), once every warp of the group is done
+    // with K and V; 16-byte chunks swizzled by row, so the 8-byte writes of 8
+    // rows at a time take two wavefronts.
+    group_sync();
+    float* stage = reinterpret_cast<float*>(group_smem);
+    auto at = [&](int row, int chunk) { return stage + row * D + ((chunk ^ (row & 7)) << 2); };
+    const int64_t bh0 = ((int64_t)b * p.heads + h) * p.seqlen_q;
+    const int64_t part0 = (int64_t)split * p.batch * p.heads * p.seqlen_q + bh0 + m0;  // row m0's partial
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      store_rows<T, D>(p, o[mt], row_max[mt], row_sum[mt], m0 + w0 + 16 * mt + g, b, h, split, t);
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float inv, lse;
+        row_finish(row_max[mt], row_sum[mt], r, inv, lse);
+        const int row = w0 + 16 * mt + g + 8 * r;
+        #pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          *reinterpret_cast<float2*>(at(row, 2 * dt + t / 2) + 2 * (t % 2)) =
+              make_float2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        }
+        if (t == 0 && row_stored(m0 + row, p.seqlen_q)) p.lse_partial[part0 + row] = lse;
+      }
+    }
+    __syncwarp();
+    constexpr int kChunks = D / 4, kRowsPerPass = 32 / kChunks;
+    #pragma unroll
+    for (int r0 = 0; r0 < 16 * MT; r0 += kRowsPerPass) {
+      const int row = w0 + r0 + lane / kChunks, chunk = lane % kChunks;
+      const float4 v = *reinterpret_cast<const float4*>(at(row, chunk));
+      if (row_stored(m0 + row, p.seqlen_q))
+        *reinterpret_cast<float4*>(p.o_partial + (part0 + row) * D + 4 * chunk) = v;
     }
     return;
   }
@@ -475,34 +515,56 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 }
 
 // Merges split partials by log-sum-exp: O = Σ_s w_s·O_s / Σ_s w_s with
-// w_s = exp(lse_s − max_s lse_s). One warp per row; each lane owns D/32 columns.
+// w_s = exp(lse_s − max_s lse_s), online over the splits. One warp per row; each
+// lane owns D/32 columns, one 8- or 16-byte load per split. Four splits' loads
+// are in flight at once (indices clamped, weights of the extra ones 0): a pass
+// for the maximum and a second for the sum cost two L2 round trips per split.
 template <typename T, int D>
 __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   constexpr int kPerLane = D / 32;
+  static_assert(kPerLane == 2 || kPerLane == 4, "a float2 or float4 per lane");
+  using Vec = std::conditional_t<kPerLane == 4, float4, float2>;
+  constexpr int kBatch = 4;
   const int64_t rows = (int64_t)p.batch * p.heads * p.seqlen_q;
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  float mx = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, p.lse_partial[s * rows + row]);
   float acc[kPerLane] = {};
-  float total = 0.f;
-  if (mx != -INFINITY) {  // else no split saw a key: zeros, lse −inf
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float w = __expf(p.lse_partial[s * rows + row] - mx);
-      total += w;
-      const float* src = p.o_partial + (s * rows + row) * D + lane * kPerLane;
+  float mx = -INFINITY, total = 0.f;
+  for (int s0 = 0; s0 < p.num_splits; s0 += kBatch) {
+    float l[kBatch];
+    Vec x[kBatch];
+    #pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t part = (int64_t)min(s0 + j, p.num_splits - 1) * rows + row;
+      l[j] = p.lse_partial[part];
+      x[j] = *reinterpret_cast<const Vec*>(p.o_partial + part * D + lane * kPerLane);
+    }
+    #pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float lj = s0 + j < p.num_splits ? l[j] : -INFINITY;  // a split that saw no key: −inf too
+      const float nm = fmaxf(mx, lj), base = exp_base(nm);
+      const float a = __expf(mx - base), w = __expf(lj - base);
+      const float* xv = reinterpret_cast<const float*>(&x[j]);
       #pragma unroll
-      for (int i = 0; i < kPerLane; ++i) acc[i] += w * src[i];
+      for (int i = 0; i < kPerLane; ++i) acc[i] = acc[i] * a + w * xv[i];
+      total = total * a + w;
+      mx = nm;
     }
   }
-  const float inv = total > 0.f ? 1.f / total : 0.f;
+  const float inv = total > 0.f ? 1.f / total : 0.f;  // no split saw a key: zeros, LSE −inf
   const int qrow = row % p.seqlen_q, bh = row / p.seqlen_q;
   const int b = bh / p.heads, h = bh % p.heads;
   T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)qrow * p.o_row_stride +
            lane * kPerLane;
+  uint32_t packed[kPerLane / 2];
   #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) out[i] = Dtype<T>::from_float(acc[i] * inv);
+  for (int i = 0; i < kPerLane / 2; ++i) packed[i] = Dtype<T>::pack(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+  if constexpr (kPerLane == 4) {
+    *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
+  } else {
+    *reinterpret_cast<uint32_t*>(out) = packed[0];
+  }
   if (p.lse != nullptr && lane == 0) p.lse[row] = total > 0.f ? mx + __logf(total) : -INFINITY;
 }
 
