@@ -83,9 +83,12 @@ struct HopperConfig {
   // for two consumers, 128 × 24 + 128 × 232 per CTA for one.
   static constexpr int kProducerRegs = kConsumers == 1 ? 24 : 40, kConsumerRegs = 232;
   static_assert((128 * kProducerRegs + 128 * kConsumers * kConsumerRegs) * kCtasPerSm <= 65536, "register file");
-  // Q, the K and V rings, 4 barriers per stage + Q's (persistent: full and empty),
-  // and slack to align the base to 1024.
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 8 * (4 * kStages + 1 + kPersistent) + 1024;
+  // Q, the K and V rings, persistent entries' O staging tile (Q-sized: their Q
+  // tile may already hold the next item's), 4 barriers per stage + Q's
+  // (persistent: full and empty), and slack to align the base to 1024.
+  static constexpr int kStageBytes = kPersistent ? kQBytes : 0;
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kStages * kKVBytes + kStageBytes + 8 * (4 * kStages + 1 + kPersistent) + 1024;
   // sm_90: 227 KB per CTA, 228 KB per SM with 1 KB reserved per CTA.
   static_assert(kSmemBytes <= 232448 && (kSmemBytes + 1024) * kCtasPerSm <= 233472, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
@@ -164,7 +167,8 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   const uint32_t sQ = base;
   const uint32_t sK = sQ + Cfg::kQBytes;          // stage i at sK + i × kKVBytes
   const uint32_t sV = sK + S * Cfg::kKVBytes;
-  const uint32_t bars = sV + S * Cfg::kKVBytes;   // full_k[S], full_v[S], empty_k[S], empty_v[S], q, empty_q
+  const uint32_t sO = sV + S * Cfg::kKVBytes;     // persistent only; else O is staged in sQ
+  const uint32_t bars = sO + Cfg::kStageBytes;     // full_k[S], full_v[S], empty_k[S], empty_v[S], q, empty_q
   auto full_k = [&](int i) { return bars + 8 * i; };
   auto full_v = [&](int i) { return bars + 8 * (S + i); };
   auto empty_k = [&](int i) { return bars + 8 * (2 * S + i); };
@@ -272,16 +276,25 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
   };
 
-  // Epilogue of a CTA's only item: the warpgroup's O rows, normalised, go through
-  // its own rows of the Q tile (free once its last Q·Kᵀ has landed; the other
-  // warpgroup may still read its own) in the same 128-byte swizzle, then out in
-  // 16-byte stores, a warp writing whole rows. Stored straight from the
-  // accumulators, each warp instruction wrote 4 bytes into each of 8 rows: the
-  // epilogue took 1.6 µs of a 35 µs CTA (B4 H16 S2048 D=128, clock64 stamps).
-  // Persistent CTAs keep store_rows: the producer may already be loading the next
-  // item's Q. Uses named barrier 3 + the consumer index.
+  // Unsplit epilogue: the warpgroup's O rows, normalised, go through its own rows
+  // of a Q-shaped tile in the same 128-byte swizzle, then out in 16-byte stores, a
+  // warp writing whole rows. Stored straight from the accumulators, each warp
+  // instruction wrote 4 bytes into each of 8 rows: the epilogue took 1.6 µs of a
+  // 35 µs CTA (B4 H16 S2048 D=128, clock64 stamps). The tile is Q's own (free once
+  // the warpgroup's last Q·Kᵀ has landed; the other warpgroup may still read its
+  // own rows) except in persistent CTAs, whose producer may already be loading the
+  // next item's Q: they stage in sO, after a barrier that orders this item's
+  // writes after the previous item's reads. Named barrier 3 + the consumer index.
+  auto wg_sync = [&] {
+    if constexpr (Cfg::kConsumers == 1) {
+      asm volatile("bar.sync 3, 128;\n" ::: "memory");  // a constant id: ptxas reserves 4 barriers, not 16
+    } else {
+      named_bar_sync(3 + cw, 128);
+    }
+  };
   auto store_staged = [&](const HopperItem& it) {
-    const uint32_t rows = sQ + 64 * cw * 128;  // + panel × BM × 128 + row × 128 + swizzled chunk × 16
+    if constexpr (kPersistent) wg_sync();
+    const uint32_t rows = (kPersistent ? sO : sQ) + 64 * cw * 128;  // + panel × BM × 128 + row × 128 + chunk × 16
     auto chunk_addr = [&](int row, int chunk) {
       return rows + (chunk / 8) * BM * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
     };
@@ -299,11 +312,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       if (p.lse != nullptr && t == 0 && row_stored(grow, p.seqlen_q))
         p.lse[((int64_t)it.b * p.heads + it.h) * p.seqlen_q + grow] = lse;
     }
-    if constexpr (Cfg::kConsumers == 1) {
-      asm volatile("bar.sync 3, 128;\n" ::: "memory");  // a constant id: ptxas reserves 4 barriers, not 16
-    } else {
-      named_bar_sync(3 + cw, 128);
-    }
+    wg_sync();
     constexpr int kChunks = D / 8;                // 16-byte chunks per row
     constexpr int kRowsPerPass = 128 / kChunks;
     const int tid = threadIdx.x % 128, chunk = tid % kChunks;
@@ -419,7 +428,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       mbar_arrive(empty_v(st));
     }
     g0 += it.tiles;
-    if (!kPersistent && p.num_splits == 1) {
+    if (p.num_splits == 1) {
       store_staged(it);
     } else {
       store_rows<T, D>(p, o, row_max, row_sum, row_lo, it.b, it.h, it.split, t);
