@@ -435,6 +435,33 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   }
 
   // ---- Epilogue: normalise, then write O (or the split's fp32 partial) and LSE.
+  // Both go through shared memory: each thread stages its normalised pairs of
+  // this warp's rows (`put(row, dt, x, y)`; `lse_out(row, lse)` for t = 0), then
+  // the warp copies its rows out in 16-byte chunks (`copy(row, chunk)`, kChunks
+  // per row), whole rows per instruction, instead of stores touching 8 rows each.
+  auto stage = [&](auto&& put, auto&& lse_out) {
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float inv, lse;
+        row_finish(row_max[mt], row_sum[mt], r, inv, lse);
+        const int row = w0 + 16 * mt + g + 8 * r;
+        #pragma unroll
+        for (int dt = 0; dt < DT; ++dt) put(row, dt, o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        if (t == 0 && row_stored(m0 + row, p.seqlen_q)) lse_out(row, lse);
+      }
+    }
+    __syncwarp();
+  };
+  auto copy_rows = [&](auto chunks, auto&& copy) {
+    constexpr int kChunks = decltype(chunks)::value, kRowsPerPass = 32 / kChunks;
+    #pragma unroll
+    for (int r0 = 0; r0 < 16 * MT; r0 += kRowsPerPass) {
+      const int row = w0 + r0 + lane / kChunks;
+      if (row_stored(m0 + row, p.seqlen_q)) copy(row, lane % kChunks);
+    }
+  };
   if (p.num_splits > 1) {
     // Two-tile entries, which the planner never splits, store the partials from
     // the accumulators (staging them spilled the D=128 one on sm_89).
@@ -445,73 +472,37 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
       }
       return;
     }
-    // The fp32 partials take the same route through all of the group's tiles (BM
-    // rows of D floats fit: 2·ST·BN ≥ BM), once every warp of the group is done
-    // with K and V; 16-byte chunks swizzled by row, so the 8-byte writes of 8
-    // rows at a time take two wavefronts.
+    // The fp32 partials are staged in all of the group's tiles (BM rows of D
+    // floats fit: 2·ST·BN ≥ BM), once every warp of the group is done with K and
+    // V; 16-byte chunks swizzled by row, so the 8-byte writes of 8 rows at a time
+    // take two wavefronts.
     group_sync();
-    float* stage = reinterpret_cast<float*>(group_smem);
-    auto at = [&](int row, int chunk) { return stage + row * D + ((chunk ^ (row & 7)) << 2); };
+    float* tile = reinterpret_cast<float*>(group_smem);
+    auto at = [&](int row, int chunk) { return tile + row * D + ((chunk ^ (row & 7)) << 2); };
     const int64_t bh0 = ((int64_t)b * p.heads + h) * p.seqlen_q;
     const int64_t part0 = (int64_t)split * p.batch * p.heads * p.seqlen_q + bh0 + m0;  // row m0's partial
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float inv, lse;
-        row_finish(row_max[mt], row_sum[mt], r, inv, lse);
-        const int row = w0 + 16 * mt + g + 8 * r;
-        #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          *reinterpret_cast<float2*>(at(row, 2 * dt + t / 2) + 2 * (t % 2)) =
-              make_float2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-        }
-        if (t == 0 && row_stored(m0 + row, p.seqlen_q)) p.lse_partial[part0 + row] = lse;
-      }
-    }
-    __syncwarp();
-    constexpr int kChunks = D / 4, kRowsPerPass = 32 / kChunks;
-    #pragma unroll
-    for (int r0 = 0; r0 < 16 * MT; r0 += kRowsPerPass) {
-      const int row = w0 + r0 + lane / kChunks, chunk = lane % kChunks;
-      const float4 v = *reinterpret_cast<const float4*>(at(row, chunk));
-      if (row_stored(m0 + row, p.seqlen_q))
-        *reinterpret_cast<float4*>(p.o_partial + (part0 + row) * D + 4 * chunk) = v;
-    }
+    stage([&](int row, int dt, float x, float y) { *reinterpret_cast<float2*>(at(row, 2 * dt + t / 2) + 2 * (t % 2)) = make_float2(x, y); },
+          [&](int row, float lse) { p.lse_partial[part0 + row] = lse; });
+    copy_rows(std::integral_constant<int, D / 4>{}, [&](int row, int chunk) {
+      *reinterpret_cast<float4*>(p.o_partial + (part0 + row) * D + 4 * chunk) =
+          *reinterpret_cast<const float4*>(at(row, chunk));
+    });
     return;
   }
-  // Unsplit, O goes through the warp's own rows of the Q tile (swizzled like Q, so
-  // the 4-byte writes are conflict-free) and out in 16-byte stores, whole rows per
-  // warp instruction, instead of 4-byte stores touching 8 rows each (as the Hopper
-  // kernel's epilogue since ledger iteration 28). Two groups: the hand-over slots
-  // lie in these tiles, so group 0's warps first finish reading them.
+  // Unsplit, O is staged in the warp's own rows of the Q tile (swizzled like Q, so
+  // the 4-byte writes are conflict-free; as the Hopper kernel's epilogue since
+  // ledger iteration 28). Two groups: the hand-over slots lie in these tiles, so
+  // group 0's warps first finish reading them.
   if constexpr (KG == 2) group_sync();
-  #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float inv, lse;
-      row_finish(row_max[mt], row_sum[mt], r, inv, lse);
-      const int row = w0 + 16 * mt + g + 8 * r;
-      #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        *reinterpret_cast<uint32_t*>(sQ + swizzle<D>(row, 8 * dt + 2 * t)) =
-            Dtype<T>::pack(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-      }
-      if (p.lse != nullptr && t == 0 && row_stored(m0 + row, p.seqlen_q))
-        p.lse[((int64_t)b * p.heads + h) * p.seqlen_q + m0 + row] = lse;
-    }
-  }
-  __syncwarp();
-  constexpr int kChunks = D / 8, kRowsPerPass = 32 / kChunks;
+  stage([&](int row, int dt, float x, float y) { *reinterpret_cast<uint32_t*>(sQ + swizzle<D>(row, 8 * dt + 2 * t)) = Dtype<T>::pack(x, y); },
+        [&](int row, float lse) {
+          if (p.lse != nullptr) p.lse[((int64_t)b * p.heads + h) * p.seqlen_q + m0 + row] = lse;
+        });
   T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride;
-  #pragma unroll
-  for (int r0 = 0; r0 < 16 * MT; r0 += kRowsPerPass) {
-    const int row = w0 + r0 + lane / kChunks, chunk = lane % kChunks;
-    const uint4 v = *reinterpret_cast<const uint4*>(sQ + swizzle<D>(row, 8 * chunk));
-    if (row_stored(m0 + row, p.seqlen_q))
-      *reinterpret_cast<uint4*>(out + (int64_t)(m0 + row) * p.o_row_stride + 8 * chunk) = v;
-  }
+  copy_rows(std::integral_constant<int, D / 8>{}, [&](int row, int chunk) {
+    *reinterpret_cast<uint4*>(out + (int64_t)(m0 + row) * p.o_row_stride + 8 * chunk) =
+        *reinterpret_cast<const uint4*>(sQ + swizzle<D>(row, 8 * chunk));
+  });
 }
 
 // Merges split partials by log-sum-exp: O = Σ_s w_s·O_s / Σ_s w_s with
