@@ -54,6 +54,14 @@ pub fn check(res: &KernelResources, kernel: &Kernel, arch: &Arch, static_smem_li
             "lower register pressure or raise max_registers (check occupancy first)",
         );
     }
+    if res.wgmma_serialized {
+        breach(
+            "wgmma serialized (ptxas C7511)",
+            1,
+            0,
+            "keep each wgmma accumulator in an array of its own, whole, and cut registers live across wgmmas",
+        );
+    }
     if res.smem_static > static_smem_limit {
         breach("static smem bytes", res.smem_static, static_smem_limit, "move the buffer to dynamic shared memory");
     }
@@ -218,6 +226,7 @@ mod tests {
             registers: 40,
             smem_static: 100_000,
             spill_stores: 8,
+            wgmma_serialized: true,
             ..Default::default()
         };
         let what: Vec<_> = check_all(&m, std::slice::from_ref(&planted))
@@ -229,6 +238,7 @@ mod tests {
         let expected: Vec<(String, u64, u64)> = vec![
             ("spill bytes".into(), 8, 0),
             ("registers/thread".into(), 40, 32),
+            ("wgmma serialized (ptxas C7511)".into(), 1, 0),
             ("static smem bytes".into(), 100_000, 49152),
         ];
         assert_eq!(what, expected);

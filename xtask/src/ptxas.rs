@@ -4,7 +4,9 @@
 //! at `Compiling entry function 'NAME' for 'sm_XX'`; the following
 //! `Function properties for NAME` line is followed by the stack/spill line, and
 //! `Used …` carries optional, unordered clauses (`N registers`, `used N barriers`,
-//! `N bytes smem`, `N bytes cmem[0]`, `N bytes cumulative stack size`).
+//! `N bytes smem`, `N bytes cmem[0]`, `N bytes cumulative stack size`). Code
+//! C7511 (an info line, printed before the entries it names) says ptxas
+//! serialised an entry's wgmma instructions.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +25,10 @@ pub struct KernelResources {
     /// Constant memory summed over all banks.
     pub cmem: u32,
     pub cumulative_stack: u32,
+    /// ptxas C7511: every wgmma waits for the previous one (not enough registers
+    /// to keep accumulators in flight), which silently halves tensor throughput.
+    #[serde(default)]
+    pub wgmma_serialized: bool,
 }
 
 impl KernelResources {
@@ -44,6 +50,7 @@ pub fn parse(text: &str) -> Report {
     let mut current: Option<usize> = None;
     // Set after `Function properties for X`; the next line holds stack/spills.
     let mut properties_of: Option<String> = None;
+    let mut serialized: Vec<&str> = Vec::new();
 
     for raw in text.lines() {
         let line = raw.trim();
@@ -60,7 +67,12 @@ pub fn parse(text: &str) -> Report {
         let Some(msg) = strip_tag(line, "ptxas info") else {
             continue;
         };
-        if let Some(rest) = msg.strip_prefix("Compiling entry function ") {
+        if let Some(rest) = msg.strip_prefix("(C7511)") {
+            // "… for the wgmma pipeline in the function 'NAME'"
+            if let Some(name) = rest.rsplit('\'').nth(1) {
+                serialized.push(name);
+            }
+        } else if let Some(rest) = msg.strip_prefix("Compiling entry function ") {
             let mut quoted = rest.split('\'').skip(1).step_by(2);
             if let (Some(name), Some(arch)) = (quoted.next(), quoted.next()) {
                 report.kernels.push(KernelResources {
@@ -80,6 +92,9 @@ pub fn parse(text: &str) -> Report {
             // A non-entry function: its properties must not land on the last entry.
             current = None;
         }
+    }
+    for k in &mut report.kernels {
+        k.wgmma_serialized = serialized.contains(&k.name.as_str());
     }
     report
 }
@@ -189,6 +204,25 @@ mod tests {
             ptxas info    : Used 32 registers\n";
         let k = &parse(text).kernels[0];
         assert_eq!((k.stack_frame, k.spill_bytes(), k.registers), (0, 0, 32));
+    }
+
+    #[test]
+    fn wgmma_serialisation_is_flagged_on_the_entries_it_names() {
+        // Captured from nvcc 13.0 on an experimental Hopper kernel whose half key
+        // tile shared the full tile's accumulator array.
+        let r = parse(include_str!("../tests/data/ptxas-c7511-wgmma-serialized-sm90a.txt"));
+        assert_eq!(r.kernels.len(), 5);
+        let flagged: Vec<&str> = r.kernels.iter().filter(|k| k.wgmma_serialized).map(|k| k.name.as_str()).collect();
+        assert_eq!(
+            flagged,
+            [
+                "flash_fwd_hopper_f16_d128_causal",
+                "flash_fwd_hopper_f16_d128_m64",
+                "flash_fwd_hopper_f16_d64_causal_m64"
+            ]
+        );
+        assert_eq!(find(&r, "flash_fwd_hopper_f16_d64_causal_m64", "sm_90a").registers, 128);
+        assert!(!parse(THREE_ARCHS).kernels.iter().any(|k| k.wgmma_serialized));
     }
 
     #[test]

@@ -1,0 +1,486 @@
+// Hopper (sm_90a) forward pass: TMA loads into a shared-memory ring completed on
+// mbarriers, wgmma for Q·Kᵀ and P·V, warp specialisation.
+//
+// A work item is kBlockM = 64 × kConsumers query rows of one (batch, head, split);
+// a CTA runs one, or (persistent causal entries) loops over several (hopper_item).
+// Warpgroup 0 is the producer: it gives most of its registers away (setmaxnreg)
+// and one thread issues TMA loads of Q once per item and of K and V per key tile
+// into a kStages-deep ring. Each consumer warpgroup owns 64 query rows end to end:
+// S = Q·Kᵀ (wgmma, both operands in shared memory), the shared online softmax on
+// the accumulators, O += P·V (wgmma, P from registers, V transposed on read),
+// a tile's Q·Kᵀ issued together with the previous tile's P·V; while one consumer
+// warpgroup (or CTA) does its softmax, the other's wgmmas keep the tensor cores
+// busy. Barriers per stage:
+//   full_k/full_v  the producer's expect_tx arrival + TMA bytes; consumers wait
+//   empty_k/empty_v every consumer thread arrives once its wgmma has read the stage
+#pragma once
+
+#include <type_traits>
+
+#include "hopper.cuh"
+#include "softmax.cuh"
+
+namespace fa {
+
+// An entry is (head dim, causal, ROWS). ROWS = 64 ("_m64" entries): one consumer
+// warpgroup, which at D=64 runs two CTAs per SM (each with half the registers and
+// shared memory) so that one CTA's prologue (Q and first-tile latency) and
+// epilogue overlap the other's main loop, and at D=128 (shared memory for one)
+// doubles the CTAs of small problems. ROWS = 128 (D=128 only): two consumer
+// warpgroups. kernel-ffi picks between a configuration's entries per problem
+// (planner::prefer_m64).
+//
+// The consumer schedule follows from ROWS:
+//   pipelined  tile j's Q·Kᵀ and tile j−1's P·V issued together, then tile j's
+//              softmax. ptxas hoists the wait for that P·V above the softmax (its
+//              WARPGROUP.DEPBAR precedes every MUFU.EX2), so within a warpgroup the
+//              softmax follows both products; FlashAttention-3's intra-warpgroup
+//              overlap, forced by putting the wait behind a loop edge, measured
+//              4-14% slower on an H200 (ARCHITECTURE.md)
+//   ping-pong  (two consumer warpgroups) pipelined, and the warpgroups take turns
+//              issuing their wgmmas (named barriers), so one's softmax runs under
+//              the other's matrix products
+// A serial schedule (two warpgroups overlapping only by chance) served D=64 with
+// 128-row CTAs until ledger iteration 20; it swung by 5-10% with any change to
+// the kernel's code generation.
+//
+// Compile-time defines from the manifest, each chosen by same-run A/B timings on
+// an H200 (ledger iterations 10, 12, 16, 17):
+// FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B).
+#ifndef FA_HOPPER_STAGES_D128
+#define FA_HOPPER_STAGES_D128 2
+#endif
+#ifndef FA_HOPPER_STAGES_D128_CAUSAL
+#define FA_HOPPER_STAGES_D128_CAUSAL 2
+#endif
+#ifndef FA_HOPPER_STAGES_D64_M64
+#define FA_HOPPER_STAGES_D64_M64 2
+#endif
+#ifndef FA_HOPPER_STAGES_D128_M64
+#define FA_HOPPER_STAGES_D128_M64 2
+#endif
+// FA_HOPPER_PERSISTENT_CAUSAL: 1 = causal entries run persistent CTAs over pairs
+//   of query blocks (hopper_item), 0 = one CTA per query block.
+#ifndef FA_HOPPER_PERSISTENT_CAUSAL
+#define FA_HOPPER_PERSISTENT_CAUSAL 1
+#endif
+
+template <int D, bool CAUSAL, int ROWS>
+struct HopperConfig {
+  static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
+  static_assert(ROWS == 64 || (ROWS == 128 && D == 128), "64-row CTAs, or 128-row ones at D=128");
+  static constexpr int kConsumers = ROWS / 64;
+  static constexpr bool kPingPong = kConsumers == 2;
+  static constexpr int kCtasPerSm = kConsumers == 1 && D == 64 ? 2 : 1;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kBlockM = ROWS;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
+                                                 : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
+  static constexpr bool kPersistent = CAUSAL && FA_HOPPER_PERSISTENT_CAUSAL;  // units are causal pairs
+  static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKVBytes = kBlockN * D * 2;
+  // Registers per thread after setmaxnreg, within 65536 per SM: 128 × 40 + 256 × 232
+  // for two consumers, 128 × 24 + 128 × 232 per CTA for one.
+  static constexpr int kProducerRegs = kConsumers == 1 ? 24 : 40, kConsumerRegs = 232;
+  static_assert((128 * kProducerRegs + 128 * kConsumers * kConsumerRegs) * kCtasPerSm <= 65536, "register file");
+  // Q, the K and V rings, persistent entries' O staging tile (Q-sized: their Q
+  // tile may already hold the next item's), 4 barriers per stage + Q's
+  // (persistent: full and empty), and slack to align the base to 1024.
+  static constexpr int kStageBytes = kPersistent ? kQBytes : 0;
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kStages * kKVBytes + kStageBytes + 8 * (4 * kStages + 1 + kPersistent) + 1024;
+  // sm_90: 227 KB per CTA, 228 KB per SM with 1 KB reserved per CTA.
+  static_assert(kSmemBytes <= 232448 && (kSmemBytes + 1024) * kCtasPerSm <= 233472, "shared memory");
+  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
+  static_assert(kBlockM <= 256 && kBlockN <= 256, "a TMA box spans at most 256 rows");
+};
+
+// One work item of a CTA: query rows m0 … m0 + kBlockM − 1 of (b, h, split).
+struct HopperItem {
+  bool done;  // the CTA has no such item
+  bool skip;  // not an item (the missing half of a pair): neither loads nor stores
+  int m0, b, h, kvh, split, n_begin;
+  int tiles;  // key tiles; 0: rows that see no key (stored as zeros)
+};
+
+// The k-th item of this CTA. Not persistent: the one query block the 3-D grid
+// names (causal: the last blocks, which see the most keys, first). Persistent
+// (causal entries): resident CTAs of a 1-D grid take units with a grid stride; a
+// unit is a pair of query blocks of one (split, batch, head), the longest and the
+// shortest left (m_blocks − 1 − i, then i), so every unit costs about the same
+// and the static schedule stays balanced, and a head's units are adjacent so that
+// CTAs running together share its K/V in L2. The decode divides by host-computed
+// FastDiv constants: run-time divisions sat on the path to the first TMA load
+// (ledger iteration 11).
+template <int BM, int BN, bool CAUSAL, bool PERSISTENT>
+__device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const HopperSched& sc, int k) {
+  HopperItem r{};
+  int m_idx;
+  if constexpr (PERSISTENT) {
+    const int unit = blockIdx.x + (k >> 1) * gridDim.x;
+    r.done = unit >= sc.units;
+    if (r.done) return r;
+    const int sbh = fast_div(sc.pairs, unit);  // split × (batch × heads) + batch × heads + head
+    const int i = unit - sbh * sc.pairs.div;
+    r.split = fast_div(sc.bh, sbh);
+    const int bh = sbh - r.split * sc.bh.div;
+    r.b = fast_div(sc.heads, bh);
+    r.h = bh - r.b * sc.heads.div;
+    r.kvh = fast_div(sc.group, r.h);
+    m_idx = (k & 1) == 0 ? sc.m_blocks - 1 - i : i;
+    r.skip = (k & 1) == 1 && m_idx == sc.m_blocks - 1 - i;  // an odd block count's middle block: once
+    if (r.skip) return r;
+  } else {
+    r.done = k > 0;
+    r.b = blockIdx.y / p.heads;
+    r.h = blockIdx.y % p.heads;
+    r.kvh = r.h / (p.heads / p.kv_heads);
+    r.split = blockIdx.z;
+    m_idx = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  }
+  r.m0 = m_idx * BM;
+  r.n_begin = r.split * p.keys_per_split;
+  int n_end = min(p.seqlen_k, r.n_begin + p.keys_per_split);
+  if (CAUSAL) n_end = min(n_end, r.m0 + BM + (p.seqlen_k - p.seqlen_q));
+  r.tiles = n_end > r.n_begin ? (n_end - r.n_begin + BN - 1) / BN : 0;
+  return r;
+}
+
+// Each CTA runs its items (hopper_item: one, or a persistent CTA's many) in
+// order. The K/V ring runs on across items (g0: ring position of an item's first
+// tile) and Q has a full/empty pair, so the producer loads the next item's Q and
+// first tiles while the consumers finish and store the current one. With one
+// item per CTA the loops fold to straight-line code.
+template <typename T, int D, bool CAUSAL, int ROWS>
+__device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
+  using Cfg = HopperConfig<D, CAUSAL, ROWS>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages, NT = BN / 8, DT = D / 8;
+  constexpr bool kPersistent = Cfg::kPersistent;
+  const FlashParams& p = hp.p;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The launch geometry comes from the manifest (persistent: a 1-D grid); a mismatch is a build bug.
+  if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads ||
+      (kPersistent && (gridDim.y != 1 || gridDim.z != 1)))
+    __trap();
+  // Swizzle atoms need 1024-byte alignment; the dynamic base only promises 16.
+  const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t sQ = base;
+  const uint32_t sK = sQ + Cfg::kQBytes;          // stage i at sK + i × kKVBytes
+  const uint32_t sV = sK + S * Cfg::kKVBytes;
+  const uint32_t sO = sV + S * Cfg::kKVBytes;     // persistent only; else O is staged in sQ
+  const uint32_t bars = sO + Cfg::kStageBytes;     // full_k[S], full_v[S], empty_k[S], empty_v[S], q, empty_q
+  auto full_k = [&](int i) { return bars + 8 * i; };
+  auto full_v = [&](int i) { return bars + 8 * (S + i); };
+  auto empty_k = [&](int i) { return bars + 8 * (2 * S + i); };
+  auto empty_v = [&](int i) { return bars + 8 * (3 * S + i); };
+  const uint32_t bar_q = bars + 8 * 4 * S, empty_q = bar_q + 8;  // empty_q: persistent only
+  // The first item is decoded once, up front, by every thread.
+  const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent>(p, hp.sched, 0);
+  auto item = [&](int k) { return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent>(p, hp.sched, k); };
+  const int diag = p.seqlen_k - p.seqlen_q;  // bottom-right causal: row i sees keys j <= i + diag
+
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < S; ++i) {
+      mbar_init(full_k(i), 1);
+      mbar_init(full_v(i), 1);
+      mbar_init(empty_k(i), 128 * Cfg::kConsumers);
+      mbar_init(empty_v(i), 128 * Cfg::kConsumers);
+    }
+    mbar_init(bar_q, 1);
+    if (kPersistent) mbar_init(empty_q, 128 * Cfg::kConsumers);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- Producer: one thread issues every TMA load.
+    regs_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      int g0 = 0, q_loads = 0;
+      for (int k = 0; kPersistent || k == 0; ++k) {
+        const HopperItem it = item(k);
+        if (it.done) break;
+        if (it.skip || it.tiles == 0) continue;
+        if (q_loads == 0) {
+          tma_prefetch_desc(&hp.k_map);
+          tma_prefetch_desc(&hp.v_map);
+        }
+        // The previous item's Q must have had its last Q·Kᵀ.
+        if (kPersistent && q_loads > 0) mbar_wait(empty_q, (q_loads - 1) & 1);
+        ++q_loads;
+        mbar_expect_tx(bar_q, Cfg::kQBytes);
+        #pragma unroll
+        for (int c = 0; c < Cfg::kPanels; ++c)
+          tma_load_4d(sQ + c * BM * 128, &hp.q_map, bar_q, c * 64, it.m0, it.h, it.b);
+        for (int j = 0; j < it.tiles; ++j) {
+          const int g = g0 + j, st = g % S, n0 = it.n_begin + j * BN;
+          // The stage's previous tile (g − S) must have been read by every consumer.
+          if (g >= S) mbar_wait(empty_k(st), ((g / S) - 1) & 1);
+          mbar_expect_tx(full_k(st), Cfg::kKVBytes);
+          #pragma unroll
+          for (int c = 0; c < Cfg::kPanels; ++c)
+            tma_load_4d(sK + st * Cfg::kKVBytes + c * BN * 128, &hp.k_map, full_k(st), c * 64, n0, it.kvh, it.b);
+          if (g >= S) mbar_wait(empty_v(st), ((g / S) - 1) & 1);
+          mbar_expect_tx(full_v(st), Cfg::kKVBytes);
+          #pragma unroll
+          for (int c = 0; c < Cfg::kPanels; ++c)
+            tma_load_4d(sV + st * Cfg::kKVBytes + c * BN * 128, &hp.v_map, full_v(st), c * 64, n0, it.kvh, it.b);
+        }
+        g0 += it.tiles;
+      }
+    }
+    return;
+  }
+
+  // ---- Consumers.
+  regs_alloc<Cfg::kConsumerRegs>();
+  const int cw = wg - 1;                                   // consumer index: rows m0 + 64·cw …
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const float scale_log2 = p.scale_log2;
+
+  // Descriptors (see gmma_desc): Q rows of this warpgroup, K rows, V transposed.
+  // A k-step of 16 columns advances 32 bytes inside a 128-byte swizzled row;
+  // past 64 columns it moves to the next panel.
+  const uint32_t q_rows = sQ + 64 * cw * 128;
+  auto q_desc = [&](int kk) { return gmma_desc(q_rows + (kk / 4) * BM * 128 + (kk % 4) * 32, 0, 1024); };
+  auto k_desc = [&](int st, int kk) {
+    return gmma_desc(sK + st * Cfg::kKVBytes + (kk / 4) * BN * 128 + (kk % 4) * 32, 0, 1024);
+  };
+  // Keys 16kk…16kk+15 are 16 rows of 128 bytes; the head dim's panels lie BN·128 apart.
+  auto v_desc = [&](int st, int kk) { return gmma_desc(sV + st * Cfg::kKVBytes + kk * 16 * 128, BN * 128, 1024); };
+
+  constexpr bool kPingPong = Cfg::kPingPong;
+  float o[DT][4];
+  float row_max[2], row_sum[2], correction[2];
+  // A tile's scores, or (a warpgroup's last live tile, when no row of it sees a
+  // key past its first half: the causal diagonal of every other 64-row item, a
+  // short sequence tail) those of its first BN / 2 keys, in an accumulator of
+  // their own: an n64 wgmma into half of s made ptxas serialise every wgmma
+  // (C7511). The producer still loads the whole tile.
+  float s[NT][4], s_half[NT / 2][4];
+  uint32_t pf[BN / 16][4];
+  using Full = std::integral_constant<int, BN>;
+  using Half = std::integral_constant<int, BN / 2>;
+  auto scores = [&](auto n) -> auto& {
+    if constexpr (decltype(n)::value == BN) return s; else return s_half;
+  };
+  // S = Q·K_j, asynchronous: committed as its own wgmma group.
+  auto issue_qk = [&](int st, auto n) {
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss<T, decltype(n)::value>(scores(n), q_desc(kk), k_desc(st, kk), kk > 0);
+    wgmma_commit();
+  };
+  // O += P·V_j, asynchronous, P from registers.
+  auto issue_pv = [&](int st, auto n) {
+    wgmma_fence_operands(o);
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < decltype(n)::value / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
+    wgmma_commit();
+  };
+  auto pack_p = [&](auto n) {
+    #pragma unroll
+    for (int kk = 0; kk < decltype(n)::value / 16; ++kk) p_fragment<T>(pf[kk], scores(n), kk);
+  };
+
+  // Unsplit epilogue: the warpgroup's O rows, normalised, go through its own rows
+  // of a Q-shaped tile in the same 128-byte swizzle, then out in 16-byte stores, a
+  // warp writing whole rows. Stored straight from the accumulators, each warp
+  // instruction wrote 4 bytes into each of 8 rows: the epilogue took 1.6 µs of a
+  // 35 µs CTA (B4 H16 S2048 D=128, clock64 stamps). The tile is Q's own (free once
+  // the warpgroup's last Q·Kᵀ has landed; the other warpgroup may still read its
+  // own rows) except in persistent CTAs, whose producer may already be loading the
+  // next item's Q: they stage in sO, after a barrier that orders this item's
+  // writes after the previous item's reads. Named barrier 3 + the consumer index.
+  auto wg_sync = [&] {
+    if constexpr (Cfg::kConsumers == 1) {
+      asm volatile("bar.sync 3, 128;\n" ::: "memory");  // a constant id: ptxas reserves 4 barriers, not 16
+    } else {
+      named_bar_sync(3 + cw, 128);
+    }
+  };
+  auto store_staged = [&](const HopperItem& it) {
+    if constexpr (kPersistent) wg_sync();
+    const uint32_t rows = (kPersistent ? sO : sQ) + 64 * cw * 128;  // + panel × BM × 128 + row × 128 + chunk × 16
+    auto chunk_addr = [&](int row, int chunk) {
+      return rows + (chunk / 8) * BM * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+    };
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float inv, lse;
+      row_finish(row_max, row_sum, r, inv, lse);
+      const int row = 16 * warp + g + 8 * r;  // within the warpgroup's 64
+      #pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        const uint32_t v = Dtype<T>::pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(chunk_addr(row, dt) + 4 * t), "r"(v) : "memory");
+      }
+      const int grow = it.m0 + 64 * cw + row;
+      if (p.lse != nullptr && t == 0 && row_stored(grow, p.seqlen_q))
+        p.lse[((int64_t)it.b * p.heads + it.h) * p.seqlen_q + grow] = lse;
+    }
+    wg_sync();
+    constexpr int kChunks = D / 8;                // 16-byte chunks per row
+    constexpr int kRowsPerPass = 128 / kChunks;
+    const int tid = threadIdx.x % 128, chunk = tid % kChunks;
+    T* out = static_cast<T*>(p.o) + it.b * p.o_batch_stride + it.h * p.o_head_stride + chunk * 8;
+    #pragma unroll
+    for (int r0 = 0; r0 < 64; r0 += kRowsPerPass) {
+      const int row = r0 + tid / kChunks, grow = it.m0 + 64 * cw + row;
+      uint4 v;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(chunk_addr(row, chunk)));
+      if (row_stored(grow, p.seqlen_q)) *reinterpret_cast<uint4*>(out + (int64_t)grow * p.o_row_stride) = v;
+    }
+  };
+
+  int g0 = 0, q_loads = 0;
+  for (int k = 0; kPersistent || k == 0; ++k) {
+    const HopperItem it = item(k);
+    if (it.done) break;
+    if (it.skip) continue;
+    const int row_lo = it.m0 + 64 * cw + 16 * warp + g;  // this thread's rows: row_lo, row_lo + 8
+    const int wg_last_row = it.m0 + 64 * cw + 63;
+    #pragma unroll
+    for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+
+    // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
+    // they come last, and only the barrier protocol runs for them. Ping-pong needs
+    // both warpgroups to take the same number of turns, so it computes them (masked).
+    const int live = CAUSAL && !kPingPong
+                         ? max(0, min(it.tiles, (wg_last_row + diag + 1 - it.n_begin + BN - 1) / BN))
+                         : it.tiles;
+    auto stage = [&](int j) { return (g0 + j) % S; };
+    auto kv_phase = [&](int j) { return (uint32_t)((g0 + j) / S) & 1; };
+    auto softmax = [&](int j, auto n) {
+      const int n0 = it.n_begin + j * BN;
+      mask_tile<CAUSAL>(scores(n), n0, row_lo - g, row_lo, t, p.seqlen_k, diag);  // from the warp's first row
+      softmax_rows(scores(n), row_max, row_sum, correction, scale_log2);
+    };
+    // Whether the last live tile is a half one: none of this warpgroup's rows sees
+    // a key past its first BN / 2 (end of the sequence, the split, the diagonal).
+    int key_end = min(p.seqlen_k, it.n_begin + p.keys_per_split);
+    if (CAUSAL) key_end = min(key_end, wg_last_row + diag + 1);
+    const bool half_last = live > 0 && key_end - (it.n_begin + (live - 1) * BN) <= BN / 2;
+    // Tile j's S has landed: its K stage is free, and after the item's last
+    // Q·Kᵀ (persistent) so is Q.
+    auto qk_landed = [&](int j, auto n) {
+      wgmma_fence_operands(scores(n));
+      mbar_arrive(empty_k(stage(j)));
+      if (kPersistent && j == live - 1) mbar_arrive(empty_q);
+    };
+    // Ping-pong turns: each wgmma issue point is one turn; warpgroup 0 goes first.
+    // Warpgroup c waits at barrier 1 + c and hands over at the other's; the last
+    // hand-over of warpgroup 1 is left out so that every arrival is consumed.
+    const int turns = live > 0 ? live + 1 : 0;
+    int turn = 0;
+    auto take_turn = [&] {
+      if constexpr (kPingPong) named_bar_sync(1 + cw, 256);
+    };
+    auto pass_turn = [&] {
+      if constexpr (kPingPong) {
+        if (!(cw == 1 && ++turn == turns)) named_bar_arrive(1 + (cw ^ 1), 256);
+      }
+    };
+    if (kPingPong && cw == 1 && turns > 0) named_bar_arrive(1, 256);
+
+    // Every item with tiles loads Q once; a warpgroup with no live tile never reads it.
+    if (it.tiles > 0) {
+      if (live > 0) mbar_wait(bar_q, q_loads & 1);
+      ++q_loads;
+      if (kPersistent && live == 0) mbar_arrive(empty_q);
+    }
+    // Software pipeline: Q·K_j and P_{j−1}·V_{j−1} go to the tensor cores
+    // together; O is rescaled once that P·V has landed (in SASS before the softmax).
+    auto first_tile = [&](auto n) {
+      mbar_wait(full_k(stage(0)), kv_phase(0));
+      take_turn();
+      issue_qk(stage(0), n);
+      pass_turn();
+      wgmma_wait<0>();
+      qk_landed(0, n);
+      softmax(0, n);  // O is still zero: nothing to rescale
+      pack_p(n);
+    };
+    auto next_tile = [&](int j, auto n) {  // j ≥ 1; P_{j−1} is always a full tile's
+      const int st = stage(j), prev = stage(j - 1);
+      mbar_wait(full_k(st), kv_phase(j));
+      mbar_wait(full_v(prev), kv_phase(j - 1));
+      take_turn();
+      issue_qk(st, n);
+      issue_pv(prev, Full{});
+      pass_turn();
+      wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
+      qk_landed(j, n);
+      softmax(j, n);
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+      mbar_arrive(empty_v(prev));
+      rescale(o, correction);
+      pack_p(n);
+    };
+    auto last_pv = [&](auto n) {
+      const int st = stage(live - 1);
+      mbar_wait(full_v(st), kv_phase(live - 1));
+      take_turn();
+      issue_pv(st, n);
+      pass_turn();
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+      mbar_arrive(empty_v(st));
+    };
+    if (live == 1) {
+      if (half_last) first_tile(Half{}); else first_tile(Full{});
+    } else if (live > 1) {
+      first_tile(Full{});
+    }
+    for (int j = 1; j < live - 1; ++j) next_tile(j, Full{});
+    if (live > 1) {
+      if (half_last) next_tile(live - 1, Half{}); else next_tile(live - 1, Full{});
+    }
+    if (live > 0) {
+      if (half_last) last_pv(Half{}); else last_pv(Full{});
+    }
+    for (int j = live; j < it.tiles; ++j) {  // dead causal tiles: release them unread
+      const int st = stage(j);
+      mbar_wait(full_k(st), kv_phase(j));
+      mbar_arrive(empty_k(st));
+      mbar_wait(full_v(st), kv_phase(j));
+      mbar_arrive(empty_v(st));
+    }
+    g0 += it.tiles;
+    if (p.num_splits == 1) {
+      store_staged(it);
+    } else {
+      store_rows<T, D>(p, o, row_max, row_sum, row_lo, it.b, it.h, it.split, t);
+    }
+  }
+}
+
+}  // namespace fa
+
+// One stable extern "C" entry point: flash_fwd_hopper_<dtype>_d<D>[_causal][_m64].
+#define FA_HOPPER_ENTRY(T, D, CAUSAL, ROWS, NAME)                                              \
+  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, CAUSAL, ROWS>::kThreads,    \
+                                               fa::HopperConfig<D, CAUSAL, ROWS>::kCtasPerSm)  \
+      NAME(const __grid_constant__ fa::HopperParams p) {                                       \
+    fa::flash_fwd_hopper<T, D, CAUSAL, ROWS>(p);                                               \
+  }
+
+// Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM); D=128 in
+// 128-row CTAs, plus 64-row ones for non-causal problems that do not fill the GPU.
+#define FA_HOPPER_ENTRIES(T, DT)                                            \
+  FA_HOPPER_ENTRY(T, 64, false, 64, flash_fwd_hopper_##DT##_d64_m64)        \
+  FA_HOPPER_ENTRY(T, 64, true, 64, flash_fwd_hopper_##DT##_d64_causal_m64)  \
+  FA_HOPPER_ENTRY(T, 128, false, 128, flash_fwd_hopper_##DT##_d128)         \
+  FA_HOPPER_ENTRY(T, 128, false, 64, flash_fwd_hopper_##DT##_d128_m64)      \
+  FA_HOPPER_ENTRY(T, 128, true, 128, flash_fwd_hopper_##DT##_d128_causal)
