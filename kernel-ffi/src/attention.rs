@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{
     self as cu, CUdevice_attribute, CUfunction_attribute, CUtensorMapDataType, CUtensorMapFloatOOBfill,
@@ -43,7 +43,7 @@ pub enum Splits {
 }
 
 /// Which forward kernel runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Variant {
     /// The Hopper kernel where it is loaded (sm_90a), else the portable one.
@@ -121,6 +121,9 @@ pub struct Attention {
     kernels: HashMap<String, Kernel>,
     /// The Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
     hopper: bool,
+    /// Causal split plans already made: the model simulates the grid (up to a
+    /// few hundred µs of CPU), once per launch geometry.
+    causal_plans: Mutex<HashMap<(planner::CausalGrid, Variant), Plan>>,
     _modules: Vec<Arc<CudaModule>>,
 }
 
@@ -207,7 +210,7 @@ impl Attention {
             modules.push(module);
         }
         let hopper = kernels.keys().any(|k| is_hopper_entry(k));
-        Ok(Attention { ctx, stream, device, kernels, hopper, _modules: modules })
+        Ok(Attention { ctx, stream, device, kernels, hopper, causal_plans: Mutex::default(), _modules: modules })
     }
 
     pub fn device(&self) -> &DeviceInfo {
@@ -331,7 +334,7 @@ impl Attention {
             let (_, grouped) =
                 loaded.iter().find(|(_, k)| k.launch.key_groups > 1 && rows.is_none_or(|m| k.launch.block_m == m))?;
             let one = single.iter().find(|k| k.launch.block_m == grouped.launch.block_m)?;
-            let plan = self.plan_for(one, p, opts.splits).ok()?;
+            let plan = self.plan_for(variant, one, p, opts).ok()?;
             twin_plan = Some(((one.launch.block_m, one.launch.block_n), plan));
             let ctas = Self::work_ctas(one, p) * u64::from(plan.num_splits);
             let blocks = plan.keys_per_split / one.launch.block_n.max(1);
@@ -361,7 +364,7 @@ impl Attention {
         // entry's wherever both tile the problem alike.
         let plan = match twin_plan {
             Some((tiles, plan)) if tiles == (kern.launch.block_m, kern.launch.block_n) => plan,
-            _ => self.plan_for(kern, p, opts.splits)?,
+            _ => self.plan_for(variant, kern, p, opts)?,
         };
         Ok((name, kern, plan))
     }
@@ -391,10 +394,12 @@ impl Attention {
         Ok(self.fwd_kernel(variant, dtype, p, opts)?.2)
     }
 
-    fn plan_for(&self, k: &Kernel, p: &Problem, splits: Splits) -> Result<Plan> {
+    /// `variant`: the resolved kernel (Portable or Hopper), whose calibration the
+    /// causal model takes.
+    fn plan_for(&self, variant: Variant, k: &Kernel, p: &Problem, opts: &Options) -> Result<Plan> {
         let block_n = k.launch.block_n;
         let n_blocks = (p.seqlen_k as u32).div_ceil(block_n).max(1);
-        let plan = match splits {
+        let plan = match opts.splits {
             Splits::Fixed(0) => invalid!("a fixed split count must be at least 1"),
             Splits::Fixed(n) => {
                 let per = n_blocks.div_ceil(n.min(planner::MAX_SPLITS));
@@ -402,6 +407,28 @@ impl Attention {
             }
             // A two-group entry gets its one-group twin's plan (the planner counts one
             // useful CTA per SM either way), the plan prefer_key_groups chose it by.
+            Splits::Auto if opts.causal => {
+                let grid = planner::CausalGrid {
+                    heads: (p.batch * p.heads) as u64,
+                    seqlen_q: p.seqlen_q as u32,
+                    seqlen_k: p.seqlen_k as u32,
+                    block_m: k.launch.block_m,
+                    block_n,
+                    ctas_per_sm: k.ctas_per_sm,
+                    persistent: k.launch.persistent,
+                };
+                let cost = match (variant, p.head_dim) {
+                    (Variant::Hopper, 64) => planner::HOPPER_D64_CAUSAL,
+                    (Variant::Hopper, _) => planner::HOPPER_D128_CAUSAL,
+                    (_, 64) => planner::PORTABLE_D64_CAUSAL,
+                    _ => planner::PORTABLE_D128_CAUSAL,
+                };
+                // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
+                let mut plans = self.causal_plans.lock().unwrap_or_else(|e| e.into_inner());
+                *plans
+                    .entry((grid, variant))
+                    .or_insert_with(|| planner::plan_causal(self.device.sm_count, &grid, &cost))
+            }
             Splits::Auto => {
                 planner::plan(self.device.sm_count, k.ctas_per_sm, Self::work_ctas(k, p), p.seqlen_k as u32, block_n)
             }

@@ -58,6 +58,9 @@ pub fn default_shapes() -> Vec<Shape> {
         s(2, 16, 8192, 128, false),
         s(2, 16, 8192, 128, true),
         s(8, 32, 1024, 64, true),
+        // Causal grids that leave SMs idle unsplit (planner::plan_causal).
+        s(1, 4, 2048, 64, true),
+        s(1, 1, 8192, 128, true),
     ]);
     v
 }
@@ -150,6 +153,7 @@ mod tests {
             "f16-b2h8s512d64",
             "f16-b2h16s8192d128-causal",
             "f16-b8h32s1024d64-causal",
+            "f16-b1h4s2048d64-causal",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }

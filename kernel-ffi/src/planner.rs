@@ -56,6 +56,203 @@ pub fn plan(sm_count: u32, ctas_per_sm: u32, work_ctas: u64, seqlen_k: u32, bloc
     best.1
 }
 
+/// A causal launch as the split model sees it: the chosen entry's tiles and
+/// residency, and the problem's rows and keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CausalGrid {
+    /// Batch × heads.
+    pub heads: u64,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    pub block_m: u32,
+    pub block_n: u32,
+    pub ctas_per_sm: u32,
+    /// Resident CTAs looping over pairs of query blocks (longest with shortest)
+    /// instead of one CTA per query block, longest first.
+    pub persistent: bool,
+}
+
+/// A kernel family's constants in the causal split model, in units of one key
+/// tile's time for a lone CTA on an SM.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CausalCost {
+    /// An SM's throughput with 1, 2, 3 or more resident CTAs sharing it equally.
+    pub sm_throughput: [f64; 3],
+    /// What a query block costs beyond its key tiles (Q load, pipeline fill, epilogue).
+    pub block_overhead: f64,
+    /// The combine launch of a split plan.
+    pub combine: f64,
+}
+
+// Fitted (grid search, fewest mispicks then least relative error) to a sweep of
+// forced split counts (1, 2, 3, 4, 6, 8) over 14 causal shapes from B1 H1 S1024
+// to B1 H16 S2048 on an H200, `perf/calibration/causal-splits-h200.csv`: the
+// model picks the measured best count for 27 of the 28 (shape, kernel) pairs and
+// one within 1% (a test holds it to 2% on every row).
+pub const PORTABLE_D64_CAUSAL: CausalCost =
+    CausalCost { sm_throughput: [1.0, 1.6, 2.0], block_overhead: 1.0, combine: 8.0 };
+pub const PORTABLE_D128_CAUSAL: CausalCost =
+    CausalCost { sm_throughput: [1.0, 1.2, 1.2], block_overhead: 1.0, combine: 4.0 };
+pub const HOPPER_D64_CAUSAL: CausalCost =
+    CausalCost { sm_throughput: [1.0, 1.4, 1.4], block_overhead: 2.0, combine: 3.0 };
+pub const HOPPER_D128_CAUSAL: CausalCost =
+    CausalCost { sm_throughput: [1.0, 1.0, 1.0], block_overhead: 3.0, combine: 4.0 };
+
+/// Split counts the causal model tries: those its constants were fitted on. It
+/// tries none whose grid exceeds this many waves of resident CTAs either.
+const CAUSAL_SPLITS: [u32; 5] = [2, 3, 4, 6, 8];
+const CAUSAL_MAX_WAVES: u64 = 4;
+
+/// Split plan for a causal launch. Causal query blocks differ in cost (block i
+/// sees i + 1 blocks of keys), so a grid that leaves SMs idle is as slow as its
+/// longest block, which splitting the keys shortens: the uniform model of `plan`
+/// does not see that (it left B1 H4 S2048 D64 unsplit, 28 µs on an H200 where 4
+/// splits take 19.5). Each candidate split count is simulated: CTAs dispatched in
+/// grid order, round-robin over the SMs up to their residency, then each to the
+/// SM that frees a slot first; an SM's throughput shared equally among its
+/// resident CTAs; plus the combine. A launch whose unsplit grid fills every
+/// resident slot twice runs unsplit.
+pub fn plan_causal(sm_count: u32, g: &CausalGrid, cost: &CausalCost) -> Plan {
+    let block_n = g.block_n.max(1);
+    let n_blocks = g.seqlen_k.div_ceil(block_n).max(1);
+    let unsplit = Plan { num_splits: 1, keys_per_split: n_blocks * block_n };
+    let slots = u64::from(sm_count.max(1)) * u64::from(g.ctas_per_sm.max(1));
+    let m_blocks = u64::from(g.seqlen_q.div_ceil(g.block_m.max(1)));
+    let units = if g.persistent { m_blocks.div_ceil(2) } else { m_blocks } * g.heads;
+    if units == 0 || units >= 2 * slots || n_blocks == 1 {
+        return unsplit;
+    }
+    let mut best = (causal_makespan(sm_count, g, cost, n_blocks), unsplit);
+    let mut last_per = n_blocks;
+    for splits in CAUSAL_SPLITS.into_iter().filter(|&n| n <= n_blocks) {
+        let per = n_blocks.div_ceil(splits);
+        if per == last_per || units * u64::from(splits) > CAUSAL_MAX_WAVES * slots {
+            continue;
+        }
+        last_per = per;
+        let plan = Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n };
+        let t = causal_makespan(sm_count, g, cost, per) + cost.combine;
+        if t < best.0 - 1e-9 {
+            best = (t, plan);
+        }
+    }
+    best.1
+}
+
+/// Key tiles of query block `i` within split `split` of `per` tiles each.
+fn causal_tiles(g: &CausalGrid, i: u64, split: u64, per: u64) -> u64 {
+    let n_blocks = u64::from(g.seqlen_k.div_ceil(g.block_n.max(1)));
+    let diag = i64::from(g.seqlen_k) - i64::from(g.seqlen_q); // bottom-right diagonal
+    let last_key = (i as i64 + 1) * i64::from(g.block_m) + diag; // keys 0 … last_key − 1
+    let tiles = if last_key <= 0 { 0 } else { (last_key as u64).div_ceil(u64::from(g.block_n.max(1))).min(n_blocks) };
+    tiles.saturating_sub(split * per).min(per)
+}
+
+/// Simulated time of the launch with `per` key tiles per split, in tile units.
+fn causal_makespan(sm_count: u32, g: &CausalGrid, cost: &CausalCost, per: u32) -> f64 {
+    let n_blocks = g.seqlen_k.div_ceil(g.block_n.max(1)).max(1);
+    let splits = u64::from(n_blocks.div_ceil(per.max(1)));
+    let per = u64::from(per);
+    let m_blocks = u64::from(g.seqlen_q.div_ceil(g.block_m.max(1)));
+    let block = |i: u64, split: u64| causal_tiles(g, i, split, per) as f64 + cost.block_overhead;
+    // CTA costs in launch order.
+    let mut ctas: Vec<f64> = Vec::new();
+    if g.persistent {
+        // Units (split, head, pair), grid-strided over as many CTAs as are resident.
+        let pairs = m_blocks.div_ceil(2);
+        let grid = (pairs * g.heads * splits).min(u64::from(sm_count.max(1)) * u64::from(g.ctas_per_sm.max(1)));
+        ctas.resize(grid as usize, 0.0);
+        let mut unit = 0usize;
+        for split in 0..splits {
+            for _ in 0..g.heads {
+                for i in 0..pairs {
+                    let (long, short) = (m_blocks - 1 - i, i);
+                    let mut w = block(long, split);
+                    if short != long {
+                        w += block(short, split);
+                    }
+                    ctas[unit % grid as usize] += w;
+                    unit += 1;
+                }
+            }
+        }
+    } else {
+        for split in 0..splits {
+            for _ in 0..g.heads {
+                ctas.extend((0..m_blocks).map(|x| block(m_blocks - 1 - x, split)));
+            }
+        }
+    }
+    simulate_sms(sm_count.max(1) as usize, g.ctas_per_sm.max(1) as usize, &cost.sm_throughput, &ctas)
+}
+
+/// Finishing time of CTAs of the given costs, dispatched in order: round-robin
+/// over the SMs up to `resident` each, then each to the SM that frees a slot
+/// first. An SM's resident CTAs share its throughput equally, so its state only
+/// changes at its own completions, and an SM's clock advances alone.
+fn simulate_sms(sms: usize, resident: usize, throughput: &[f64; 3], ctas: &[f64]) -> f64 {
+    struct Sm {
+        clock: f64,
+        left: Vec<f64>, // remaining work of each resident CTA
+    }
+    let rate = |n: usize| throughput[n.clamp(1, 3) - 1] / n as f64;
+    let mut sm: Vec<Sm> = (0..sms).map(|_| Sm { clock: 0.0, left: Vec::with_capacity(resident) }).collect();
+    let mut next = 0;
+    for _ in 0..resident {
+        for s in sm.iter_mut() {
+            if next < ctas.len() {
+                s.left.push(ctas[next]);
+                next += 1;
+            }
+        }
+    }
+    // Next completion time per SM, smallest first.
+    let finish = |s: &Sm| s.left.iter().copied().fold(f64::INFINITY, f64::min) / rate(s.left.len()) + s.clock;
+    let mut end = 0.0f64;
+    let mut heap: std::collections::BinaryHeap<(std::cmp::Reverse<OrdF64>, usize)> = sm
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.left.is_empty())
+        .map(|(i, s)| (std::cmp::Reverse(OrdF64(finish(s))), i))
+        .collect();
+    while let Some((std::cmp::Reverse(OrdF64(t)), i)) = heap.pop() {
+        let s = &mut sm[i];
+        let done = (t - s.clock) * rate(s.left.len());
+        s.clock = t;
+        for w in s.left.iter_mut() {
+            *w -= done;
+        }
+        let before = s.left.len();
+        s.left.retain(|&w| w > 1e-9);
+        for _ in s.left.len()..before {
+            if next < ctas.len() {
+                s.left.push(ctas[next]);
+                next += 1;
+            }
+        }
+        end = end.max(t);
+        if !s.left.is_empty() {
+            heap.push((std::cmp::Reverse(OrdF64(finish(s))), i));
+        }
+    }
+    end
+}
+
+/// f64 ordered for the simulation's heap (its times are finite).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OrdF64(f64);
+impl Eq for OrdF64 {}
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for OrdF64 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
 /// Whether the Hopper kernel beats the portable one on an sm_90 device: wherever
 /// a head has more than one 64-key block. Below that the Hopper kernel's 128-key
 /// tile is half empty and its fixed cost (barrier set-up, the TMA pipeline
@@ -142,6 +339,8 @@ pub fn attention_flops(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     const H200_SMS: u32 = 132;
@@ -263,6 +462,119 @@ mod tests {
         assert!(!prefer_key_groups(ctas(1, 1, 512) * u64::from(p.num_splits), L4_SMS, p.keys_per_split / 64));
         // Whatever the arch: at most one CTA per SM with four blocks each takes two groups.
         assert!(prefer_key_groups(u64::from(L4_SMS), L4_SMS, 4) && !prefer_key_groups(59, L4_SMS, 4));
+    }
+
+    fn grid(heads: u64, s: u32, block_m: u32, block_n: u32, ctas_per_sm: u32, persistent: bool) -> CausalGrid {
+        CausalGrid { heads, seqlen_q: s, seqlen_k: s, block_m, block_n, ctas_per_sm, persistent }
+    }
+
+    /// The model's time for a split count, as `plan_causal` costs it.
+    fn modelled(g: &CausalGrid, cost: &CausalCost, splits: u32) -> f64 {
+        let per = g.seqlen_k.div_ceil(g.block_n).div_ceil(splits);
+        causal_makespan(H200_SMS, g, cost, per) + if splits > 1 { cost.combine } else { 0.0 }
+    }
+
+    /// (variant, dtype, batch × heads, seqlen, head dim) → (launched splits, median µs).
+    type Sweep = BTreeMap<(String, String, u64, u32, u32), Vec<(u32, f64)>>;
+
+    /// The sweep the causal constants were fitted to.
+    fn sweep() -> Sweep {
+        let mut out: BTreeMap<_, Vec<(u32, f64)>> = BTreeMap::new();
+        let csv = include_str!("../../perf/calibration/causal-splits-h200.csv");
+        for line in csv.lines().filter(|l| !l.starts_with('#')).skip(1) {
+            let f: Vec<&str> = line.split(',').collect();
+            let [variant, dtype, b, h, s, d, requested, launched, _method, us] = f[..] else {
+                panic!("bad row {line}")
+            };
+            if requested == "auto" {
+                continue;
+            }
+            let n = |x: &str| x.parse::<u64>().unwrap();
+            let key = (variant.to_string(), dtype.to_string(), n(b) * n(h), n(s) as u32, n(d) as u32);
+            out.entry(key).or_default().push((n(launched) as u32, us.parse().unwrap()));
+        }
+        out
+    }
+
+    #[test]
+    fn causal_model_picks_within_two_percent_of_the_measured_best() {
+        let sweep = sweep();
+        assert_eq!(sweep.len(), 28, "14 shapes × 2 kernels, f16");
+        for ((variant, dtype, heads, s, d), timed) in sweep {
+            let (cost, g) = match (variant.as_str(), d) {
+                ("portable", 64) => (PORTABLE_D64_CAUSAL, grid(heads, s, 64, 64, 3, false)),
+                ("portable", _) => (PORTABLE_D128_CAUSAL, grid(heads, s, 64, 64, 2, false)),
+                ("hopper", 64) => (HOPPER_D64_CAUSAL, grid(heads, s, 64, 128, 2, true)),
+                _ => (HOPPER_D128_CAUSAL, grid(heads, s, 128, 128, 1, true)),
+            };
+            let best = timed.iter().map(|t| t.1).fold(f64::INFINITY, f64::min);
+            let (pick, us) = timed
+                .iter()
+                .copied()
+                .min_by(|a, b| modelled(&g, &cost, a.0).total_cmp(&modelled(&g, &cost, b.0)))
+                .unwrap();
+            assert!(us <= 1.02 * best, "{variant} {dtype} {g:?}: model picks {pick} splits ({us} µs), best {best} µs");
+        }
+    }
+
+    #[test]
+    fn causal_plans_split_only_grids_that_leave_slots_idle() {
+        // Measured on an H200: B1 H4 S2048 D64 causal, 28.0 µs unsplit, 19.5 in 4 splits.
+        let g = grid(4, 2048, 64, 64, 3, false);
+        assert_eq!(plan_causal(H200_SMS, &g, &PORTABLE_D64_CAUSAL), Plan { num_splits: 4, keys_per_split: 512 });
+        // Hopper D=128, B1 H4 S2048: 36 µs unsplit, 42 in the uniform model's 2 splits, 25 in 4.
+        let g = grid(4, 2048, 128, 128, 1, true);
+        assert_eq!(plan_causal(H200_SMS, &g, &HOPPER_D128_CAUSAL).num_splits, 4);
+        // Grids that fill every slot stay unsplit.
+        for (heads, s) in [(16, 2048), (32, 1024), (64, 8192)] {
+            let g = grid(heads, s, 64, 64, 3, false);
+            assert_eq!(plan_causal(H200_SMS, &g, &PORTABLE_D64_CAUSAL).num_splits, 1, "{g:?}");
+        }
+        // An L4 (58 SMs, two 64-row D=128 CTAs per SM): B1 H16 S1024 fills its 116
+        // slots twice over; B1 H1 S4096's 64 CTAs leave half of them idle.
+        let g = grid(16, 1024, 64, 64, 2, false);
+        assert_eq!(plan_causal(L4_SMS, &g, &PORTABLE_D128_CAUSAL).num_splits, 1);
+        let g = grid(1, 4096, 64, 64, 2, false);
+        assert!(plan_causal(L4_SMS, &g, &PORTABLE_D128_CAUSAL).num_splits > 1);
+    }
+
+    #[test]
+    fn causal_plans_cover_all_keys_without_empty_splits() {
+        for (sq, sk) in [(1u32, 1u32), (1, 4096), (4096, 1), (1000, 3000), (3000, 1000), (2048, 2048), (0, 64)] {
+            for heads in [1u64, 3, 40] {
+                for (bm, bn, resident, persistent) in [(64, 64, 3, false), (128, 128, 1, true), (64, 128, 2, true)] {
+                    let g = CausalGrid {
+                        heads,
+                        seqlen_q: sq,
+                        seqlen_k: sk,
+                        block_m: bm,
+                        block_n: bn,
+                        ctas_per_sm: resident,
+                        persistent,
+                    };
+                    let p = plan_causal(L4_SMS, &g, &HOPPER_D64_CAUSAL);
+                    assert!((1..=8).contains(&p.num_splits), "{g:?} {p:?}");
+                    assert_eq!(p.keys_per_split % bn, 0);
+                    assert!(u64::from(p.num_splits) * u64::from(p.keys_per_split) >= u64::from(sk), "{g:?} {p:?}");
+                    assert!(
+                        u64::from(p.num_splits - 1) * u64::from(p.keys_per_split) < u64::from(sk.max(1)),
+                        "{g:?} {p:?}"
+                    );
+                }
+            }
+        }
+        let zero =
+            CausalGrid { heads: 0, seqlen_q: 0, seqlen_k: 0, block_m: 0, block_n: 0, ctas_per_sm: 0, persistent: true };
+        assert_eq!(plan_causal(0, &zero, &PORTABLE_D64_CAUSAL).num_splits, 1);
+    }
+
+    #[test]
+    fn simulated_sms_share_throughput() {
+        // Two equal CTAs on one SM that runs 1.5x with two: each takes 2 / 1.5 × its work.
+        assert!((simulate_sms(1, 2, &[1.0, 1.5, 1.5], &[3.0, 3.0]) - 4.0).abs() < 1e-9);
+        // One slot per SM: the third CTA waits for the first SM to free up.
+        assert!((simulate_sms(2, 1, &[1.0; 3], &[1.0, 2.0, 5.0]) - 6.0).abs() < 1e-9);
+        assert_eq!(simulate_sms(4, 2, &[1.0; 3], &[]), 0.0);
     }
 
     #[test]
