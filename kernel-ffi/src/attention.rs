@@ -121,9 +121,9 @@ pub struct Attention {
     kernels: HashMap<String, Kernel>,
     /// The Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
     hopper: bool,
-    /// Causal split plans already made: the model simulates the grid (up to a
-    /// few hundred µs of CPU), once per launch geometry.
-    causal_plans: Mutex<HashMap<(planner::CausalGrid, Variant), Plan>>,
+    /// Simulated split plans already made (`planner::plan_simulated`: up to a
+    /// few hundred µs of CPU), one per launch geometry.
+    sim_plans: Mutex<HashMap<(planner::LaunchGrid, Variant), Plan>>,
     _modules: Vec<Arc<CudaModule>>,
 }
 
@@ -210,7 +210,7 @@ impl Attention {
             modules.push(module);
         }
         let hopper = kernels.keys().any(|k| is_hopper_entry(k));
-        Ok(Attention { ctx, stream, device, kernels, hopper, causal_plans: Mutex::default(), _modules: modules })
+        Ok(Attention { ctx, stream, device, kernels, hopper, sim_plans: Mutex::default(), _modules: modules })
     }
 
     pub fn device(&self) -> &DeviceInfo {
@@ -394,8 +394,9 @@ impl Attention {
         Ok(self.fwd_kernel(variant, dtype, p, opts)?.2)
     }
 
-    /// `variant`: the resolved kernel (Portable or Hopper), whose calibration the
-    /// causal model takes.
+    /// `variant`: the resolved kernel (Portable or Hopper). Causal launches and the
+    /// Hopper kernel's take the simulated model with their entry family's
+    /// constants; the portable kernel's non-causal ones the uniform model.
     fn plan_for(&self, variant: Variant, k: &Kernel, p: &Problem, opts: &Options) -> Result<Plan> {
         let block_n = k.launch.block_n;
         let n_blocks = (p.seqlen_k as u32).div_ceil(block_n).max(1);
@@ -407,8 +408,9 @@ impl Attention {
             }
             // A two-group entry gets its one-group twin's plan (the planner counts one
             // useful CTA per SM either way), the plan prefer_key_groups chose it by.
-            Splits::Auto if opts.causal => {
-                let grid = planner::CausalGrid {
+            Splits::Auto if opts.causal || variant == Variant::Hopper => {
+                let grid = planner::LaunchGrid {
+                    causal: opts.causal,
                     heads: (p.batch * p.heads) as u64,
                     seqlen_q: p.seqlen_q as u32,
                     seqlen_k: p.seqlen_k as u32,
@@ -417,17 +419,19 @@ impl Attention {
                     ctas_per_sm: k.ctas_per_sm,
                     persistent: k.launch.persistent,
                 };
-                let cost = match (variant, p.head_dim) {
-                    (Variant::Hopper, 64) => planner::HOPPER_D64_CAUSAL,
-                    (Variant::Hopper, _) => planner::HOPPER_D128_CAUSAL,
-                    (_, 64) => planner::PORTABLE_D64_CAUSAL,
+                let cost = match (variant, p.head_dim, opts.causal) {
+                    (Variant::Hopper, 64, true) => planner::HOPPER_D64_CAUSAL,
+                    (Variant::Hopper, _, true) => planner::HOPPER_D128_CAUSAL,
+                    (Variant::Hopper, 64, false) => planner::HOPPER_D64,
+                    (Variant::Hopper, _, false) => planner::HOPPER_D128,
+                    (_, 64, _) => planner::PORTABLE_D64_CAUSAL,
                     _ => planner::PORTABLE_D128_CAUSAL,
                 };
                 // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
-                let mut plans = self.causal_plans.lock().unwrap_or_else(|e| e.into_inner());
+                let mut plans = self.sim_plans.lock().unwrap_or_else(|e| e.into_inner());
                 *plans
                     .entry((grid, variant))
-                    .or_insert_with(|| planner::plan_causal(self.device.sm_count, &grid, &cost))
+                    .or_insert_with(|| planner::plan_simulated(self.device.sm_count, &grid, &cost))
             }
             Splits::Auto => {
                 planner::plan(self.device.sm_count, k.ctas_per_sm, Self::work_ctas(k, p), p.seqlen_k as u32, block_n)

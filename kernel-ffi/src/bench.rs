@@ -58,7 +58,7 @@ pub fn default_shapes() -> Vec<Shape> {
         s(2, 16, 8192, 128, false),
         s(2, 16, 8192, 128, true),
         s(8, 32, 1024, 64, true),
-        // Causal grids that leave SMs idle unsplit (planner::plan_causal).
+        // Causal grids that leave SMs idle when unsplit (planner::plan_simulated).
         s(1, 4, 2048, 64, true),
         s(1, 1, 8192, 128, true),
     ]);
