@@ -179,7 +179,30 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   auto item = [&](int k) { return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent>(p, hp.sched, k); };
   const int diag = p.seqlen_k - p.seqlen_q;  // bottom-right causal: row i sees keys j <= i + diag
 
+  // TMA loads, all issued by thread 0 (the producer): an item's Q, and key tile
+  // j of an item into ring position g once the tile there before it has been read.
+  auto load_q = [&](const HopperItem& it) {
+    mbar_expect_tx(bar_q, Cfg::kQBytes);
+    #pragma unroll
+    for (int c = 0; c < Cfg::kPanels; ++c) tma_load_4d(sQ + c * BM * 128, &hp.q_map, bar_q, c * 64, it.m0, it.h, it.b);
+  };
+  auto load_kv = [&](const HopperItem& it, int g, int j) {
+    const int st = g % S, n0 = it.n_begin + j * BN;
+    if (g >= S) mbar_wait(empty_k(st), ((g / S) - 1) & 1);
+    mbar_expect_tx(full_k(st), Cfg::kKVBytes);
+    #pragma unroll
+    for (int c = 0; c < Cfg::kPanels; ++c)
+      tma_load_4d(sK + st * Cfg::kKVBytes + c * BN * 128, &hp.k_map, full_k(st), c * 64, n0, it.kvh, it.b);
+    if (g >= S) mbar_wait(empty_v(st), ((g / S) - 1) & 1);
+    mbar_expect_tx(full_v(st), Cfg::kKVBytes);
+    #pragma unroll
+    for (int c = 0; c < Cfg::kPanels; ++c)
+      tma_load_4d(sV + st * Cfg::kKVBytes + c * BN * 128, &hp.v_map, full_v(st), c * 64, n0, it.kvh, it.b);
+  };
+
   const int wg = threadIdx.x / 128;
+  // Tiles of the first item issued with its Q before the CTA barrier (thread 0).
+  const int early = !first.done && first.tiles > 0 ? min(first.tiles, S) : 0;
   if (threadIdx.x == 0) {
     for (int i = 0; i < S; ++i) {
       mbar_init(full_k(i), 1);
@@ -190,6 +213,14 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     mbar_init(bar_q, 1);
     if (kPersistent) mbar_init(empty_q, 128 * Cfg::kConsumers);
     mbar_init_fence();
+    // The first item's Q and first S tiles wait for no stage: their latency
+    // starts before the CTA barrier and the register hand-over.
+    if (early > 0) {
+      tma_prefetch_desc(&hp.k_map);
+      tma_prefetch_desc(&hp.v_map);
+      load_q(first);
+      for (int j = 0; j < early; ++j) load_kv(first, j, j);
+    }
   }
   __syncthreads();
 
@@ -202,31 +233,12 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         const HopperItem it = item(k);
         if (it.done) break;
         if (it.skip || it.tiles == 0) continue;
-        if (q_loads == 0) {
-          tma_prefetch_desc(&hp.k_map);
-          tma_prefetch_desc(&hp.v_map);
-        }
+        const bool issued = q_loads == 0 && early > 0;  // item 0, loaded above
         // The previous item's Q must have had its last Q·Kᵀ.
         if (kPersistent && q_loads > 0) mbar_wait(empty_q, (q_loads - 1) & 1);
+        if (!issued) load_q(it);
         ++q_loads;
-        mbar_expect_tx(bar_q, Cfg::kQBytes);
-        #pragma unroll
-        for (int c = 0; c < Cfg::kPanels; ++c)
-          tma_load_4d(sQ + c * BM * 128, &hp.q_map, bar_q, c * 64, it.m0, it.h, it.b);
-        for (int j = 0; j < it.tiles; ++j) {
-          const int g = g0 + j, st = g % S, n0 = it.n_begin + j * BN;
-          // The stage's previous tile (g − S) must have been read by every consumer.
-          if (g >= S) mbar_wait(empty_k(st), ((g / S) - 1) & 1);
-          mbar_expect_tx(full_k(st), Cfg::kKVBytes);
-          #pragma unroll
-          for (int c = 0; c < Cfg::kPanels; ++c)
-            tma_load_4d(sK + st * Cfg::kKVBytes + c * BN * 128, &hp.k_map, full_k(st), c * 64, n0, it.kvh, it.b);
-          if (g >= S) mbar_wait(empty_v(st), ((g / S) - 1) & 1);
-          mbar_expect_tx(full_v(st), Cfg::kKVBytes);
-          #pragma unroll
-          for (int c = 0; c < Cfg::kPanels; ++c)
-            tma_load_4d(sV + st * Cfg::kKVBytes + c * BN * 128, &hp.v_map, full_v(st), c * 64, n0, it.kvh, it.b);
-        }
+        for (int j = issued ? early : 0; j < it.tiles; ++j) load_kv(it, g0 + j, j);
         g0 += it.tiles;
       }
     }
