@@ -56,10 +56,10 @@ pub fn check(res: &KernelResources, kernel: &Kernel, arch: &Arch, static_smem_li
     }
     if res.wgmma_serialized {
         breach(
-            "wgmma serialized (ptxas C7511)",
+            "wgmma serialized (ptxas C7510/C7511)",
             1,
             0,
-            "keep each wgmma accumulator in an array of its own, whole, and cut registers live across wgmmas",
+            "no calls (printf, non-inlined functions) between wgmmas; keep each accumulator array whole and cut registers live across them",
         );
     }
     if res.smem_static > static_smem_limit {
@@ -238,7 +238,7 @@ mod tests {
         let expected: Vec<(String, u64, u64)> = vec![
             ("spill bytes".into(), 8, 0),
             ("registers/thread".into(), 40, 32),
-            ("wgmma serialized (ptxas C7511)".into(), 1, 0),
+            ("wgmma serialized (ptxas C7510/C7511)".into(), 1, 0),
             ("static smem bytes".into(), 100_000, 49152),
         ];
         assert_eq!(what, expected);

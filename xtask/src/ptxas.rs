@@ -4,9 +4,10 @@
 //! at `Compiling entry function 'NAME' for 'sm_XX'`; the following
 //! `Function properties for NAME` line is followed by the stack/spill line, and
 //! `Used …` carries optional, unordered clauses (`N registers`, `used N barriers`,
-//! `N bytes smem`, `N bytes cmem[0]`, `N bytes cumulative stack size`). Code
-//! C7511 (an info line, printed before the entries it names) says ptxas
-//! serialised an entry's wgmma instructions.
+//! `N bytes smem`, `N bytes cmem[0]`, `N bytes cumulative stack size`). An info
+//! line printed before the entries it names, codes C7510 (a call inside the wgmma
+//! pipeline) and C7511 (too few registers), says ptxas serialised an entry's
+//! wgmma instructions.
 
 use serde::{Deserialize, Serialize};
 
@@ -25,8 +26,9 @@ pub struct KernelResources {
     /// Constant memory summed over all banks.
     pub cmem: u32,
     pub cumulative_stack: u32,
-    /// ptxas C7511: every wgmma waits for the previous one (not enough registers
-    /// to keep accumulators in flight), which silently halves tensor throughput.
+    /// ptxas C7510/C7511: every wgmma waits for the previous one (a function call
+    /// in the pipeline, or too few registers to keep accumulators in flight),
+    /// which silently halves tensor throughput.
     #[serde(default)]
     pub wgmma_serialized: bool,
 }
@@ -67,9 +69,9 @@ pub fn parse(text: &str) -> Report {
         let Some(msg) = strip_tag(line, "ptxas info") else {
             continue;
         };
-        if let Some(rest) = msg.strip_prefix("(C7511)") {
-            // "… for the wgmma pipeline in the function 'NAME'"
-            if let Some(name) = rest.rsplit('\'').nth(1) {
+        if msg.contains("wgmma.mma_async instructions are serialized") {
+            // "(C75xx) Potential Performance Loss: … in the function 'NAME'"
+            if let Some(name) = msg.rsplit('\'').nth(1) {
                 serialized.push(name);
             }
         } else if let Some(rest) = msg.strip_prefix("Compiling entry function ") {
@@ -223,6 +225,13 @@ mod tests {
         );
         assert_eq!(find(&r, "flash_fwd_hopper_f16_d64_causal_m64", "sm_90a").registers, 128);
         assert!(!parse(THREE_ARCHS).kernels.iter().any(|k| k.wgmma_serialized));
+        // C7510: a printf added to the kernel for a timing trace.
+        let r = parse(include_str!("../tests/data/ptxas-c7510-wgmma-call-sm90a.txt"));
+        let flagged: Vec<&str> = r.kernels.iter().filter(|k| k.wgmma_serialized).map(|k| k.name.as_str()).collect();
+        assert_eq!(
+            flagged,
+            ["flash_fwd_hopper_f16_d128_m64", "flash_fwd_hopper_f16_d128", "flash_fwd_hopper_f16_d64_m64"]
+        );
     }
 
     #[test]
