@@ -247,7 +247,12 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
 
   // ---- Consumers.
   regs_alloc<Cfg::kConsumerRegs>();
-  const int cw = wg - 1;                                   // consumer index: rows m0 + 64·cw …
+  // Consumer index: rows m0 + 64·cw …. A constant with one consumer, and the
+  // causal mask's branch below tests the item's first row, not the warp's: a
+  // value ptxas sees derived from threadIdx in the loop's control flow moved its
+  // descriptor and stage arithmetic off the uniform datapath (the causal m64 loop
+  // was 683 SASS instructions against the non-causal one's 582).
+  const int cw = Cfg::kConsumers == 1 ? 0 : wg - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const float scale_log2 = p.scale_log2;
@@ -362,7 +367,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     auto kv_phase = [&](int j) { return (uint32_t)((g0 + j) / S) & 1; };
     auto softmax = [&](int j) {
       const int n0 = it.n_begin + j * BN;
-      mask_tile<CAUSAL>(s, n0, row_lo - g, row_lo, t, p.seqlen_k, diag);  // from the warp's first row
+      mask_tile<CAUSAL>(s, n0, it.m0, row_lo, t, p.seqlen_k, diag);
       softmax_rows(s, row_max, row_sum, correction, scale_log2);
     };
     // Tile j's S has landed: its K stage is free, and after the item's last
