@@ -378,19 +378,18 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       if (kPersistent && j == live - 1) mbar_arrive(empty_q);
     };
     // Ping-pong turns: each wgmma issue point is one turn; warpgroup 0 goes first.
-    // Warpgroup c waits at barrier 1 + c and hands over at the other's; the last
-    // hand-over of warpgroup 1 is left out so that every arrival is consumed.
-    const int turns = live > 0 ? live + 1 : 0;
-    int turn = 0;
+    // Warpgroup c waits at barrier 1 + c and hands over at the other's; warpgroup
+    // 1 leaves out its last hand-over (the item's last P·V, after the loop) so
+    // that every arrival is consumed. No turn counter: a per-thread value in the
+    // loop moved its descriptor arithmetic off the uniform datapath in persistent
+    // CTAs.
     auto take_turn = [&] {
       if constexpr (kPingPong) named_bar_sync(1 + cw, 256);
     };
     auto pass_turn = [&] {
-      if constexpr (kPingPong) {
-        if (!(cw == 1 && ++turn == turns)) named_bar_arrive(1 + (cw ^ 1), 256);
-      }
+      if constexpr (kPingPong) named_bar_arrive(1 + (cw ^ 1), 256);
     };
-    if (kPingPong && cw == 1 && turns > 0) named_bar_arrive(1, 256);
+    if (kPingPong && cw == 1 && live > 0) named_bar_arrive(1, 256);
 
     // Every item with tiles loads Q once; a warpgroup with no live tile never reads it.
     if (it.tiles > 0) {
@@ -432,7 +431,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       mbar_wait(full_v(st), kv_phase(live - 1));
       take_turn();
       issue_pv(st);
-      pass_turn();
+      if (cw == 0) pass_turn();
       wgmma_wait<0>();
       wgmma_fence_operands(o);
       mbar_arrive(empty_v(st));
