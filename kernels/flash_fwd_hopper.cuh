@@ -378,18 +378,21 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       if (kPersistent && j == live - 1) mbar_arrive(empty_q);
     };
     // Ping-pong turns: each wgmma issue point is one turn; warpgroup 0 goes first.
-    // Warpgroup c waits at barrier 1 + c and hands over at the other's; warpgroup
-    // 1 leaves out its last hand-over (the item's last P·V, after the loop) so
-    // that every arrival is consumed. No turn counter: a per-thread value in the
-    // loop moved its descriptor arithmetic off the uniform datapath in persistent
-    // CTAs.
+    // Warpgroup c waits at barrier 1 + c and hands over at the other's. At an
+    // item's start warpgroup 1 gives warpgroup 0 its first turn, and its hand-over
+    // after the item's last P·V would be consumed by no one: the arrivals without
+    // a counterpart (warpgroup 0's at the start, warpgroup 1's at the end) go to
+    // barrier 5, which no one waits on (256 per item: it simply completes).
+    // Branch-free on cw and without a turn counter: either, in a persistent CTA's
+    // item loop, moved the main loop's descriptor arithmetic off the uniform
+    // datapath (ARCHITECTURE.md).
     auto take_turn = [&] {
       if constexpr (kPingPong) named_bar_sync(1 + cw, 256);
     };
     auto pass_turn = [&] {
       if constexpr (kPingPong) named_bar_arrive(1 + (cw ^ 1), 256);
     };
-    if (kPingPong && cw == 1 && live > 0) named_bar_arrive(1, 256);
+    if (kPingPong && live > 0) named_bar_arrive(cw == 1 ? 1 : 5, 256);
 
     // Every item with tiles loads Q once; a warpgroup with no live tile never reads it.
     if (it.tiles > 0) {
@@ -431,7 +434,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       mbar_wait(full_v(st), kv_phase(live - 1));
       take_turn();
       issue_pv(st);
-      if (cw == 0) pass_turn();
+      if constexpr (kPingPong) named_bar_arrive(cw == 0 ? 2 : 5, 256);
       wgmma_wait<0>();
       wgmma_fence_operands(o);
       mbar_arrive(empty_v(st));
