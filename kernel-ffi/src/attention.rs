@@ -394,9 +394,8 @@ impl Attention {
         Ok(self.fwd_kernel(variant, dtype, p, opts)?.2)
     }
 
-    /// `variant`: the resolved kernel (Portable or Hopper). Causal launches and the
-    /// Hopper kernel's take the simulated model with their entry family's
-    /// constants; the portable kernel's non-causal ones the uniform model.
+    /// `variant`: the resolved kernel (Portable or Hopper), whose model and
+    /// constants `planner::grid_cost` picks.
     fn plan_for(&self, variant: Variant, k: &Kernel, p: &Problem, opts: &Options) -> Result<Plan> {
         let block_n = k.launch.block_n;
         let n_blocks = (p.seqlen_k as u32).div_ceil(block_n).max(1);
@@ -406,36 +405,34 @@ impl Attention {
                 let per = n_blocks.div_ceil(n.min(planner::MAX_SPLITS));
                 Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n }
             }
-            // A two-group entry gets its one-group twin's plan (the planner counts one
-            // useful CTA per SM either way), the plan prefer_key_groups chose it by.
-            Splits::Auto if opts.causal || variant == Variant::Hopper => {
-                let grid = planner::LaunchGrid {
-                    causal: opts.causal,
-                    heads: (p.batch * p.heads) as u64,
-                    seqlen_q: p.seqlen_q as u32,
-                    seqlen_k: p.seqlen_k as u32,
-                    block_m: k.launch.block_m,
+            Splits::Auto => match planner::grid_cost(variant == Variant::Hopper, p.head_dim, opts.causal) {
+                Some(cost) => {
+                    let grid = planner::LaunchGrid {
+                        causal: opts.causal,
+                        heads: (p.batch * p.heads) as u64,
+                        seqlen_q: p.seqlen_q as u32,
+                        seqlen_k: p.seqlen_k as u32,
+                        block_m: k.launch.block_m,
+                        block_n,
+                        ctas_per_sm: k.ctas_per_sm,
+                        persistent: k.launch.persistent,
+                    };
+                    // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
+                    let mut plans = self.sim_plans.lock().unwrap_or_else(|e| e.into_inner());
+                    *plans
+                        .entry((grid, variant))
+                        .or_insert_with(|| planner::plan_simulated(self.device.sm_count, &grid, &cost))
+                }
+                // A two-group entry gets its one-group twin's plan (the planner counts one
+                // useful CTA per SM either way), the plan prefer_key_groups chose it by.
+                None => planner::plan(
+                    self.device.sm_count,
+                    k.ctas_per_sm,
+                    Self::work_ctas(k, p),
+                    p.seqlen_k as u32,
                     block_n,
-                    ctas_per_sm: k.ctas_per_sm,
-                    persistent: k.launch.persistent,
-                };
-                let cost = match (variant, p.head_dim, opts.causal) {
-                    (Variant::Hopper, 64, true) => planner::HOPPER_D64_CAUSAL,
-                    (Variant::Hopper, _, true) => planner::HOPPER_D128_CAUSAL,
-                    (Variant::Hopper, 64, false) => planner::HOPPER_D64,
-                    (Variant::Hopper, _, false) => planner::HOPPER_D128,
-                    (_, 64, _) => planner::PORTABLE_D64_CAUSAL,
-                    _ => planner::PORTABLE_D128_CAUSAL,
-                };
-                // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
-                let mut plans = self.sim_plans.lock().unwrap_or_else(|e| e.into_inner());
-                *plans
-                    .entry((grid, variant))
-                    .or_insert_with(|| planner::plan_simulated(self.device.sm_count, &grid, &cost))
-            }
-            Splits::Auto => {
-                planner::plan(self.device.sm_count, k.ctas_per_sm, Self::work_ctas(k, p), p.seqlen_k as u32, block_n)
-            }
+                ),
+            },
         };
         Ok(plan)
     }

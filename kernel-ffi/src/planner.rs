@@ -100,6 +100,22 @@ pub const HOPPER_D128_CAUSAL: GridCost = GridCost { sm_throughput: [1.0, 1.0, 1.
 pub const HOPPER_D64: GridCost = GridCost { sm_throughput: [1.0, 1.4, 1.4], block_overhead: 2.0, combine: 2.0 };
 pub const HOPPER_D128: GridCost = GridCost { sm_throughput: [1.0, 1.0, 1.0], block_overhead: 3.0, combine: 2.0 };
 
+/// The simulated model's constants for a launch of the Hopper or the portable
+/// kernel, or `None` where the uniform model of `plan` decides (the portable
+/// kernel's non-causal launches: its two-key-group entries are outside the
+/// simulation).
+pub fn grid_cost(hopper: bool, head_dim: usize, causal: bool) -> Option<GridCost> {
+    Some(match (hopper, head_dim, causal) {
+        (true, 64, true) => HOPPER_D64_CAUSAL,
+        (true, _, true) => HOPPER_D128_CAUSAL,
+        (true, 64, false) => HOPPER_D64,
+        (true, _, false) => HOPPER_D128,
+        (false, _, false) => return None,
+        (false, 64, true) => PORTABLE_D64_CAUSAL,
+        (false, _, true) => PORTABLE_D128_CAUSAL,
+    })
+}
+
 /// Split counts the simulated model tries: those its constants were fitted on. It
 /// tries none whose grid exceeds this many waves of resident CTAs either.
 const SIM_SPLITS: [u32; 5] = [2, 3, 4, 6, 8];
@@ -486,6 +502,7 @@ mod tests {
     /// (launched splits, median µs) per forced split count.
     struct Swept {
         variant: String,
+        head_dim: usize,
         grid: LaunchGrid,
         timed: Vec<(u32, f64)>,
     }
@@ -521,7 +538,12 @@ mod tests {
                 persistent: hopper && causal,
             };
             let key = format!("{variant} {dtype} {grid:?}");
-            let row = out.entry(key).or_insert_with(|| Swept { variant: variant.into(), grid, timed: Vec::new() });
+            let row = out.entry(key).or_insert_with(|| Swept {
+                variant: variant.into(),
+                head_dim: n(d) as usize,
+                grid,
+                timed: Vec::new(),
+            });
             row.timed.push((n(launched), us.parse().unwrap()));
         }
         out.into_values().collect()
@@ -530,16 +552,9 @@ mod tests {
     #[test]
     fn simulated_model_picks_within_two_percent_of_the_measured_best() {
         let mut checked = 0;
-        for Swept { variant, grid: g, timed } in sweep() {
-            // Residency tells the head dims apart (see sweep()).
-            let cost = match (variant.as_str(), g.causal, g.ctas_per_sm) {
-                ("portable", true, 3) => PORTABLE_D64_CAUSAL,
-                ("portable", true, _) => PORTABLE_D128_CAUSAL,
-                ("hopper", true, 2) => HOPPER_D64_CAUSAL,
-                ("hopper", true, _) => HOPPER_D128_CAUSAL,
-                ("hopper", false, 2) => HOPPER_D64,
-                ("hopper", false, _) => HOPPER_D128,
-                _ => continue, // portable non-causal: the uniform model
+        for Swept { variant, head_dim, grid: g, timed } in sweep() {
+            let Some(cost) = grid_cost(variant == "hopper", head_dim, g.causal) else {
+                continue; // portable non-causal: the uniform model
             };
             let best = timed.iter().map(|t| t.1).fold(f64::INFINITY, f64::min);
             let (pick, us) = timed
