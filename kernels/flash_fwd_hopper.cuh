@@ -257,16 +257,39 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   const int g = lane / 4, t = lane % 4;
   const float scale_log2 = p.scale_log2;
 
-  // Descriptors (see gmma_desc): Q rows of this warpgroup, K rows, V transposed.
+  // Descriptors (see GmmaDesc): Q rows of this warpgroup, K rows, V transposed.
   // A k-step of 16 columns advances 32 bytes inside a 128-byte swizzled row;
   // past 64 columns it moves to the next panel.
-  const uint32_t q_rows = sQ + 64 * cw * 128;
-  auto q_desc = [&](int kk) { return gmma_desc(q_rows + (kk / 4) * BM * 128 + (kk % 4) * 32, 0, 1024); };
-  auto k_desc = [&](int st, int kk) {
-    return gmma_desc(sK + st * Cfg::kKVBytes + (kk / 4) * BN * 128 + (kk % 4) * 32, 0, 1024);
+  const GmmaDesc q_base = GmmaDesc::make(sQ + 64 * cw * 128, 0, 1024), k_base = GmmaDesc::make(sK, 0, 1024);
+  auto q_desc = [&](int kk) { return q_base.at(((kk / 4) * BM * 128 + (kk % 4) * 32) / 16); };
+
+  // A K/V ring slot as the consumers carry it from tile to tile: stage, parity,
+  // its full_k barrier (full_v, empty_k, empty_v lie 8·S bytes apart) and its K
+  // tile's descriptor. Derived from the ring position in every tile instead,
+  // ptxas recomputed the shared-memory base and the division there.
+  struct Slot {
+    int st;
+    uint32_t phase, bar;
+    GmmaDesc k;
   };
-  // Keys 16kk…16kk+15 are 16 rows of 128 bytes; the head dim's panels lie BN·128 apart.
-  auto v_desc = [&](int st, int kk) { return gmma_desc(sV + st * Cfg::kKVBytes + kk * 16 * 128, BN * 128, 1024); };
+  constexpr uint32_t kStageUnits = Cfg::kKVBytes / 16;
+  auto slot_at = [&](int pos) {
+    const int st = pos % S;
+    return Slot{st, (uint32_t)(pos / S) & 1, full_k(st), k_base.plus(st * kStageUnits)};
+  };
+  auto next_slot = [&](const Slot& x) {
+    const bool wrap = x.st == S - 1;
+    return Slot{wrap ? 0 : x.st + 1, x.phase ^ (uint32_t)wrap, wrap ? x.bar - 8 * (S - 1) : x.bar + 8,
+                x.k.plus(wrap ? -(S - 1) * kStageUnits : kStageUnits)};
+  };
+  auto k_desc = [&](const Slot& x, int kk) { return x.k.at(((kk / 4) * BN * 128 + (kk % 4) * 32) / 16); };
+  // V transposed: its stage lies S·kKVBytes past K's, its head-dim panels BN·128
+  // apart (the leading offset, bits 16-29); keys 16kk…16kk+15 are 16 rows of 128 bytes.
+  constexpr uint32_t kVFromK = S * kStageUnits + ((BN * 128 / 16) << 16);
+  auto v_desc = [&](const Slot& x, int kk) { return x.k.at(kVFromK + kk * 16 * 128 / 16); };
+  auto slot_full_v = [](const Slot& x) { return x.bar + 8 * S; };
+  auto slot_empty_k = [](const Slot& x) { return x.bar + 16 * S; };
+  auto slot_empty_v = [](const Slot& x) { return x.bar + 24 * S; };
 
   constexpr bool kPingPong = Cfg::kPingPong;
   float o[DT][4];
@@ -274,14 +297,14 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   float s[NT][4];
   uint32_t pf[BN / 16][4];
   // S = Q·K_j, asynchronous: committed as its own wgmma group.
-  auto issue_qk = [&](int st) {
+  auto issue_qk = [&](const Slot& st) {
     wgmma_fence();
     #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<T, BN>(s, q_desc(kk), k_desc(st, kk), kk > 0);
     wgmma_commit();
   };
   // O += P·V_j, asynchronous, P from registers.
-  auto issue_pv = [&](int st) {
+  auto issue_pv = [&](const Slot& st) {
     wgmma_fence_operands(o);
     wgmma_fence();
     #pragma unroll
@@ -363,8 +386,6 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     const int live = CAUSAL && !kPingPong
                          ? max(0, min(it.tiles, (wg_last_row + diag + 1 - it.n_begin + BN - 1) / BN))
                          : it.tiles;
-    auto stage = [&](int j) { return (g0 + j) % S; };
-    auto kv_phase = [&](int j) { return (uint32_t)((g0 + j) / S) & 1; };
     auto softmax = [&](int j) {
       const int n0 = it.n_begin + j * BN;
       mask_tile<CAUSAL>(s, n0, it.m0, row_lo, t, p.seqlen_k, diag);
@@ -372,9 +393,9 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     };
     // Tile j's S has landed: its K stage is free, and after the item's last
     // Q·Kᵀ (persistent) so is Q.
-    auto qk_landed = [&](int j) {
+    auto qk_landed = [&](const Slot& x, int j) {
       wgmma_fence_operands(s);
-      mbar_arrive(empty_k(stage(j)));
+      mbar_arrive(slot_empty_k(x));
       if (kPersistent && j == live - 1) mbar_arrive(empty_q);
     };
     // Ping-pong turns: each wgmma issue point is one turn; warpgroup 0 goes first.
@@ -402,49 +423,50 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     }
     // Software pipeline: Q·K_j and P_{j−1}·V_{j−1} go to the tensor cores
     // together; O is rescaled once that P·V has landed (in SASS before the softmax).
+    Slot cur = slot_at(g0);  // tile j's
     if (live > 0) {
-      mbar_wait(full_k(stage(0)), kv_phase(0));
+      mbar_wait(cur.bar, cur.phase);
       take_turn();
-      issue_qk(stage(0));
+      issue_qk(cur);
       pass_turn();
       wgmma_wait<0>();
-      qk_landed(0);
+      qk_landed(cur, 0);
       softmax(0);  // O is still zero: nothing to rescale
       pack_p();
     }
     for (int j = 1; j < live; ++j) {
-      const int st = stage(j), prev = stage(j - 1);
-      mbar_wait(full_k(st), kv_phase(j));
-      mbar_wait(full_v(prev), kv_phase(j - 1));
+      const Slot prev = cur;
+      cur = next_slot(cur);
+      mbar_wait(cur.bar, cur.phase);
+      mbar_wait(slot_full_v(prev), prev.phase);
       take_turn();
-      issue_qk(st);
+      issue_qk(cur);
       issue_pv(prev);
       pass_turn();
       wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
-      qk_landed(j);
+      qk_landed(cur, j);
       softmax(j);
       wgmma_wait<0>();
       wgmma_fence_operands(o);
-      mbar_arrive(empty_v(prev));
+      mbar_arrive(slot_empty_v(prev));
       rescale(o, correction);
       pack_p();
     }
     if (live > 0) {
-      const int st = stage(live - 1);
-      mbar_wait(full_v(st), kv_phase(live - 1));
+      mbar_wait(slot_full_v(cur), cur.phase);
       take_turn();
-      issue_pv(st);
+      issue_pv(cur);
       if constexpr (kPingPong) named_bar_arrive(cw == 0 ? 2 : 5, 256);
       wgmma_wait<0>();
       wgmma_fence_operands(o);
-      mbar_arrive(empty_v(st));
+      mbar_arrive(slot_empty_v(cur));
     }
     for (int j = live; j < it.tiles; ++j) {  // dead causal tiles: release them unread
-      const int st = stage(j);
-      mbar_wait(full_k(st), kv_phase(j));
-      mbar_arrive(empty_k(st));
-      mbar_wait(full_v(st), kv_phase(j));
-      mbar_arrive(empty_v(st));
+      const Slot x = slot_at(g0 + j);
+      mbar_wait(x.bar, x.phase);
+      mbar_arrive(slot_empty_k(x));
+      mbar_wait(slot_full_v(x), x.phase);
+      mbar_arrive(slot_empty_v(x));
     }
     g0 += it.tiles;
     if (p.num_splits == 1) {

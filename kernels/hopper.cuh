@@ -84,14 +84,23 @@ __device__ __forceinline__ void regs_alloc() {
 //   K-major (Q, K): sbo = 1024 between 8-row groups; lbo unused.
 //   MN-major (V, transposed on read): sbo = 1024 between 8-key groups, lbo = the
 //   stride between 64-column panels of the N (head-dim) extent.
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
-  uint64_t d = 0;
-  d |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);
-  d |= (uint64_t)((lbo & 0x3FFFF) >> 4) << 16;
-  d |= (uint64_t)((sbo & 0x3FFFF) >> 4) << 32;
-  d |= (uint64_t)1 << 62;  // SWIZZLE_128B
-  return d;
-}
+//
+// The start address is bits 0-13 (address >> 4; shared memory lies below 256 KB,
+// so the field never carries into the next), so the descriptor of base + offset
+// is the base's with offset / 16 added to its low word. Kernels build one per
+// buffer before their loops and advance it with `at`: one uniform add per wgmma,
+// where masking and shifting each address took four or five (ledger iteration 37).
+struct GmmaDesc {
+  uint32_t lo, hi;
+  static __device__ __forceinline__ GmmaDesc make(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+    return {((smem_addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16),
+            ((sbo & 0x3FFFF) >> 4) | (1u << 30)};  // bit 62: SWIZZLE_128B
+  }
+  // The descriptor `units` × 16 bytes past the base. Callers scale each term
+  // themselves: ptxas does not distribute a shift over a sum.
+  __device__ __forceinline__ GmmaDesc plus(uint32_t units) const { return {lo + units, hi}; }
+  __device__ __forceinline__ uint64_t at(uint32_t units) const { return ((uint64_t)hi << 32) | (lo + units); }
+};
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
