@@ -251,8 +251,10 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   // causal mask's branch below tests the item's first row, not the warp's: a
   // value ptxas sees derived from threadIdx in the loop's control flow moved its
   // descriptor and stage arithmetic off the uniform datapath (the causal m64 loop
-  // was 683 SASS instructions against the non-causal one's 582).
-  const int cw = Cfg::kConsumers == 1 ? 0 : wg - 1;
+  // was 683 SASS instructions against the non-causal one's 582). Broadcast from
+  // lane 0, the index is warp-uniform to ptxas too: computed per thread, it put
+  // the Q descriptors in vector registers and an R2UR before each Q·Kᵀ wgmma.
+  const int cw = Cfg::kConsumers == 1 ? 0 : __shfl_sync(0xffffffffu, wg - 1, 0);
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const float scale_log2 = p.scale_log2;
