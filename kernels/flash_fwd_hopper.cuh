@@ -12,7 +12,7 @@
 // warpgroup (or CTA) does its softmax, the other's wgmmas keep the tensor cores
 // busy. Barriers per stage:
 //   full_k/full_v  the producer's expect_tx arrival + TMA bytes; consumers wait
-//   empty_k/empty_v every consumer thread arrives once its wgmma has read the stage
+//   empty_k/empty_v every consumer warp arrives once its wgmma has read the stage
 #pragma once
 
 #include "hopper.cuh"
@@ -207,11 +207,11 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     for (int i = 0; i < S; ++i) {
       mbar_init(full_k(i), 1);
       mbar_init(full_v(i), 1);
-      mbar_init(empty_k(i), 128 * Cfg::kConsumers);
-      mbar_init(empty_v(i), 128 * Cfg::kConsumers);
+      mbar_init(empty_k(i), 4 * Cfg::kConsumers);  // one arrival per consumer warp
+      mbar_init(empty_v(i), 4 * Cfg::kConsumers);
     }
     mbar_init(bar_q, 1);
-    if (kPersistent) mbar_init(empty_q, 128 * Cfg::kConsumers);
+    if (kPersistent) mbar_init(empty_q, 4 * Cfg::kConsumers);
     mbar_init_fence();
     // The first item's Q and first S tiles wait for no stage: their latency
     // starts before the CTA barrier and the register hand-over.
@@ -397,8 +397,8 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     // Q·Kᵀ (persistent) so is Q.
     auto qk_landed = [&](const Slot& x, int j) {
       wgmma_fence_operands(s);
-      mbar_arrive(slot_empty_k(x));
-      if (kPersistent && j == live - 1) mbar_arrive(empty_q);
+      mbar_arrive_warp(slot_empty_k(x));
+      if (kPersistent && j == live - 1) mbar_arrive_warp(empty_q);
     };
     // Ping-pong turns: each wgmma issue point is one turn; warpgroup 0 goes first.
     // Warpgroup c waits at barrier 1 + c and hands over at the other's. At an
@@ -421,7 +421,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     if (it.tiles > 0) {
       if (live > 0) mbar_wait(bar_q, q_loads & 1);
       ++q_loads;
-      if (kPersistent && live == 0) mbar_arrive(empty_q);
+      if (kPersistent && live == 0) mbar_arrive_warp(empty_q);
     }
     // Software pipeline: Q·K_j and P_{j−1}·V_{j−1} go to the tensor cores
     // together; O is rescaled once that P·V has landed (in SASS before the softmax).
@@ -450,7 +450,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       softmax(j);
       wgmma_wait<0>();
       wgmma_fence_operands(o);
-      mbar_arrive(slot_empty_v(prev));
+      mbar_arrive_warp(slot_empty_v(prev));
       rescale(o, correction);
       pack_p();
     }
@@ -461,14 +461,14 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       if constexpr (kPingPong) named_bar_arrive(cw == 0 ? 2 : 5, 256);
       wgmma_wait<0>();
       wgmma_fence_operands(o);
-      mbar_arrive(slot_empty_v(cur));
+      mbar_arrive_warp(slot_empty_v(cur));
     }
     for (int j = live; j < it.tiles; ++j) {  // dead causal tiles: release them unread
       const Slot x = slot_at(g0 + j);
       mbar_wait(x.bar, x.phase);
-      mbar_arrive(slot_empty_k(x));
+      mbar_arrive_warp(slot_empty_k(x));
       mbar_wait(slot_full_v(x), x.phase);
-      mbar_arrive(slot_empty_v(x));
+      mbar_arrive_warp(slot_empty_v(x));
     }
     g0 += it.tiles;
     if (p.num_splits == 1) {

@@ -23,6 +23,14 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// One arrival for the executing warp, by a lane elect.sync picks (no branch on
+// the lane index). Barriers consumers release count warps, not threads: a
+// warp-wide arrive is 32 arrivals, and with every consumer thread arriving twice
+// per key tile the MIO queue throttled the consumers (ledger iteration 39).
+__device__ __forceinline__ void mbar_arrive_warp(uint32_t bar) {
+  asm volatile("{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
 // Blocks until the phase with this parity has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
