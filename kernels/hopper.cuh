@@ -24,9 +24,8 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // One arrival for the executing warp, by a lane elect.sync picks (no branch on
-// the lane index). Barriers consumers release count warps, not threads: a
-// warp-wide arrive is 32 arrivals, and with every consumer thread arriving twice
-// per key tile the MIO queue throttled the consumers (ledger iteration 39).
+// the lane index): barriers the consumers release count warps, not threads
+// (ledger iteration 39: a 32nd of the arrivals, time unchanged).
 __device__ __forceinline__ void mbar_arrive_warp(uint32_t bar) {
   asm volatile("{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar)
                : "memory");
