@@ -62,6 +62,11 @@ namespace fa {
 #ifndef FA_HOPPER_PERSISTENT_CAUSAL
 #define FA_HOPPER_PERSISTENT_CAUSAL 1
 #endif
+// FA_HOPPER_PERSISTENT_D128: 1 = the non-causal 128-row D=128 entry runs
+//   persistent CTAs over single query blocks, 0 = one CTA per query block.
+#ifndef FA_HOPPER_PERSISTENT_D128
+#define FA_HOPPER_PERSISTENT_D128 1
+#endif
 
 template <int D, bool CAUSAL, int ROWS>
 struct HopperConfig {
@@ -75,7 +80,9 @@ struct HopperConfig {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
                                                  : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
-  static constexpr bool kPersistent = CAUSAL && FA_HOPPER_PERSISTENT_CAUSAL;  // units are causal pairs
+  // Persistent units: causal pairs of query blocks, or single blocks (hopper_item).
+  static constexpr bool kPersistent =
+      CAUSAL ? FA_HOPPER_PERSISTENT_CAUSAL : (kConsumers == 2 && FA_HOPPER_PERSISTENT_D128);
   static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
@@ -104,12 +111,12 @@ struct HopperItem {
 };
 
 // The k-th item of this CTA. Not persistent: the one query block the 3-D grid
-// names (causal: the last blocks, which see the most keys, first). Persistent
-// (causal entries): resident CTAs of a 1-D grid take units with a grid stride; a
-// unit is a pair of query blocks of one (split, batch, head), the longest and the
-// shortest left (m_blocks − 1 − i, then i), so every unit costs about the same
-// and the static schedule stays balanced, and a head's units are adjacent so that
-// CTAs running together share its K/V in L2. The decode divides by host-computed
+// names (causal: the last blocks, which see the most keys, first). Persistent:
+// resident CTAs of a 1-D grid take units with a grid stride, a head's units
+// adjacent so that CTAs running together share its K/V in L2. A non-causal unit
+// is one query block; a causal one a pair of one (split, batch, head), the longest
+// and the shortest left (m_blocks − 1 − i, then i), so that every unit costs about
+// the same and the static schedule stays balanced. The decode divides by host-computed
 // FastDiv constants: run-time divisions sat on the path to the first TMA load
 // (ledger iteration 11).
 template <int BM, int BN, bool CAUSAL, bool PERSISTENT>
@@ -117,19 +124,23 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
   HopperItem r{};
   int m_idx;
   if constexpr (PERSISTENT) {
-    const int unit = blockIdx.x + (k >> 1) * gridDim.x;
+    const int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
     r.done = unit >= sc.units;
     if (r.done) return r;
-    const int sbh = fast_div(sc.pairs, unit);  // split × (batch × heads) + batch × heads + head
-    const int i = unit - sbh * sc.pairs.div;
+    const int sbh = fast_div(sc.per_head, unit);  // split × (batch × heads) + batch × heads + head
+    const int i = unit - sbh * sc.per_head.div;
     r.split = fast_div(sc.bh, sbh);
     const int bh = sbh - r.split * sc.bh.div;
     r.b = fast_div(sc.heads, bh);
     r.h = bh - r.b * sc.heads.div;
     r.kvh = fast_div(sc.group, r.h);
-    m_idx = (k & 1) == 0 ? sc.m_blocks - 1 - i : i;
-    r.skip = (k & 1) == 1 && m_idx == sc.m_blocks - 1 - i;  // an odd block count's middle block: once
-    if (r.skip) return r;
+    if (CAUSAL) {
+      m_idx = (k & 1) == 0 ? sc.m_blocks - 1 - i : i;
+      r.skip = (k & 1) == 1 && m_idx == sc.m_blocks - 1 - i;  // an odd block count's middle block: once
+      if (r.skip) return r;
+    } else {
+      m_idx = i;
+    }
   } else {
     r.done = k > 0;
     r.b = blockIdx.y / p.heads;
@@ -371,6 +382,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   };
 
   int g0 = 0, q_loads = 0;
+  bool chained = false;  // this item's first turn was handed over by the previous item's end
   for (int k = 0; kPersistent || k == 0; ++k) {
     const HopperItem it = item(k);
     if (it.done) break;
@@ -401,21 +413,34 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       if (kPersistent && j == live - 1) mbar_arrive_warp(empty_q);
     };
     // Ping-pong turns: each wgmma issue point is one turn; warpgroup 0 goes first.
-    // Warpgroup c waits at barrier 1 + c and hands over at the other's. At an
-    // item's start warpgroup 1 gives warpgroup 0 its first turn, and its hand-over
-    // after the item's last P·V would be consumed by no one: the arrivals without
-    // a counterpart (warpgroup 0's at the start, warpgroup 1's at the end) go to
-    // barrier 5, which no one waits on (256 per item: it simply completes).
-    // Branch-free on cw and without a turn counter: either, in a persistent CTA's
-    // item loop, moved the main loop's descriptor arithmetic off the uniform
-    // datapath (ARCHITECTURE.md).
+    // Warpgroup c waits at barrier 1 + c and hands over at the other's. Turns run
+    // on across a persistent CTA's consecutive items: warpgroup 1's hand-over
+    // after an item's last P·V gives warpgroup 0 the next item's first turn, so
+    // that one warpgroup's epilogue runs under the other's products. Where no item
+    // with turns follows, that hand-over would be consumed by no one, and the next
+    // item with turns (if any) starts a new run, warpgroup 1 giving warpgroup 0 its
+    // first turn: the arrivals without a counterpart (warpgroup 0's at a run's
+    // start, warpgroup 1's at its end) go to barrier 5, which no one waits on (256
+    // per run: it simply completes). Branch-free on cw and without a turn counter:
+    // either, in a persistent CTA's item loop, moved the main loop's descriptor
+    // arithmetic off the uniform datapath (ARCHITECTURE.md).
     auto take_turn = [&] {
       if constexpr (kPingPong) named_bar_sync(1 + cw, 256);
     };
     auto pass_turn = [&] {
       if constexpr (kPingPong) named_bar_arrive(1 + (cw ^ 1), 256);
     };
-    if (kPingPong && live > 0) named_bar_arrive(cw == 1 ? 1 : 5, 256);
+    if (kPingPong && live > 0 && !chained) named_bar_arrive(cw == 1 ? 1 : 5, 256);
+    // Whether this CTA's next item takes turns (then this one's last hand-over is its first).
+    const bool chain_next = [&] {
+      if constexpr (!kPingPong || !kPersistent) {
+        return false;
+      } else {
+        const HopperItem nx = item(k + 1);
+        return !nx.done && !nx.skip && nx.tiles > 0;
+      }
+    }();
+    chained = chain_next && live > 0;
 
     // Every item with tiles loads Q once; a warpgroup with no live tile never reads it.
     if (it.tiles > 0) {
@@ -458,7 +483,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       mbar_wait(slot_full_v(cur), cur.phase);
       take_turn();
       issue_pv(cur);
-      if constexpr (kPingPong) named_bar_arrive(cw == 0 ? 2 : 5, 256);
+      if constexpr (kPingPong) named_bar_arrive(cw == 0 ? 2 : (chain_next ? 1 : 5), 256);
       wgmma_wait<0>();
       wgmma_fence_operands(o);
       mbar_arrive_warp(slot_empty_v(cur));

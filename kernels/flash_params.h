@@ -38,12 +38,13 @@ struct FastDiv {
   uint32_t div, mul, shr;
 };
 
-// The persistent Hopper kernel's work decomposition: `units` pairs of query blocks
-// = pairs (⌈m_blocks / 2⌉) × batch × heads × splits.
+// The persistent Hopper kernel's work decomposition: `units` = per_head × batch ×
+// heads × splits, a unit being a pair of query blocks (causal: ⌈m_blocks / 2⌉ per
+// head) or one (non-causal: m_blocks per head).
 struct HopperSched {
   int32_t units;
   int32_t m_blocks;   // query blocks per (batch, head)
-  FastDiv pairs;      // units per (split, batch, head)
+  FastDiv per_head;   // units per (split, batch, head)
   FastDiv bh;         // batch × heads
   FastDiv heads;
   FastDiv group;      // heads / kv_heads (query heads per K/V head)

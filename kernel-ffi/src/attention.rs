@@ -504,13 +504,14 @@ impl Attention {
             scale_log2: p.scale * std::f32::consts::LOG2_E,
         };
         // A persistent entry: as many CTAs as are resident at once, each looping over
-        // its units (pairs of query blocks, longest with shortest) from a 1-D grid; the
-        // others take (query block, batch × head, split) from a 3-D grid.
-        let pairs = m_blocks.div_ceil(2);
-        let units = u64::from(pairs) * (p.batch * p.heads) as u64 * u64::from(splits);
+        // its units from a 1-D grid (causal: pairs of query blocks, longest with
+        // shortest; else single blocks); the others take (query block, batch × head,
+        // split) from a 3-D grid.
+        let per_head = planner::blocks_to_units(m_blocks, opts.causal);
+        let units = u64::from(per_head) * (p.batch * p.heads) as u64 * u64::from(splits);
         if kern.launch.persistent && units > i32::MAX as u64 {
             return Err(Error::Unsupported(format!(
-                "{units} work units (query-block pairs × batch × heads × splits) exceed {}; {name} decodes them in 32 bits",
+                "{units} work units (query blocks or pairs × batch × heads × splits) exceed {}; {name} decodes them in 32 bits",
                 i32::MAX
             )));
         }
@@ -532,7 +533,7 @@ impl Attention {
                 sched: HopperSched {
                     units: units as i32,
                     m_blocks: m_blocks as i32,
-                    pairs: FastDiv::new(pairs),
+                    per_head: FastDiv::new(per_head),
                     bh: FastDiv::new((p.batch * p.heads) as u32),
                     heads: FastDiv::new(p.heads as u32),
                     group: FastDiv::new((p.heads / p.kv_heads) as u32),

@@ -69,7 +69,7 @@ impl FastDiv {
 pub struct HopperSched {
     pub units: i32,
     pub m_blocks: i32,
-    pub pairs: FastDiv,
+    pub per_head: FastDiv,
     pub bh: FastDiv,
     pub heads: FastDiv,
     pub group: FastDiv,

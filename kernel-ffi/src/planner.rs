@@ -139,7 +139,7 @@ pub fn plan_simulated(sm_count: u32, g: &LaunchGrid, cost: &GridCost) -> Plan {
     let unsplit = Plan { num_splits: 1, keys_per_split: n_blocks * block_n };
     let slots = u64::from(sm_count.max(1)) * u64::from(g.ctas_per_sm.max(1));
     let m_blocks = u64::from(g.seqlen_q.div_ceil(g.block_m.max(1)));
-    let units = if g.persistent { m_blocks.div_ceil(2) } else { m_blocks } * g.heads;
+    let units = if g.persistent { u64::from(blocks_to_units(m_blocks as u32, g.causal)) } else { m_blocks } * g.heads;
     if units == 0 || units >= 2 * slots || n_blocks == 1 {
         return unsplit;
     }
@@ -158,6 +158,13 @@ pub fn plan_simulated(sm_count: u32, g: &LaunchGrid, cost: &GridCost) -> Plan {
         }
     }
     best.1
+}
+
+/// Work units per (split, batch, head) of a persistent entry: pairs of query
+/// blocks, the longest with the shortest, where causal blocks differ in cost;
+/// single blocks otherwise.
+pub fn blocks_to_units(m_blocks: u32, causal: bool) -> u32 {
+    if causal { m_blocks.div_ceil(2) } else { m_blocks }
 }
 
 /// Key tiles of query block `i` within split `split` of `per` tiles each.
@@ -182,19 +189,20 @@ fn makespan(sm_count: u32, g: &LaunchGrid, cost: &GridCost, per: u32) -> f64 {
     // CTA costs in launch order.
     let mut ctas: Vec<f64> = Vec::new();
     if g.persistent {
-        // Units (split, head, pair), grid-strided over as many CTAs as are resident.
-        let pairs = m_blocks.div_ceil(2);
-        let grid = (pairs * g.heads * splits).min(u64::from(sm_count.max(1)) * u64::from(g.ctas_per_sm.max(1)));
+        // Units (split, head, pair or block), grid-strided over as many CTAs as are resident.
+        let per_head = u64::from(blocks_to_units(m_blocks as u32, g.causal));
+        let grid = (per_head * g.heads * splits).min(u64::from(sm_count.max(1)) * u64::from(g.ctas_per_sm.max(1)));
         ctas.resize(grid as usize, 0.0);
         let mut unit = 0usize;
         for split in 0..splits {
             for _ in 0..g.heads {
-                for i in 0..pairs {
-                    let (long, short) = (m_blocks - 1 - i, i);
-                    let mut w = block(long, split);
-                    if short != long {
-                        w += block(short, split);
-                    }
+                for i in 0..per_head {
+                    let w = if g.causal {
+                        let (long, short) = (m_blocks - 1 - i, i);
+                        block(long, split) + if short != long { block(short, split) } else { 0.0 }
+                    } else {
+                        block(i, split)
+                    };
                     ctas[unit % grid as usize] += w;
                     unit += 1;
                 }
