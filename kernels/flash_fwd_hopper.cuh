@@ -63,12 +63,16 @@ namespace fa {
 #define FA_HOPPER_PERSISTENT_CAUSAL 1
 #endif
 // FA_HOPPER_PERSISTENT_D128: 1 = the non-causal 128-row D=128 entry runs
-//   persistent CTAs over single query blocks, 0 = one CTA per query block.
+//   persistent CTAs over single query blocks, 0 = one CTA per query block. (The
+//   non-causal D=64 entry has a persistent twin instead, `_m64_persistent`,
+//   which kernel-ffi takes for grids over a wave: persistent code cost a grid of
+//   one CTA per SM 4% in instruction-cache misses, ledger iteration 41.)
 #ifndef FA_HOPPER_PERSISTENT_D128
 #define FA_HOPPER_PERSISTENT_D128 1
 #endif
 
-template <int D, bool CAUSAL, int ROWS>
+// PERSISTENT: the entry's CTAs loop over work units (hopper_item).
+template <int D, bool CAUSAL, int ROWS, bool PERSISTENT>
 struct HopperConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
   static_assert(ROWS == 64 || (ROWS == 128 && D == 128), "64-row CTAs, or 128-row ones at D=128");
@@ -80,9 +84,7 @@ struct HopperConfig {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
                                                  : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
-  // Persistent units: causal pairs of query blocks, or single blocks (hopper_item).
-  static constexpr bool kPersistent =
-      CAUSAL ? FA_HOPPER_PERSISTENT_CAUSAL : (kConsumers == 2 && FA_HOPPER_PERSISTENT_D128);
+  static constexpr bool kPersistent = PERSISTENT;  // units: causal pairs of query blocks, or single blocks
   static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
@@ -162,9 +164,9 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
 // tile) and Q has a full/empty pair, so the producer loads the next item's Q and
 // first tiles while the consumers finish and store the current one. With one
 // item per CTA the loops fold to straight-line code.
-template <typename T, int D, bool CAUSAL, int ROWS>
+template <typename T, int D, bool CAUSAL, int ROWS, bool PERSISTENT>
 __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
-  using Cfg = HopperConfig<D, CAUSAL, ROWS>;
+  using Cfg = HopperConfig<D, CAUSAL, ROWS, PERSISTENT>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages, NT = BN / 8, DT = D / 8;
   constexpr bool kPersistent = Cfg::kPersistent;
   const FlashParams& p = hp.p;
@@ -506,19 +508,21 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
 
 }  // namespace fa
 
-// One stable extern "C" entry point: flash_fwd_hopper_<dtype>_d<D>[_causal][_m64].
-#define FA_HOPPER_ENTRY(T, D, CAUSAL, ROWS, NAME)                                              \
-  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, CAUSAL, ROWS>::kThreads,    \
-                                               fa::HopperConfig<D, CAUSAL, ROWS>::kCtasPerSm)  \
-      NAME(const __grid_constant__ fa::HopperParams p) {                                       \
-    fa::flash_fwd_hopper<T, D, CAUSAL, ROWS>(p);                                               \
+// One stable extern "C" entry point: flash_fwd_hopper_<dtype>_d<D>[_causal][_m64][_persistent].
+#define FA_HOPPER_ENTRY(T, D, CAUSAL, ROWS, PERSISTENT, NAME)                                              \
+  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, CAUSAL, ROWS, PERSISTENT>::kThreads,    \
+                                               fa::HopperConfig<D, CAUSAL, ROWS, PERSISTENT>::kCtasPerSm)  \
+      NAME(const __grid_constant__ fa::HopperParams p) {                                                   \
+    fa::flash_fwd_hopper<T, D, CAUSAL, ROWS, PERSISTENT>(p);                                               \
   }
 
-// Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM); D=128 in
-// 128-row CTAs, plus 64-row ones for non-causal problems that do not fill the GPU.
-#define FA_HOPPER_ENTRIES(T, DT)                                            \
-  FA_HOPPER_ENTRY(T, 64, false, 64, flash_fwd_hopper_##DT##_d64_m64)        \
-  FA_HOPPER_ENTRY(T, 64, true, 64, flash_fwd_hopper_##DT##_d64_causal_m64)  \
-  FA_HOPPER_ENTRY(T, 128, false, 128, flash_fwd_hopper_##DT##_d128)         \
-  FA_HOPPER_ENTRY(T, 128, false, 64, flash_fwd_hopper_##DT##_d128_m64)      \
-  FA_HOPPER_ENTRY(T, 128, true, 128, flash_fwd_hopper_##DT##_d128_causal)
+// Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM), non-causal
+// also persistent; D=128 in 128-row CTAs, plus 64-row ones for non-causal
+// problems that do not fill the GPU.
+#define FA_HOPPER_ENTRIES(T, DT)                                                                              \
+  FA_HOPPER_ENTRY(T, 64, false, 64, false, flash_fwd_hopper_##DT##_d64_m64)                                   \
+  FA_HOPPER_ENTRY(T, 64, false, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                         \
+  FA_HOPPER_ENTRY(T, 64, true, 64, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal_m64)       \
+  FA_HOPPER_ENTRY(T, 128, false, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)                \
+  FA_HOPPER_ENTRY(T, 128, false, 64, false, flash_fwd_hopper_##DT##_d128_m64)                                 \
+  FA_HOPPER_ENTRY(T, 128, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal)

@@ -90,6 +90,10 @@ pub struct Options {
     /// Groups of warps splitting each CTA's keys (1, or 2 where a `_kg2` entry is
     /// loaded); `None` lets `planner::prefer_key_groups` choose.
     pub key_groups: Option<u32>,
+    /// Whether the entry runs persistent CTAs: some entries are persistent only,
+    /// one (Hopper non-causal D=64) has a persistent twin (`…_persistent`); `None`
+    /// lets `planner::prefer_persistent` choose between twins.
+    pub persistent: Option<bool>,
 }
 
 /// What a forward call launched.
@@ -104,6 +108,8 @@ pub struct Launched {
     pub block_m: u32,
     /// Its key groups per CTA (0 when nothing was launched).
     pub key_groups: u32,
+    /// Whether its CTAs were persistent.
+    pub persistent: bool,
 }
 
 struct Kernel {
@@ -291,11 +297,24 @@ impl Attention {
         (base, loaded)
     }
 
-    /// (query rows per CTA, key groups) of the loaded entries for (dtype, head dim,
-    /// causal): what `Options::block_m` and `Options::key_groups` may name.
-    pub fn geometries(&self, variant: Variant, dtype: Dtype, head_dim: usize, causal: bool) -> Vec<(u32, u32)> {
+    /// (query rows per CTA, key groups, persistent) of the loaded entries for
+    /// (dtype, head dim, causal) and their persistent twins: what
+    /// `Options::block_m`, `Options::key_groups` and `Options::persistent` may name.
+    pub fn geometries(&self, variant: Variant, dtype: Dtype, head_dim: usize, causal: bool) -> Vec<(u32, u32, bool)> {
         let entries = self.fwd_entries(variant, dtype, head_dim, causal).1;
-        entries.iter().map(|(_, k)| (k.launch.block_m, k.launch.key_groups)).collect()
+        let mut out = Vec::new();
+        for (name, k) in entries {
+            out.push((k.launch.block_m, k.launch.key_groups, k.launch.persistent));
+            if let Some(twin) = self.persistent_twin(&name) {
+                out.push((twin.launch.block_m, twin.launch.key_groups, true));
+            }
+        }
+        out
+    }
+
+    /// The persistent twin of a non-persistent entry, where loaded.
+    fn persistent_twin(&self, name: &str) -> Option<&Kernel> {
+        self.kernels.get(&format!("{name}_persistent")).filter(|k| k.launch.persistent)
     }
 
     /// Query blocks × batch × heads: the grid of an unsplit launch of `k`.
@@ -366,7 +385,23 @@ impl Attention {
             Some((tiles, plan)) if tiles == (kern.launch.block_m, kern.launch.block_n) => plan,
             _ => self.plan_for(variant, kern, p, opts)?,
         };
-        Ok((name, kern, plan))
+        // A persistent twin runs the same tiles and plan: taken for grids over a wave.
+        let twin = self.persistent_twin(&name);
+        let persistent = match opts.persistent {
+            Some(want) if want != kern.launch.persistent && (!want || twin.is_none()) => invalid!(
+                "persistent {want}: {name} is loaded {} a persistent twin; leave it to the planner",
+                if kern.launch.persistent { "as persistent, without" } else { "without" }
+            ),
+            Some(want) => want && !kern.launch.persistent,
+            None => {
+                twin.is_some()
+                    && planner::prefer_persistent(Self::work_ctas(kern, p) * u64::from(plan.num_splits), slots(kern))
+            }
+        };
+        match twin {
+            Some(twin) if persistent => Ok((format!("{name}_persistent"), twin, plan)),
+            _ => Ok((name, kern, plan)),
+        }
     }
 
     /// Whether the Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
@@ -458,7 +493,7 @@ impl Attention {
         }
         let variant = self.resolve(&p, opts.variant)?;
         if rows == 0 {
-            return Ok(Launched { num_splits: 0, ctas: 0, variant, block_m: 0, key_groups: 0 }); // empty result: nothing to launch
+            return Ok(Launched { num_splits: 0, ctas: 0, variant, block_m: 0, key_groups: 0, persistent: false }); // empty result: nothing to launch
         }
         let (name, kern, plan) = self.fwd_kernel(variant, q.dtype, &p, opts)?;
         let m_blocks = (p.seqlen_q as u32).div_ceil(kern.launch.block_m);
@@ -585,6 +620,7 @@ impl Attention {
             variant,
             block_m: kern.launch.block_m,
             key_groups: kern.launch.key_groups,
+            persistent: kern.launch.persistent,
         })
     }
 

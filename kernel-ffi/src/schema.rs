@@ -41,6 +41,9 @@ pub struct TestCase {
     /// Its key groups per CTA (0: nothing launched, or a report from before it was recorded).
     #[serde(default)]
     pub key_groups: u32,
+    /// Whether its CTAs were persistent (false in reports from before it was recorded).
+    #[serde(default)]
+    pub persistent: bool,
     /// Requested: `auto` or a fixed count.
     pub splits: String,
     /// Launched.
@@ -124,6 +127,9 @@ pub struct BenchCase {
     /// Its key groups per CTA (0 for other implementations and older reports).
     #[serde(default)]
     pub key_groups: u32,
+    /// Whether its CTAs were persistent (false for other implementations and older reports).
+    #[serde(default)]
+    pub persistent: bool,
 }
 
 #[cfg(test)]
@@ -146,6 +152,7 @@ mod tests {
             variant: "hopper".into(),
             block_m: 64,
             key_groups: 1,
+            persistent: true,
             splits: "1".into(),
             num_splits: 0,
             lse: false,

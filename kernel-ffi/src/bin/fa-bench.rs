@@ -41,6 +41,9 @@ struct Args {
     /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.
     #[arg(long)]
     key_groups: Option<u32>,
+    /// Persistent CTAs (true/false) where the entry has a persistent twin; default: the planner's choice.
+    #[arg(long)]
+    persistent: Option<bool>,
     /// Time budget per case in milliseconds.
     #[arg(long, default_value_t = 3000)]
     budget_ms: u64,
@@ -92,7 +95,7 @@ fn run() -> Result<()> {
                 .with_context(|| format!("benchmarking {}", shape.name(dtype)))?;
             if let Some(c) = case {
                 eprintln!(
-                    "{:<28} {:>10.2} us  [{:.2}, {:.2}]  {:>7.1} TFLOP/s  n={:<4} {} splits={} {} m{} kg{}",
+                    "{:<28} {:>10.2} us  [{:.2}, {:.2}]  {:>7.1} TFLOP/s  n={:<4} {} splits={} {} m{} kg{}{}",
                     c.name,
                     c.median_us,
                     c.q1_us,
@@ -103,7 +106,8 @@ fn run() -> Result<()> {
                     c.num_splits,
                     c.variant,
                     c.block_m,
-                    c.key_groups
+                    c.key_groups,
+                    if c.persistent { " persistent" } else { "" }
                 );
                 cases.push(c);
             }
@@ -145,6 +149,7 @@ fn bench_case(
         variant: args.variant,
         block_m: args.block_m,
         key_groups: args.key_groups,
+        persistent: args.persistent,
     };
     let s = att.stream();
     let call = |out: &mut Tensor| att.forward(&q, &k, &v, out, None, &opts);
@@ -250,5 +255,6 @@ fn bench_case(
         variant: launched.variant.name().into(),
         block_m: launched.block_m,
         key_groups: launched.key_groups,
+        persistent: launched.persistent,
     }))
 }

@@ -41,6 +41,9 @@ struct Args {
     /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.
     #[arg(long)]
     key_groups: Option<u32>,
+    /// Persistent CTAs (true/false) where the entry has a persistent twin; default: the planner's choice.
+    #[arg(long)]
+    persistent: Option<bool>,
     /// Also write the per-row log-sum-exp (F32 [B, H, Sq]).
     #[arg(long)]
     lse: bool,
@@ -88,6 +91,7 @@ fn run() -> Result<()> {
         variant: args.variant,
         block_m: args.block_m,
         key_groups: args.key_groups,
+        persistent: args.persistent,
     };
     let launched = att.forward(&qd, &kd, &vd, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;

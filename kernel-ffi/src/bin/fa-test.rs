@@ -27,10 +27,11 @@ struct Case {
     scale: Option<f32>,
     gpu_reference: bool,
     variant: Variant,
-    /// Query rows and key groups per CTA: `on_every_entry` names them (`None`: the
-    /// planner's choice).
+    /// Query rows, key groups per CTA and persistence: `on_every_entry` names them
+    /// (`None`: the planner's choice).
     block_m: Option<u32>,
     key_groups: Option<u32>,
+    persistent: Option<bool>,
 }
 
 impl Case {
@@ -50,7 +51,7 @@ impl Case {
 
     fn name(&self) -> String {
         format!(
-            "{}-d{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}{}{}{}",
+            "{}-d{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "-causal" } else { "" },
@@ -66,6 +67,7 @@ impl Case {
             if self.variant == Variant::Hopper { "-hopper" } else { "" },
             self.block_m.map_or(String::new(), |m| format!("-m{m}")),
             self.key_groups.filter(|&g| g > 1).map_or(String::new(), |g| format!("-kg{g}")),
+            if self.persistent == Some(true) { "-persistent" } else { "" },
         )
     }
 }
@@ -101,15 +103,22 @@ fn sanitize_set() -> Vec<Case> {
 }
 
 /// Every case on every entry: the portable kernel's and then the Hopper kernel's,
-/// each at 64 and 128 query rows per CTA and with one or two key groups (named
-/// `…-m64` / `…-m64-kg2` / `…-hopper-m128`); a case runs only where its entry is
-/// loaded (most configurations have one or two of these).
+/// each at 64 and 128 query rows per CTA, with one or two key groups, persistent
+/// or not (named `…-m64` / `…-m64-kg2` / `…-hopper-m128` / `…-persistent`); a case
+/// runs only where its entry is loaded (most configurations have one or two).
 fn on_every_entry(cases: Vec<Case>) -> Vec<Case> {
+    let entries = [(64, 1), (64, 2), (128, 1)].into_iter().flat_map(|(m, g)| [(m, g, false), (m, g, true)]);
     [Variant::Portable, Variant::Hopper]
         .into_iter()
-        .flat_map(|variant| [(64, 1), (64, 2), (128, 1)].into_iter().map(move |e| (variant, e)))
-        .flat_map(|(variant, (m, g))| {
-            cases.iter().map(move |c| Case { variant, block_m: Some(m), key_groups: Some(g), ..c.clone() })
+        .flat_map(|variant| entries.clone().map(move |e| (variant, e)))
+        .flat_map(|(variant, (m, g, pers))| {
+            cases.iter().map(move |c| Case {
+                variant,
+                block_m: Some(m),
+                key_groups: Some(g),
+                persistent: Some(pers),
+                ..c.clone()
+            })
         })
         .collect()
 }
@@ -132,6 +141,7 @@ fn sanitize_set_ref(dtype: Dtype) -> Case {
         variant: Variant::Portable,
         block_m: None,
         key_groups: None,
+        persistent: None,
     }
 }
 
@@ -165,6 +175,7 @@ fn matrix() -> Vec<Case> {
                             variant: Variant::Portable,
                             block_m: None,
                             key_groups: None,
+        persistent: None,
                         });
                     }
                 }
@@ -188,6 +199,7 @@ fn matrix() -> Vec<Case> {
         variant: Variant::Portable,
         block_m: None,
         key_groups: None,
+        persistent: None,
     };
     // The seed problems, as the planner sees them.
     cases.extend([seed(Dtype::F16, 128, 1, 1), seed(Dtype::F16, 512, 1, 1), seed(Dtype::Bf16, 512, 2, 8)]);
@@ -209,6 +221,7 @@ fn matrix() -> Vec<Case> {
         variant: Variant::Portable,
         block_m: None,
         key_groups: None,
+        persistent: None,
     };
     cases.extend([
         large(Dtype::F16, 64, true, 2, 8, 8, 1024, 1024, Layout::Bshd, Splits::Auto),
@@ -251,6 +264,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         variant: case.variant,
         block_m: case.block_m,
         key_groups: case.key_groups,
+        persistent: case.persistent,
     };
     let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
@@ -316,6 +330,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         variant: launched.variant.name().into(),
         block_m: launched.block_m,
         key_groups: launched.key_groups,
+        persistent: launched.persistent,
         splits: case.splits_label(),
         num_splits: launched.num_splits,
         lse: case.lse,
@@ -401,7 +416,11 @@ fn run() -> Result<()> {
     // Cases for an entry their configuration does not have.
     cases.retain(|c| {
         let loaded = att.geometries(c.variant, c.dtype, c.head_dim, c.causal);
-        loaded.iter().any(|&(m, g)| c.block_m.is_none_or(|cm| cm == m) && c.key_groups.is_none_or(|cg| cg == g))
+        loaded.iter().any(|&(m, g, pers)| {
+            c.block_m.is_none_or(|cm| cm == m)
+                && c.key_groups.is_none_or(|cg| cg == g)
+                && c.persistent.is_none_or(|cp| cp == pers)
+        })
     });
     eprintln!(
         "fa-test: {} cases on {} (sm count {}), seed {seed}",
@@ -427,6 +446,7 @@ fn run() -> Result<()> {
             variant: case.variant.name().into(),
             block_m: case.block_m.unwrap_or(0),
             key_groups: case.key_groups.unwrap_or(0),
+            persistent: case.persistent.unwrap_or(false),
             splits: case.splits_label(),
             num_splits: 0,
             lse: case.lse,
