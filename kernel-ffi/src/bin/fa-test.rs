@@ -175,7 +175,7 @@ fn matrix() -> Vec<Case> {
                             variant: Variant::Portable,
                             block_m: None,
                             key_groups: None,
-        persistent: None,
+                            persistent: None,
                         });
                     }
                 }
