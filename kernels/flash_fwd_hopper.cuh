@@ -295,7 +295,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   auto next_slot = [&](const Slot& x) {
     const bool wrap = x.st == S - 1;
     return Slot{wrap ? 0 : x.st + 1, x.phase ^ (uint32_t)wrap, wrap ? x.bar - 8 * (S - 1) : x.bar + 8,
-                x.k.plus(wrap ? -(S - 1) * kStageUnits : kStageUnits)};
+                x.k.plus(wrap ? 0u - (S - 1) * kStageUnits : kStageUnits)};
   };
   auto k_desc = [&](const Slot& x, int kk) { return x.k.at(((kk / 4) * BN * 128 + (kk % 4) * 32) / 16); };
   // V transposed: its stage lies S·kKVBytes past K's, its head-dim panels BN·128
