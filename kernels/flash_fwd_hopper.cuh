@@ -24,27 +24,35 @@ namespace fa {
 // warpgroup, which at D=64 runs two CTAs per SM (each with half the registers and
 // shared memory) so that one CTA's prologue (Q and first-tile latency) and
 // epilogue overlap the other's main loop, and at D=128 (shared memory for one)
-// doubles the CTAs of small problems. ROWS = 128 (D=128 only): two consumer
-// warpgroups. kernel-ffi picks between a configuration's entries per problem
-// (planner::prefer_m64).
+// doubles the CTAs of small problems. ROWS = 128: two consumer warpgroups (D=64:
+// causal only). kernel-ffi picks between a configuration's entries per problem
+// (planner::prefer_m64, planner::prefer_wide_causal_d64).
 //
-// The consumer schedule follows from ROWS:
+// The consumer schedule follows from ROWS and D:
 //   pipelined  tile j's Q·Kᵀ and tile j−1's P·V issued together, then tile j's
 //              softmax. ptxas hoists the wait for that P·V above the softmax (its
-//              WARPGROUP.DEPBAR precedes every MUFU.EX2), so within a warpgroup the
-//              softmax follows both products; FlashAttention-3's intra-warpgroup
-//              overlap, forced by putting the wait behind a loop edge, measured
-//              4-14% slower on an H200 (ARCHITECTURE.md)
-//   ping-pong  (two consumer warpgroups) pipelined, and the warpgroups take turns
-//              issuing their wgmmas (named barriers), so one's softmax runs under
-//              the other's matrix products
+//              WARPGROUP.DEPBAR precedes every MUFU.EX2): it waits for every wgmma
+//              in flight before a branch, here the mask's early-out. Issued after
+//              the mask instead, the P·V ran under the softmax and every large
+//              shape got 1.5-15% slower on an H200, as did FlashAttention-3's
+//              intra-warpgroup overlap forced behind a loop edge (ARCHITECTURE.md)
+//   ping-pong  (two consumer warpgroups, D=128) pipelined, and the warpgroups take
+//              turns issuing their wgmmas (named barriers), so one's softmax runs
+//              under the other's matrix products
+//   exp turns  (two consumer warpgroups, D=64) each warpgroup serial (Q·Kᵀ, the
+//              row max, the exponentials, P·V), the warpgroups taking turns on the
+//              exponentials only, as cuDNN's sm90 kernel does: at D=64 the SFU's
+//              exponentials take as long as the tile's products at full rate. At
+//              D=128 this was 10% slower causal and 1-2% slower non-causal than
+//              ping-pong; at D=64 ping-pong was 4-8% slower than exp turns.
 // A serial schedule (two warpgroups overlapping only by chance) served D=64 with
 // 128-row CTAs until ledger iteration 20; it swung by 5-10% with any change to
 // the kernel's code generation.
 //
 // Compile-time defines from the manifest, each chosen by same-run A/B timings on
 // an H200 (ledger iterations 10, 12, 16, 17):
-// FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B).
+// FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B;
+//   FA_HOPPER_STAGES_D64_CAUSAL: the 128-row D=64 entry's, not tuned).
 #ifndef FA_HOPPER_STAGES_D128
 #define FA_HOPPER_STAGES_D128 2
 #endif
@@ -71,18 +79,24 @@ namespace fa {
 #define FA_HOPPER_PERSISTENT_D128 1
 #endif
 
+#ifndef FA_HOPPER_STAGES_D64_CAUSAL
+#define FA_HOPPER_STAGES_D64_CAUSAL 4
+#endif
+
 // PERSISTENT: the entry's CTAs loop over work units (hopper_item).
 template <int D, bool CAUSAL, int ROWS, bool PERSISTENT>
 struct HopperConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
-  static_assert(ROWS == 64 || (ROWS == 128 && D == 128), "64-row CTAs, or 128-row ones at D=128");
+  static_assert(ROWS == 64 || ROWS == 128, "64-row or 128-row CTAs");
   static constexpr int kConsumers = ROWS / 64;
   static constexpr bool kPingPong = kConsumers == 2;
+  static constexpr bool kExpTurns = kPingPong && D == 64;  // see "The consumer schedule" above
   static constexpr int kCtasPerSm = kConsumers == 1 && D == 64 ? 2 : 1;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = ROWS;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
+                                                 : D == 64 ? FA_HOPPER_STAGES_D64_CAUSAL
                                                  : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
   static constexpr bool kPersistent = PERSISTENT;  // units: causal pairs of query blocks, or single blocks
   static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
@@ -97,7 +111,7 @@ struct HopperConfig {
   // (persistent: full and empty), and slack to align the base to 1024.
   static constexpr int kStageBytes = kPersistent ? kQBytes : 0;
   static constexpr int kSmemBytes =
-      kQBytes + 2 * kStages * kKVBytes + kStageBytes + 8 * (4 * kStages + 1 + kPersistent) + 1024;
+      kQBytes + 2 * kStages * kKVBytes + kStageBytes + 8 * (4 * kStages + 1 + kPersistent + kExpTurns) + 1024;
   // sm_90: 227 KB per CTA, 228 KB per SM with 1 KB reserved per CTA.
   static_assert(kSmemBytes <= 232448 && (kSmemBytes + 1024) * kCtasPerSm <= 233472, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
@@ -187,6 +201,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   auto empty_k = [&](int i) { return bars + 8 * (2 * S + i); };
   auto empty_v = [&](int i) { return bars + 8 * (3 * S + i); };
   const uint32_t bar_q = bars + 8 * 4 * S, empty_q = bar_q + 8;  // empty_q: persistent only
+  const uint32_t scale_slot = empty_q + 8 * kPersistent;            // kExpTurns only: p.scale_log2
   // The first item is decoded once, up front, by every thread.
   const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent>(p, hp.sched, 0);
   auto item = [&](int k) { return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent>(p, hp.sched, k); };
@@ -225,6 +240,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     }
     mbar_init(bar_q, 1);
     if (kPersistent) mbar_init(empty_q, 4 * Cfg::kConsumers);
+    if (Cfg::kExpTurns) asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scale_slot), "f"(p.scale_log2) : "memory");
     mbar_init_fence();
     // The first item's Q and first S tiles wait for no stage: their latency
     // starts before the CTA barrier and the register hand-over.
@@ -307,6 +323,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   auto slot_empty_v = [](const Slot& x) { return x.bar + 24 * S; };
 
   constexpr bool kPingPong = Cfg::kPingPong;
+  constexpr bool kExpTurns = Cfg::kExpTurns;
   float o[DT][4];
   float row_max[2], row_sum[2], correction[2];
   float s[NT][4];
@@ -402,9 +419,9 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     const int live = CAUSAL && !kPingPong
                          ? max(0, min(it.tiles, (wg_last_row + diag + 1 - it.n_begin + BN - 1) / BN))
                          : it.tiles;
+    auto mask = [&](int j) { mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, p.seqlen_k, diag); };
     auto softmax = [&](int j) {
-      const int n0 = it.n_begin + j * BN;
-      mask_tile<CAUSAL>(s, n0, it.m0, row_lo, t, p.seqlen_k, diag);
+      mask(j);
       softmax_rows(s, row_max, row_sum, correction, scale_log2);
     };
     // Tile j's S has landed: its K stage is free, and after the item's last
@@ -414,7 +431,8 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       mbar_arrive_warp(slot_empty_k(x));
       if (kPersistent && j == live - 1) mbar_arrive_warp(empty_q);
     };
-    // Ping-pong turns: each wgmma issue point is one turn; warpgroup 0 goes first.
+    // Ping-pong turns: each wgmma issue point (exp turns: each tile's exponentials)
+    // is one turn; warpgroup 0 goes first.
     // Warpgroup c waits at barrier 1 + c and hands over at the other's. Turns run
     // on across a persistent CTA's consecutive items: warpgroup 1's hand-over
     // after an item's last P·V gives warpgroup 0 the next item's first turn, so
@@ -450,45 +468,72 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       ++q_loads;
       if (kPersistent && live == 0) mbar_arrive_warp(empty_q);
     }
-    // Software pipeline: Q·K_j and P_{j−1}·V_{j−1} go to the tensor cores
-    // together; O is rescaled once that P·V has landed (in SASS before the softmax).
     Slot cur = slot_at(g0);  // tile j's
-    if (live > 0) {
-      mbar_wait(cur.bar, cur.phase);
-      take_turn();
-      issue_qk(cur);
-      pass_turn();
-      wgmma_wait<0>();
-      qk_landed(cur, 0);
-      softmax(0);  // O is still zero: nothing to rescale
-      pack_p();
-    }
-    for (int j = 1; j < live; ++j) {
-      const Slot prev = cur;
-      cur = next_slot(cur);
-      mbar_wait(cur.bar, cur.phase);
-      mbar_wait(slot_full_v(prev), prev.phase);
-      take_turn();
-      issue_qk(cur);
-      issue_pv(prev);
-      pass_turn();
-      wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
-      qk_landed(cur, j);
-      softmax(j);
-      wgmma_wait<0>();
-      wgmma_fence_operands(o);
-      mbar_arrive_warp(slot_empty_v(prev));
-      rescale(o, correction);
-      pack_p();
-    }
-    if (live > 0) {
-      mbar_wait(slot_full_v(cur), cur.phase);
-      take_turn();
-      issue_pv(cur);
-      if constexpr (kPingPong) named_bar_arrive(cw == 0 ? 2 : (chain_next ? 1 : 5), 256);
-      wgmma_wait<0>();
-      wgmma_fence_operands(o);
-      mbar_arrive_warp(slot_empty_v(cur));
+    if constexpr (kExpTurns) {
+      for (int j = 0; j < live; ++j) {
+        if (j > 0) cur = next_slot(cur);
+        mbar_wait(cur.bar, cur.phase);
+        issue_qk(cur);
+        wgmma_wait<0>();
+        qk_landed(cur, j);
+        mask(j);
+        softmax_max(s, row_max, correction, scale_log2);
+        take_turn();
+        // The scale read from shared memory after the barrier: ptxas moves no
+        // exponential above it (with the parameter's copy it hoisted most of them).
+        float turn_scale;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(turn_scale) : "r"(scale_slot) : "memory");
+        softmax_exp(s, row_max, row_sum, correction, turn_scale);
+        rescale(o, correction);
+        pack_p();
+        // Warpgroup 1's last hand-over of an item goes on to the next one (see above).
+        named_bar_arrive(j < live - 1 || cw == 0 ? 1 + (cw ^ 1) : (chain_next ? 1 : 5), 256);
+        mbar_wait(slot_full_v(cur), cur.phase);
+        issue_pv(cur);
+        wgmma_wait<0>();
+        wgmma_fence_operands(o);
+        mbar_arrive_warp(slot_empty_v(cur));
+      }
+    } else {
+      // Software pipeline: Q·K_j and P_{j−1}·V_{j−1} go to the tensor cores
+      // together; O is rescaled once that P·V has landed (in SASS before the softmax).
+      if (live > 0) {
+        mbar_wait(cur.bar, cur.phase);
+        take_turn();
+        issue_qk(cur);
+        pass_turn();
+        wgmma_wait<0>();
+        qk_landed(cur, 0);
+        softmax(0);  // O is still zero: nothing to rescale
+        pack_p();
+      }
+      for (int j = 1; j < live; ++j) {
+        const Slot prev = cur;
+        cur = next_slot(cur);
+        mbar_wait(cur.bar, cur.phase);
+        mbar_wait(slot_full_v(prev), prev.phase);
+        take_turn();
+        issue_qk(cur);
+        issue_pv(prev);
+        pass_turn();
+        wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
+        qk_landed(cur, j);
+        softmax(j);
+        wgmma_wait<0>();
+        wgmma_fence_operands(o);
+        mbar_arrive_warp(slot_empty_v(prev));
+        rescale(o, correction);
+        pack_p();
+      }
+      if (live > 0) {
+        mbar_wait(slot_full_v(cur), cur.phase);
+        take_turn();
+        issue_pv(cur);
+        if constexpr (kPingPong) named_bar_arrive(cw == 0 ? 2 : (chain_next ? 1 : 5), 256);
+        wgmma_wait<0>();
+        wgmma_fence_operands(o);
+        mbar_arrive_warp(slot_empty_v(cur));
+      }
     }
     for (int j = live; j < it.tiles; ++j) {  // dead causal tiles: release them unread
       const Slot x = slot_at(g0 + j);
@@ -523,6 +568,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   FA_HOPPER_ENTRY(T, 64, false, 64, false, flash_fwd_hopper_##DT##_d64_m64)                                   \
   FA_HOPPER_ENTRY(T, 64, false, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                         \
   FA_HOPPER_ENTRY(T, 64, true, 64, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal_m64)       \
+  FA_HOPPER_ENTRY(T, 64, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal)          \
   FA_HOPPER_ENTRY(T, 128, false, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)                \
   FA_HOPPER_ENTRY(T, 128, false, 64, false, flash_fwd_hopper_##DT##_d128_m64)                                 \
   FA_HOPPER_ENTRY(T, 128, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal)

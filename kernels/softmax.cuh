@@ -44,14 +44,11 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_r
 // keeps max −inf; shift by 0 instead, so that −inf − (−inf) never makes a NaN.
 __device__ __forceinline__ float exp_base(float row_max) { return row_max == -INFINITY ? 0.f : row_max; }
 
-// One key tile of the online softmax, without touching O: s becomes
-// p = 2^(s·scale·log2e − max) in place, the running max / partial sums of rows g
-// and g+8 advance, and `correction` gets 2^(old max − new max), by which O must
-// be rescaled before this tile's P·V is added (the Hopper kernel does that once
-// the previous tile's asynchronous P·V has landed).
+// The first half of softmax_rows: the rows' new running max, and `correction`.
+// Split from the exponentials so that a kernel can take turns on the SFU between them.
 template <int NT>
-__device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
-                                             float (&correction)[2], float scale_log2) {
+__device__ __forceinline__ void softmax_max(const float (&s)[NT][4], float (&row_max)[2], float (&correction)[2],
+                                            float scale_log2) {
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
@@ -59,9 +56,19 @@ __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)
     for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
     mx = quad_max(mx) * scale_log2;
     const float new_max = fmaxf(row_max[r], mx);
-    const float base = exp_base(new_max);
-    correction[r] = fast_exp2(row_max[r] - base);
+    correction[r] = fast_exp2(row_max[r] - exp_base(new_max));
     row_max[r] = new_max;
+  }
+}
+
+// The second half: s becomes p = 2^(s·scale·log2e − max) in place and the partial
+// sums advance.
+template <int NT>
+__device__ __forceinline__ void softmax_exp(float (&s)[NT][4], const float (&row_max)[2], float (&row_sum)[2],
+                                            const float (&correction)[2], float scale_log2) {
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float base = exp_base(row_max[r]);
     float sum = 0.f;
     #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -71,6 +78,18 @@ __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)
     }
     row_sum[r] = row_sum[r] * correction[r] + sum;
   }
+}
+
+// One key tile of the online softmax, without touching O: s becomes
+// p = 2^(s·scale·log2e − max) in place, the running max / partial sums of rows g
+// and g+8 advance, and `correction` gets 2^(old max − new max), by which O must
+// be rescaled before this tile's P·V is added (the Hopper kernel does that once
+// the previous tile's asynchronous P·V has landed).
+template <int NT>
+__device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
+                                             float (&correction)[2], float scale_log2) {
+  softmax_max(s, row_max, correction, scale_log2);
+  softmax_exp(s, row_max, row_sum, correction, scale_log2);
 }
 
 template <int DT>

@@ -325,7 +325,8 @@ impl Attention {
     /// The forward entry for this problem and its name: `flash_fwd[_hopper]_<dtype>_d<D>[_causal]`
     /// or the same with `_m64` (64-row CTAs) or `_kg2` (64-row CTAs of two key
     /// groups), whichever is loaded. Rows per CTA: `block_m`, or else
-    /// `planner::prefer_m64` between the one-group entries; then key groups:
+    /// `planner::prefer_m64` between the one-group entries (Hopper causal D=64:
+    /// `planner::prefer_wide_causal_d64`); then key groups:
     /// `key_groups`, or else `planner::prefer_key_groups` from the one-group entry's plan.
     /// Returns the entry's split plan too (the twin's, where that was already made).
     fn fwd_kernel(
@@ -343,7 +344,11 @@ impl Attention {
             [narrow, wide] => {
                 let r = |k: &Kernel| u64::from(k.launch.block_m);
                 let ctas = Self::work_ctas(narrow, p);
-                let m64 = planner::prefer_m64(causal, ctas, slots(narrow), r(narrow), slots(wide), r(wide));
+                let m64 = if variant == Variant::Hopper && causal && p.head_dim == 64 {
+                    !planner::prefer_wide_causal_d64(Self::work_ctas(wide, p), slots(wide), p.seqlen_k)
+                } else {
+                    planner::prefer_m64(causal, ctas, slots(narrow), r(narrow), slots(wide), r(wide))
+                };
                 Some(if m64 { narrow.launch.block_m } else { wide.launch.block_m })
             }
             _ => None,
