@@ -562,8 +562,8 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   }
 
 // Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM), non-causal
-// also persistent; D=128 in 128-row CTAs, plus 64-row ones for non-causal
-// problems that do not fill the GPU.
+// also persistent, causal also in 128-row CTAs (exp turns); D=128 in 128-row
+// CTAs, plus 64-row ones for non-causal problems that do not fill the GPU.
 #define FA_HOPPER_ENTRIES(T, DT)                                                                              \
   FA_HOPPER_ENTRY(T, 64, false, 64, false, flash_fwd_hopper_##DT##_d64_m64)                                   \
   FA_HOPPER_ENTRY(T, 64, false, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                         \

@@ -319,8 +319,9 @@ pub fn prefer_hopper(seqlen_k: usize) -> bool {
 /// S4096 (1.9 waves of 128-row CTAs), 5% slower at B4 H16 S2048 (3.9 waves) and
 /// 11-12% at B2 H16 S8192 (7.8), which a list-scheduling model of the causal grid
 /// reproduces with 128-row CTAs 18% cheaper per row and puts the break-even
-/// between 2.2 and 2.9 waves. (Hopper D=64 has only 64-row CTAs, two per SM:
-/// 1.6-25% faster than 128-row ones up to 4096 keys, even to 5% slower at 8192.)
+/// between 2.2 and 2.9 waves. (Hopper D=64 non-causal has only 64-row CTAs, two
+/// per SM: 1.6-25% faster than 128-row ones up to 4096 keys, even to 5% slower at
+/// 8192; causal D=64 chooses by `prefer_wide_causal_d64`.)
 pub fn prefer_m64(
     causal: bool,
     narrow_ctas: u64,
