@@ -44,40 +44,35 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_r
 // keeps max −inf; shift by 0 instead, so that −inf − (−inf) never makes a NaN.
 __device__ __forceinline__ float exp_base(float row_max) { return row_max == -INFINITY ? 0.f : row_max; }
 
-// The first half of softmax_rows: the rows' new running max, and `correction`.
-// Split from the exponentials so that a kernel can take turns on the SFU between them.
+// Row r (0: g, 1: g + 8) of one key tile, in two steps. The max step advances
+// the running max and `correction` = 2^(old max − new max), by which O and the
+// partial sum must be rescaled, and returns the shift of the row's exponentials;
+// the exp step turns s into p = 2^(s·scale·log2e − shift) in place and advances
+// the partial sum.
 template <int NT>
-__device__ __forceinline__ void softmax_max(const float (&s)[NT][4], float (&row_max)[2], float (&correction)[2],
-                                            float scale_log2) {
+__device__ __forceinline__ float row_max_step(const float (&s)[NT][4], int r, float (&row_max)[2],
+                                              float (&correction)[2], float scale_log2) {
+  float mx = -INFINITY;
   #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
-    #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-    mx = quad_max(mx) * scale_log2;
-    const float new_max = fmaxf(row_max[r], mx);
-    correction[r] = fast_exp2(row_max[r] - exp_base(new_max));
-    row_max[r] = new_max;
-  }
+  for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+  mx = quad_max(mx) * scale_log2;
+  const float new_max = fmaxf(row_max[r], mx);
+  const float base = exp_base(new_max);
+  correction[r] = fast_exp2(row_max[r] - base);
+  row_max[r] = new_max;
+  return base;
 }
-
-// The second half: s becomes p = 2^(s·scale·log2e − max) in place and the partial
-// sums advance.
 template <int NT>
-__device__ __forceinline__ void softmax_exp(float (&s)[NT][4], const float (&row_max)[2], float (&row_sum)[2],
-                                            const float (&correction)[2], float scale_log2) {
+__device__ __forceinline__ void row_exp_step(float (&s)[NT][4], int r, float base, float (&row_sum)[2],
+                                             const float (&correction)[2], float scale_log2) {
+  float sum = 0.f;
   #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float base = exp_base(row_max[r]);
-    float sum = 0.f;
-    #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], scale_log2, -base));
-      s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -base));
-      sum += s[nt][2 * r] + s[nt][2 * r + 1];
-    }
-    row_sum[r] = row_sum[r] * correction[r] + sum;
+  for (int nt = 0; nt < NT; ++nt) {
+    s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], scale_log2, -base));
+    s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -base));
+    sum += s[nt][2 * r] + s[nt][2 * r + 1];
   }
+  row_sum[r] = row_sum[r] * correction[r] + sum;
 }
 
 // One key tile of the online softmax, without touching O: s becomes
@@ -88,8 +83,24 @@ __device__ __forceinline__ void softmax_exp(float (&s)[NT][4], const float (&row
 template <int NT>
 __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
                                              float (&correction)[2], float scale_log2) {
-  softmax_max(s, row_max, correction, scale_log2);
-  softmax_exp(s, row_max, row_sum, correction, scale_log2);
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) row_exp_step(s, r, row_max_step(s, r, row_max, correction, scale_log2), row_sum,
+                                           correction, scale_log2);
+}
+
+// The same in two halves, both rows' max steps and then both rows' exp steps, so
+// that a kernel can take turns on the SFU between them.
+template <int NT>
+__device__ __forceinline__ void softmax_max(const float (&s)[NT][4], float (&row_max)[2], float (&correction)[2],
+                                            float scale_log2) {
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) row_max_step(s, r, row_max, correction, scale_log2);
+}
+template <int NT>
+__device__ __forceinline__ void softmax_exp(float (&s)[NT][4], const float (&row_max)[2], float (&row_sum)[2],
+                                            const float (&correction)[2], float scale_log2) {
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) row_exp_step(s, r, exp_base(row_max[r]), row_sum, correction, scale_log2);
 }
 
 template <int DT>
