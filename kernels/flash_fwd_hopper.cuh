@@ -66,7 +66,7 @@ namespace fa {
 #define FA_HOPPER_STAGES_D128_M64 2
 #endif
 // FA_HOPPER_PERSISTENT_CAUSAL: 1 = causal entries run persistent CTAs over pairs
-//   of query blocks (hopper_item), 0 = one CTA per query block.
+//   of query blocks or a host schedule (hopper_item), 0 = one CTA per query block.
 #ifndef FA_HOPPER_PERSISTENT_CAUSAL
 #define FA_HOPPER_PERSISTENT_CAUSAL 1
 #endif
@@ -121,7 +121,7 @@ struct HopperConfig {
 // One work item of a CTA: query rows m0 … m0 + kBlockM − 1 of (b, h, split).
 struct HopperItem {
   bool done;  // the CTA has no such item
-  bool skip;  // not an item (the missing half of a pair): neither loads nor stores
+  bool skip;  // not an item (the missing half of a pair, a schedule's padding): neither loads nor stores
   int m0, b, h, kvh, split, n_begin;
   int tiles;  // key tiles; 0: rows that see no key (stored as zeros)
 };
@@ -130,33 +130,48 @@ struct HopperItem {
 // names (causal: the last blocks, which see the most keys, first). Persistent:
 // resident CTAs of a 1-D grid take units with a grid stride, a head's units
 // adjacent so that CTAs running together share its K/V in L2. A non-causal unit
-// is one query block; a causal one a pair of one (split, batch, head), the longest
-// and the shortest left (m_blocks − 1 − i, then i), so that every unit costs about
-// the same and the static schedule stays balanced. The decode divides by host-computed
-// FastDiv constants: run-time divisions sat on the path to the first TMA load
-// (ledger iteration 11).
-template <int BM, int BN, bool CAUSAL, bool PERSISTENT>
+// is one query block; a causal one a pair of one (split, batch, head), the
+// longest and the shortest left (m_blocks − 1 − i, then i), so that units cost
+// about the same and the short block's keys (a prefix of the long one's) are
+// still in L2. Where those units leave the last round partly empty (and with
+// splits, where they differ in cost), kernel-ffi passes the 128-row entries
+// (SCHEDULED) a schedule instead (HopperSched::order, planner::causal_order) and
+// the CTA runs its row; the 64-row one has no registers to spare for both. The
+// decode divides by host-computed FastDiv constants: run-time divisions sat on
+// the path to the first TMA load (ledger iteration 11).
+template <int BM, int BN, bool CAUSAL, bool PERSISTENT, bool SCHEDULED>
 __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const HopperSched& sc, int k) {
   HopperItem r{};
   int m_idx;
   if constexpr (PERSISTENT) {
-    const int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
-    r.done = unit >= sc.units;
-    if (r.done) return r;
-    const int sbh = fast_div(sc.per_head, unit);  // split × (batch × heads) + batch × heads + head
-    const int i = unit - sbh * sc.per_head.div;
+    int sbh;  // split × (batch × heads) + batch × heads + head
+    if (SCHEDULED && sc.order != nullptr) {
+      r.done = k >= sc.order_stride;
+      if (r.done) return r;
+      const uint32_t block = __ldg(sc.order + blockIdx.x * sc.order_stride + k);
+      r.skip = block == ~0u;  // padding: the CTA's row is shorter than the longest
+      if (r.skip) return r;
+      sbh = fast_div(sc.blocks, (int)block);
+      m_idx = (int)block - sbh * sc.blocks.div;
+    } else {
+      const int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
+      r.done = unit >= sc.units;
+      if (r.done) return r;
+      sbh = fast_div(sc.per_head, unit);
+      const int i = unit - sbh * sc.per_head.div;
+      if (CAUSAL) {
+        m_idx = (k & 1) == 0 ? sc.m_blocks - 1 - i : i;
+        r.skip = (k & 1) == 1 && m_idx == sc.m_blocks - 1 - i;  // an odd block count's middle block: once
+        if (r.skip) return r;
+      } else {
+        m_idx = i;
+      }
+    }
     r.split = fast_div(sc.bh, sbh);
     const int bh = sbh - r.split * sc.bh.div;
     r.b = fast_div(sc.heads, bh);
     r.h = bh - r.b * sc.heads.div;
     r.kvh = fast_div(sc.group, r.h);
-    if (CAUSAL) {
-      m_idx = (k & 1) == 0 ? sc.m_blocks - 1 - i : i;
-      r.skip = (k & 1) == 1 && m_idx == sc.m_blocks - 1 - i;  // an odd block count's middle block: once
-      if (r.skip) return r;
-    } else {
-      m_idx = i;
-    }
   } else {
     r.done = k > 0;
     r.b = blockIdx.y / p.heads;
@@ -203,8 +218,11 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   const uint32_t bar_q = bars + 8 * 4 * S, empty_q = bar_q + 8;  // empty_q: persistent only
   const uint32_t scale_slot = empty_q + 8 * kPersistent;            // kExpTurns only: p.scale_log2
   // The first item is decoded once, up front, by every thread.
-  const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent>(p, hp.sched, 0);
-  auto item = [&](int k) { return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent>(p, hp.sched, k); };
+  constexpr bool kScheduled = CAUSAL && kPersistent && Cfg::kConsumers == 2;
+  const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled>(p, hp.sched, 0);
+  auto item = [&](int k) {
+    return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled>(p, hp.sched, k);
+  };
   const int diag = p.seqlen_k - p.seqlen_q;  // bottom-right causal: row i sees keys j <= i + diag
 
   // TMA loads, all issued by thread 0 (the producer): an item's Q, and key tile

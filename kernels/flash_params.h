@@ -40,7 +40,10 @@ struct FastDiv {
 
 // The persistent Hopper kernel's work decomposition: `units` = per_head × batch ×
 // heads × splits, a unit being a pair of query blocks (causal: ⌈m_blocks / 2⌉ per
-// head) or one (non-causal: m_blocks per head).
+// head) or one (non-causal: m_blocks per head), grid-strided over the CTAs; or,
+// causal with `order`, CTA c runs the query blocks order[c · order_stride + k]
+// (split × batch × heads × m_blocks + block index; ~0u pads a shorter row), a
+// schedule kernel-ffi computes (planner::causal_order).
 struct HopperSched {
   int32_t units;
   int32_t m_blocks;   // query blocks per (batch, head)
@@ -48,6 +51,10 @@ struct HopperSched {
   FastDiv bh;         // batch × heads
   FastDiv heads;
   FastDiv group;      // heads / kv_heads (query heads per K/V head)
+  FastDiv blocks;     // m_blocks
+  const uint32_t* order;  // causal: [grid][order_stride]; else null
+  int32_t order_stride;
+  int32_t pad;
 };
 
 // The Hopper kernel's parameters: tensor maps of Q [B, H, Sq, D] and K, V

@@ -130,6 +130,9 @@ pub struct Attention {
     /// Simulated split plans already made (`planner::plan_simulated`: up to a
     /// few hundred µs of CPU), one per launch geometry.
     sim_plans: Mutex<HashMap<(planner::LaunchGrid, Variant), Plan>>,
+    /// Persistent causal launches' schedules on the device (planner::causal_order),
+    /// by (grid, tiles per split, CTAs); kept because they are read by launches in flight.
+    causal_orders: Mutex<HashMap<(planner::LaunchGrid, u32, u32), Option<CausalOrder>>>,
     _modules: Vec<Arc<CudaModule>>,
 }
 
@@ -216,7 +219,16 @@ impl Attention {
             modules.push(module);
         }
         let hopper = kernels.keys().any(|k| is_hopper_entry(k));
-        Ok(Attention { ctx, stream, device, kernels, hopper, sim_plans: Mutex::default(), _modules: modules })
+        Ok(Attention {
+            ctx,
+            stream,
+            device,
+            kernels,
+            hopper,
+            sim_plans: Mutex::default(),
+            causal_orders: Mutex::default(),
+            _modules: modules,
+        })
     }
 
     pub fn device(&self) -> &DeviceInfo {
@@ -409,6 +421,39 @@ impl Attention {
         }
     }
 
+    /// The device address and row length of a persistent causal launch's schedule
+    /// (`planner::causal_order`; (0, 0): the kernel's own pairs), computed and
+    /// uploaded once per launch geometry.
+    fn causal_order(&self, kern: &Kernel, p: &Problem, plan: &Plan, grid: u32) -> Result<(u64, i32)> {
+        let lg = planner::LaunchGrid {
+            causal: true,
+            heads: (p.batch * p.heads) as u64,
+            seqlen_q: p.seqlen_q as u32,
+            seqlen_k: p.seqlen_k as u32,
+            block_m: kern.launch.block_m,
+            block_n: kern.launch.block_n,
+            ctas_per_sm: kern.ctas_per_sm,
+            persistent: true,
+        };
+        let per = plan.keys_per_split / kern.launch.block_n.max(1);
+        // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
+        let mut orders = self.causal_orders.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cached) = orders.get(&(lg, per, grid)) {
+            return Ok(cached
+                .as_ref()
+                .map_or((0, 0), |(stride, table)| (device_ptr(table, &self.stream), *stride as i32)));
+        }
+        let schedule = match planner::causal_order(&lg, per, grid) {
+            Some((stride, table)) => {
+                Some((stride, self.stream.clone_htod(&table).cuda("copying a causal schedule to the device")?))
+            }
+            None => None,
+        };
+        let out = schedule.as_ref().map_or((0, 0), |(stride, table)| (device_ptr(table, &self.stream), *stride as i32));
+        orders.insert((lg, per, grid), schedule);
+        Ok(out)
+    }
+
     /// Whether the Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
     pub fn has_hopper(&self) -> bool {
         self.hopper
@@ -549,9 +594,10 @@ impl Attention {
         // split) from a 3-D grid.
         let per_head = planner::blocks_to_units(m_blocks, opts.causal);
         let units = u64::from(per_head) * (p.batch * p.heads) as u64 * u64::from(splits);
-        if kern.launch.persistent && units > i32::MAX as u64 {
+        let blocks = u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits);
+        if kern.launch.persistent && blocks > i32::MAX as u64 {
             return Err(Error::Unsupported(format!(
-                "{units} work units (query blocks or pairs × batch × heads × splits) exceed {}; {name} decodes them in 32 bits",
+                "{blocks} query blocks × batch × heads × splits exceed {}; {name} decodes them in 32 bits",
                 i32::MAX
             )));
         }
@@ -564,6 +610,11 @@ impl Attention {
         let cfg =
             LaunchConfig { grid_dim, block_dim: (kern.launch.threads, 1, 1), shared_mem_bytes: kern.dynamic_smem };
         if variant == Variant::Hopper {
+            // The 128-row causal entries read a schedule (the kernel's kScheduled); the
+            // 64-row one always runs the pairs.
+            let scheduled = kern.launch.persistent && opts.causal && kern.launch.block_m >= 128;
+            let (order, order_stride) =
+                if scheduled { self.causal_order(kern, &p, &plan, grid_dim.0)? } else { (0, 0) };
             let map = |t: &Tensor, rows: u32| tensor_map(ptr(t), t.dtype, &t.desc, rows);
             let hparams = HopperParams {
                 q_map: map(q, kern.launch.block_m)?,
@@ -577,12 +628,18 @@ impl Attention {
                     bh: FastDiv::new((p.batch * p.heads) as u32),
                     heads: FastDiv::new(p.heads as u32),
                     group: FastDiv::new((p.heads / p.kv_heads) as u32),
+                    blocks: FastDiv::new(m_blocks),
+                    order,
+                    order_stride,
+                    pad: 0,
                 },
             };
             // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal][_m64](const __grid_constant__
             // HopperParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
             // exactly the validated q/k/v extents (TMA zero-fills and never reads past them);
-            // `sched` describes this grid (units checked < 2^31 above); the rest as for the
+            // `sched` describes this grid (units checked < 2^31 above; a causal schedule holds
+            // grid × order_stride block indices below m_blocks × B·H × splits, and stays in
+            // `causal_orders` while launches that read it may run); the rest as for the
             // portable kernel below.
             unsafe { s.launch_builder(&kern.func).arg(&hparams).launch(cfg) }.cuda(format!("launching {name}"))?;
         } else {
@@ -730,6 +787,9 @@ fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Result<TmaDesc>
     // SAFETY: written by the successful call above.
     Ok(TmaDesc(unsafe { map.assume_init() }.opaque))
 }
+
+/// A persistent causal launch's schedule on the device: (row length, the rows).
+type CausalOrder = (u32, CudaSlice<u32>);
 
 fn device_ptr<T>(buf: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     let (ptr, _sync) = buf.device_ptr(stream);

@@ -73,6 +73,12 @@ pub struct HopperSched {
     pub bh: FastDiv,
     pub heads: FastDiv,
     pub group: FastDiv,
+    pub blocks: FastDiv,
+    /// Causal persistent launches: device address of `grid × order_stride` block
+    /// indices (planner::causal_order); else 0.
+    pub order: u64,
+    pub order_stride: i32,
+    pub pad: i32,
 }
 
 #[repr(C)]
@@ -124,7 +130,8 @@ pub struct ReferenceParams {
 // (pointers as u64 device addresses, int64_t strides, int32_t/float scalars).
 unsafe impl DeviceRepr for FlashParams {}
 // SAFETY: as above, mirrors fa::HopperParams (three 64-byte-aligned 128-byte tensor maps, FlashParams,
-// then HopperSched: two int32_t and four FastDiv of three uint32_t).
+// then HopperSched: two int32_t, five FastDiv of three uint32_t, 4 bytes of alignment, a
+// pointer as u64 and two int32_t).
 unsafe impl DeviceRepr for HopperParams {}
 // SAFETY: as above, mirrors fa::CombineParams.
 unsafe impl DeviceRepr for CombineParams {}
@@ -135,7 +142,8 @@ unsafe impl DeviceRepr for ReferenceParams {}
 const _: () = assert!(std::mem::size_of::<FlashParams>() == 7 * 8 + 12 * 8 + 8 * 4);
 // Three tensor maps, FlashParams at offset 384, HopperSched right after it, padded
 // to the 64-byte alignment.
-const _: () = assert!(std::mem::size_of::<HopperSched>() == 2 * 4 + 4 * 12);
+const _: () = assert!(std::mem::size_of::<HopperSched>() == 2 * 4 + 5 * 12 + 4 + 8 + 2 * 4);
+const _: () = assert!(std::mem::offset_of!(HopperSched, order) == 2 * 4 + 5 * 12 + 4);
 const _: () = assert!(std::mem::offset_of!(HopperParams, p) == 384);
 const _: () = assert!(std::mem::offset_of!(HopperParams, sched) == 384 + std::mem::size_of::<FlashParams>());
 const _: () = assert!(

@@ -95,6 +95,11 @@ fn sanitize_set() -> Vec<Case> {
                 cases.push(case(65, 130, 2, 2, Layout::Bhsd, Splits::Fixed(1)));
                 cases.push(case(130, 130, 4, 1, Layout::Bshd, Splits::Fixed(3)));
                 cases.push(case(1, 77, 2, 1, Layout::Bhsd, Splits::Auto));
+                if causal {
+                    // 133 pairs of 128-row blocks: a partial last round on up to 132 SMs, so
+                    // that the 128-row entries run a host schedule (planner::causal_order).
+                    cases.push(case(256, 256, 133, 1, Layout::Bhsd, Splits::Fixed(1)));
+                }
             }
         }
         cases.push(sanitize_set_ref(dtype));
