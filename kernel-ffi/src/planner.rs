@@ -69,7 +69,8 @@ pub struct LaunchGrid {
     pub block_n: u32,
     pub ctas_per_sm: u32,
     /// Resident CTAs looping over pairs of query blocks (longest with shortest)
-    /// instead of one CTA per query block, longest first.
+    /// instead of one CTA per query block, longest first. (The simulation keeps
+    /// the pairs where `causal_order` deals the last round singly.)
     pub persistent: bool,
 }
 
