@@ -438,20 +438,16 @@ impl Attention {
         let per = plan.keys_per_split / kern.launch.block_n.max(1);
         // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
         let mut orders = self.causal_orders.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(cached) = orders.get(&(lg, per, grid)) {
-            return Ok(cached
-                .as_ref()
-                .map_or((0, 0), |(stride, table)| (device_ptr(table, &self.stream), *stride as i32)));
-        }
-        let schedule = match planner::causal_order(&lg, per, grid) {
-            Some((stride, table)) => {
-                Some((stride, self.stream.clone_htod(&table).cuda("copying a causal schedule to the device")?))
-            }
-            None => None,
+        let schedule = match orders.entry((lg, per, grid)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(match planner::causal_order(&lg, per, grid) {
+                Some((stride, table)) => {
+                    Some((stride, self.stream.clone_htod(&table).cuda("copying a causal schedule to the device")?))
+                }
+                None => None,
+            }),
         };
-        let out = schedule.as_ref().map_or((0, 0), |(stride, table)| (device_ptr(table, &self.stream), *stride as i32));
-        orders.insert((lg, per, grid), schedule);
-        Ok(out)
+        Ok(schedule.as_ref().map_or((0, 0), |(stride, table)| (device_ptr(table, &self.stream), *stride as i32)))
     }
 
     /// Whether the Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
