@@ -421,20 +421,25 @@ impl Attention {
         }
     }
 
+    /// A launch of `k` for this problem as the planner sees it.
+    fn launch_grid(k: &Kernel, p: &Problem, causal: bool) -> planner::LaunchGrid {
+        planner::LaunchGrid {
+            causal,
+            heads: (p.batch * p.heads) as u64,
+            seqlen_q: p.seqlen_q as u32,
+            seqlen_k: p.seqlen_k as u32,
+            block_m: k.launch.block_m,
+            block_n: k.launch.block_n,
+            ctas_per_sm: k.ctas_per_sm,
+            persistent: k.launch.persistent,
+        }
+    }
+
     /// The device address and row length of a persistent causal launch's schedule
     /// (`planner::causal_order`; (0, 0): the kernel's own pairs), computed and
     /// uploaded once per launch geometry.
     fn causal_order(&self, kern: &Kernel, p: &Problem, plan: &Plan, grid: u32) -> Result<(u64, i32)> {
-        let lg = planner::LaunchGrid {
-            causal: true,
-            heads: (p.batch * p.heads) as u64,
-            seqlen_q: p.seqlen_q as u32,
-            seqlen_k: p.seqlen_k as u32,
-            block_m: kern.launch.block_m,
-            block_n: kern.launch.block_n,
-            ctas_per_sm: kern.ctas_per_sm,
-            persistent: true,
-        };
+        let lg = Self::launch_grid(kern, p, true);
         let per = plan.keys_per_split / kern.launch.block_n.max(1);
         // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
         let mut orders = self.causal_orders.lock().unwrap_or_else(|e| e.into_inner());
@@ -488,16 +493,7 @@ impl Attention {
             }
             Splits::Auto => match planner::grid_cost(variant == Variant::Hopper, p.head_dim, opts.causal) {
                 Some(cost) => {
-                    let grid = planner::LaunchGrid {
-                        causal: opts.causal,
-                        heads: (p.batch * p.heads) as u64,
-                        seqlen_q: p.seqlen_q as u32,
-                        seqlen_k: p.seqlen_k as u32,
-                        block_m: k.launch.block_m,
-                        block_n,
-                        ctas_per_sm: k.ctas_per_sm,
-                        persistent: k.launch.persistent,
-                    };
+                    let grid = Self::launch_grid(k, p, opts.causal);
                     // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
                     let mut plans = self.sim_plans.lock().unwrap_or_else(|e| e.into_inner());
                     *plans

@@ -183,11 +183,12 @@ pub fn blocks_to_units(m_blocks: u32, causal: bool) -> u32 {
 ///
 /// Measured on an H200 (`fa-bench --variant hopper`, two builds, 3 interleaved
 /// rounds, f16 / bf16): B1 H1 S8192 D128 causal (8 splits, 256 pairs on 132
-/// CTAs) −12.3 / −12.5%, B8 H32 S1024 D64 −0.5 / −0.8%, B4 H16 S2048 D64 and D128
-/// −0.6 to −0.9%; the schedule in the table form where pairs fill every round
-/// (B8 H33 S1024 D64, B1 H4 S2048 D64 in 4 splits) +1.3 to +2.6%, hence `None`
-/// there. Blocks dealt longest first from the start, without pairs, lost their
-/// K/V reuse: +1 to +8% (`perf/rejected/lpt-causal-schedule/`).
+/// CTAs) −10.2 / −11.2%, B8 H32 S1024 D64 −0.3 / −0.4%, B4 H16 S2048 D64 −0.4 /
+/// −0.6% and D128 −0.2 / −0.8%. An earlier build that read a table for every
+/// persistent causal launch was 1.3 to 2.6% slower where pairs fill every round
+/// (B8 H33 S1024 D64, B1 H4 S2048 D64 in 4 splits), hence `None` there. Blocks
+/// dealt longest first from the start, without pairs, lost their K/V reuse: +1 to
+/// +8% (`perf/rejected/lpt-causal-schedule/`).
 pub fn causal_order(g: &LaunchGrid, tiles_per_split: u32, grid: u32) -> Option<(u32, Vec<u32>)> {
     let m_blocks = u64::from(g.seqlen_q.div_ceil(g.block_m.max(1)));
     let n_blocks = g.seqlen_k.div_ceil(g.block_n.max(1)).max(1);
@@ -213,7 +214,7 @@ pub fn causal_order(g: &LaunchGrid, tiles_per_split: u32, grid: u32) -> Option<(
     }
     let mut lists: Vec<Vec<u32>> = (0..grid).map(|c| (c as u64..full).step_by(grid).flat_map(pair).collect()).collect();
     let mut rest: Vec<u32> = (full..units).flat_map(pair).collect();
-    rest.sort_by_key(|&b| (std::cmp::Reverse(cost(b)), b));
+    rest.sort_by_cached_key(|&b| (std::cmp::Reverse(cost(b)), b));
     let mut load: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize)>> =
         lists.iter().enumerate().map(|(c, l)| std::cmp::Reverse((l.iter().map(|&b| cost(b)).sum(), c))).collect();
     for b in rest {
@@ -489,16 +490,7 @@ mod tests {
 
     #[test]
     fn causal_order_runs_every_block_once_and_balances_the_ctas() {
-        let g = |heads, s, block_m| LaunchGrid {
-            causal: true,
-            heads,
-            seqlen_q: s,
-            seqlen_k: s,
-            block_m,
-            block_n: 128,
-            ctas_per_sm: 1,
-            persistent: true,
-        };
+        let g = |heads, s, block_m| grid(heads, s, block_m, 128, 1, true);
         assert!(causal_order(&g(264, 1024, 128), 8, 132).is_none(), "B8 H33: 1056 pairs, 8 full rounds");
         assert!(causal_order(&g(4, 2048, 64), 4, 256).is_none(), "B1 H4 S2048 in 4 splits: 256 pairs, one round");
         for (grid, heads, s, block_m, per) in [
