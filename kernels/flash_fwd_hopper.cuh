@@ -160,8 +160,8 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
       sbh = fast_div(sc.per_head, unit);
       const int i = unit - sbh * sc.per_head.div;
       if (CAUSAL) {
-        m_idx = (k & 1) == 0 ? sc.m_blocks - 1 - i : i;
-        r.skip = (k & 1) == 1 && m_idx == sc.m_blocks - 1 - i;  // an odd block count's middle block: once
+        m_idx = (k & 1) == 0 ? sc.blocks.div - 1 - i : i;
+        r.skip = (k & 1) == 1 && m_idx == sc.blocks.div - 1 - i;  // an odd block count's middle block: once
         if (r.skip) return r;
       } else {
         m_idx = i;
@@ -361,6 +361,12 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
     wgmma_commit();
   };
+  // P·V from ring slot x has landed: O may be read, and the V stage is free.
+  auto pv_landed = [&](const Slot& x) {
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+    mbar_arrive_warp(slot_empty_v(x));
+  };
   auto pack_p = [&] {
     #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
@@ -508,9 +514,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         named_bar_arrive(j < live - 1 || cw == 0 ? 1 + (cw ^ 1) : (chain_next ? 1 : 5), 256);
         mbar_wait(slot_full_v(cur), cur.phase);
         issue_pv(cur);
-        wgmma_wait<0>();
-        wgmma_fence_operands(o);
-        mbar_arrive_warp(slot_empty_v(cur));
+        pv_landed(cur);
       }
     } else {
       // Software pipeline: Q·K_j and P_{j−1}·V_{j−1} go to the tensor cores
@@ -537,9 +541,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
         qk_landed(cur, j);
         softmax(j);
-        wgmma_wait<0>();
-        wgmma_fence_operands(o);
-        mbar_arrive_warp(slot_empty_v(prev));
+        pv_landed(prev);
         rescale(o, correction);
         pack_p();
       }
@@ -548,9 +550,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         take_turn();
         issue_pv(cur);
         if constexpr (kPingPong) named_bar_arrive(cw == 0 ? 2 : (chain_next ? 1 : 5), 256);
-        wgmma_wait<0>();
-        wgmma_fence_operands(o);
-        mbar_arrive_warp(slot_empty_v(cur));
+        pv_landed(cur);
       }
     }
     for (int j = live; j < it.tiles; ++j) {  // dead causal tiles: release them unread

@@ -615,7 +615,6 @@ impl Attention {
                 p: params,
                 sched: HopperSched {
                     units: units as i32,
-                    m_blocks: m_blocks as i32,
                     per_head: FastDiv::new(per_head),
                     bh: FastDiv::new((p.batch * p.heads) as u32),
                     heads: FastDiv::new(p.heads as u32),

@@ -68,7 +68,6 @@ impl FastDiv {
 #[derive(Debug, Clone, Copy)]
 pub struct HopperSched {
     pub units: i32,
-    pub m_blocks: i32,
     pub per_head: FastDiv,
     pub bh: FastDiv,
     pub heads: FastDiv,
@@ -130,8 +129,8 @@ pub struct ReferenceParams {
 // (pointers as u64 device addresses, int64_t strides, int32_t/float scalars).
 unsafe impl DeviceRepr for FlashParams {}
 // SAFETY: as above, mirrors fa::HopperParams (three 64-byte-aligned 128-byte tensor maps, FlashParams,
-// then HopperSched: two int32_t, five FastDiv of three uint32_t, 4 bytes of alignment, a
-// pointer as u64 and two int32_t).
+// then HopperSched: an int32_t, five FastDiv of three uint32_t, a pointer as u64 and two
+// int32_t).
 unsafe impl DeviceRepr for HopperParams {}
 // SAFETY: as above, mirrors fa::CombineParams.
 unsafe impl DeviceRepr for CombineParams {}
@@ -142,8 +141,8 @@ unsafe impl DeviceRepr for ReferenceParams {}
 const _: () = assert!(std::mem::size_of::<FlashParams>() == 7 * 8 + 12 * 8 + 8 * 4);
 // Three tensor maps, FlashParams at offset 384, HopperSched right after it, padded
 // to the 64-byte alignment.
-const _: () = assert!(std::mem::size_of::<HopperSched>() == 2 * 4 + 5 * 12 + 4 + 8 + 2 * 4);
-const _: () = assert!(std::mem::offset_of!(HopperSched, order) == 2 * 4 + 5 * 12 + 4);
+const _: () = assert!(std::mem::size_of::<HopperSched>() == 4 + 5 * 12 + 8 + 2 * 4);
+const _: () = assert!(std::mem::offset_of!(HopperSched, order) == 4 + 5 * 12);
 const _: () = assert!(std::mem::offset_of!(HopperParams, p) == 384);
 const _: () = assert!(std::mem::offset_of!(HopperParams, sched) == 384 + std::mem::size_of::<FlashParams>());
 const _: () = assert!(
