@@ -501,8 +501,9 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     }
     Slot cur = slot_at(g0);  // tile j's
     if constexpr (kExpTurns) {
-      for (int j = 0; j < live; ++j) {
-        if (j > 0) cur = next_slot(cur);
+      // The ring advances at the end of a tile, where its arithmetic runs under the
+      // P·V wait (at the top, behind a branch, it delayed the next Q·Kᵀ by 2%).
+      for (int j = 0; j < live; ++j, cur = next_slot(cur)) {
         mbar_wait(cur.bar, cur.phase);
         issue_qk(cur);
         wgmma_wait<0>();
@@ -514,9 +515,8 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         // exponential above it (with the parameter's copy it hoisted most of them).
         float turn_scale;
         asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(turn_scale) : "r"(scale_slot) : "memory");
-        softmax_exp(s, row_max, row_sum, correction, turn_scale);
+        softmax_exp_pack<T>(s, row_max, row_sum, correction, turn_scale, pf);
         rescale(o, correction);
-        pack_p();
         // Warpgroup 1's last hand-over of an item goes on to the next one (see above).
         named_bar_arrive(j < live - 1 || cw == 0 ? 1 + (cw ^ 1) : (chain_next ? 1 : 5), 256);
         mbar_wait(slot_full_v(cur), cur.phase);
@@ -536,9 +536,12 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         softmax(0);  // O is still zero: nothing to rescale
         pack_p();
       }
+      // The next ring slot is worked out at the end of a tile, under its softmax
+      // (as in exp turns above), not at the top ahead of the waits.
+      Slot next = next_slot(cur);
       for (int j = 1; j < live; ++j) {
         const Slot prev = cur;
-        cur = next_slot(cur);
+        cur = next;
         mbar_wait(cur.bar, cur.phase);
         mbar_wait(slot_full_v(prev), prev.phase);
         take_turn();
@@ -551,6 +554,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         pv_landed(prev);
         rescale(o, correction);
         pack_p();
+        next = next_slot(cur);
       }
       if (live > 0) {
         mbar_wait(slot_full_v(cur), cur.phase);

@@ -103,6 +103,33 @@ __device__ __forceinline__ void softmax_exp(float (&s)[NT][4], const float (&row
   for (int r = 0; r < 2; ++r) row_exp_step(s, r, exp_base(row_max[r]), row_sum, correction, scale_log2);
 }
 
+// softmax_exp and p_fragment in one pass, both rows a 16-key chunk at a time:
+// each pair of exponentials is summed and packed into P as it lands (the same
+// sums, in the same order), so that the SFU's exponentials are spread among the
+// other instructions instead of bunched behind them.
+template <typename T, int NT>
+__device__ __forceinline__ void softmax_exp_pack(const float (&s)[NT][4], const float (&row_max)[2],
+                                                 float (&row_sum)[2], const float (&correction)[2], float scale_log2,
+                                                 uint32_t (&pf)[NT / 2][4]) {
+  const float base[2] = {exp_base(row_max[0]), exp_base(row_max[1])};
+  float sum[2] = {0.f, 0.f};
+  #pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float* x = &s[2 * kk + half][2 * r];
+        const float a = fast_exp2(fmaf(x[0], scale_log2, -base[r])), b = fast_exp2(fmaf(x[1], scale_log2, -base[r]));
+        sum[r] += a + b;
+        pf[kk][2 * half + r] = Dtype<T>::pack(a, b);
+      }
+    }
+  }
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * correction[r] + sum[r];
+}
+
 template <int DT>
 __device__ __forceinline__ void rescale(float (&o)[DT][4], const float (&correction)[2]) {
   #pragma unroll
