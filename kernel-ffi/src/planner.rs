@@ -404,18 +404,18 @@ pub fn prefer_m64(
 /// 64-row CTAs per SM, from the 128-row grid (query blocks × batch × heads), its
 /// resident slots and the keys per head. Both keep 128 query rows resident per
 /// SM (so `prefer_m64` would never leave the 64-row entry); the 128-row one wins
-/// on long grids of mid-length heads, and loses where its coarser, serial items
-/// leave SMs idle (few waves), do little work per item (512 keys) or run long
-/// (from 4096 keys, where the two independent 64-row CTAs hide more).
+/// from 1024 keys on grids of at least three waves, and loses where its coarser,
+/// serial items leave SMs idle (few waves) or do little work per item (512 keys).
 ///
-/// Measured on an H200 (`fa-bench --variant hopper --block-m 64|128`, 3 rounds in
-/// one run, f16 / bf16): 1024 keys, B8 H32 (15.5 waves of 128-row CTAs) −3.2 /
-/// −2.5%, B16 H32 (31) −3.0 / −2.7%, B8 H16 (7.8) −2.0 / −1.5%, B4 H16 (3.9)
-/// −0.7 / −1.0%, B2 H8 (1) +29%; 2048 keys, B4 H32 (15.5) −2.4 / −2.1%, B4 H16
-/// (7.8) −1.9 / −1.1%; B8 H32 S512 (7.8) +2.7 / +2.9%; B2 H16 S4096 (7.8) ±0.1%;
-/// B1 H16 S8192 (7.8) +1.6 / +1.8%.
+/// Measured on an H200 after ledger iteration 48 (`fa-bench --variant hopper
+/// --block-m 64|128`, 3 rounds in one run, f16 / bf16): B2 H16 S4096 (7.8 waves
+/// of 128-row CTAs) −5.0 / −4.8%, B1 H32 S4096 (7.8) −5.3 / −4.4%, B1 H16 S8192
+/// (7.8) −2.4 / −2.7%, B4 H8 and B2 H16 S2048 (3.9) −4.3 / −4.4% and −4.1 /
+/// −4.1%, B4 H16 S1024 (3.9) −2.4% (bf16), B8 H32 S512 (7.8) −0.2 / +0.3%, B2 H8
+/// S1024 (1) +25%. Before iterations 47-48 sped the 128-row entry up, it won
+/// only at 1024-2048 keys (B2 H16 S4096 ±0.1%, B1 H16 S8192 +1.7%).
 pub fn prefer_wide_causal_d64(wide_ctas: u64, wide_slots: u64, seqlen_k: usize) -> bool {
-    (1024..=2048).contains(&seqlen_k) && wide_ctas >= 3 * wide_slots
+    seqlen_k >= 1024 && wide_ctas >= 3 * wide_slots
 }
 
 /// Whether an entry with a persistent twin should run it, given the planned grid
@@ -527,16 +527,17 @@ mod tests {
     }
 
     #[test]
-    fn wide_causal_d64_only_for_long_grids_of_mid_length_heads() {
+    fn wide_causal_d64_from_1024_keys_on_three_waves() {
         let slots = 132; // H200, one 128-row Hopper D=64 CTA per SM
         let wide = |b: u64, h: u64, s: u64| b * h * s.div_ceil(128);
         assert!(prefer_wide_causal_d64(wide(8, 32, 1024), slots, 1024), "B8 H32 S1024: -3%");
-        assert!(prefer_wide_causal_d64(wide(4, 16, 2048), slots, 2048), "B4 H16 S2048: -1 to -2%");
-        assert!(prefer_wide_causal_d64(wide(4, 16, 1024), slots, 1024), "B4 H16 S1024: -1%");
-        assert!(!prefer_wide_causal_d64(wide(2, 8, 1024), slots, 1024), "B2 H8 S1024, one wave: +29%");
-        assert!(!prefer_wide_causal_d64(wide(8, 32, 512), slots, 512), "B8 H32 S512: +3%");
-        assert!(!prefer_wide_causal_d64(wide(2, 16, 4096), slots, 4096), "B2 H16 S4096: even");
-        assert!(!prefer_wide_causal_d64(wide(1, 16, 8192), slots, 8192), "B1 H16 S8192: +2%");
+        assert!(prefer_wide_causal_d64(wide(2, 16, 2048), slots, 2048), "B2 H16 S2048: -4%");
+        assert!(prefer_wide_causal_d64(wide(4, 16, 1024), slots, 1024), "B4 H16 S1024: -2%");
+        assert!(prefer_wide_causal_d64(wide(2, 16, 4096), slots, 4096), "B2 H16 S4096: -5%");
+        assert!(prefer_wide_causal_d64(wide(1, 16, 8192), slots, 8192), "B1 H16 S8192: -2.5%");
+        assert!(!prefer_wide_causal_d64(wide(2, 8, 1024), slots, 1024), "B2 H8 S1024, one wave: +25%");
+        assert!(!prefer_wide_causal_d64(wide(8, 32, 512), slots, 512), "B8 H32 S512: even");
+        assert!(!prefer_wide_causal_d64(wide(1, 4, 2048), slots, 2048), "B1 H4 S2048: under a wave, split");
     }
 
     #[test]
