@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::manifest::{Arch, Kernel, Manifest};
-use crate::ptxas::KernelResources;
+use crate::ptxas::{KernelResources, WgmmaSerialized};
 use crate::sass::LOCAL_MEMORY;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -15,6 +15,18 @@ pub struct Breach {
     pub budget: u64,
     /// What to do about it.
     pub hint: String,
+}
+
+/// What to change for one ptxas wgmma-serialisation notice.
+fn serialization_advice(w: &WgmmaSerialized) -> String {
+    match w.code.as_str() {
+        "C7510" => "no calls (printf, non-inlined functions) inside the wgmma pipeline".into(),
+        "C7511" => "keep each accumulator array whole and cut registers live across the wgmmas".into(),
+        "C7515" => "no non-wgmma write to an accumulator while a wgmma may be in flight on any path \
+                    (fence freshly initialised accumulators with wgmma_fence_operands before the first wgmma)"
+            .into(),
+        _ => format!("ptxas: {}", w.reason),
+    }
 }
 
 /// Checks one record against its kernel's budget and its arch's limits.
@@ -54,13 +66,10 @@ pub fn check(res: &KernelResources, kernel: &Kernel, arch: &Arch, static_smem_li
             "lower register pressure or raise max_registers (check occupancy first)",
         );
     }
-    if res.wgmma_serialized {
-        breach(
-            "wgmma serialized (ptxas C7510/C7511)",
-            1,
-            0,
-            "no calls (printf, non-inlined functions) between wgmmas; keep each accumulator array whole and cut registers live across them",
-        );
+    if !res.wgmma_serialized.is_empty() {
+        let codes: Vec<&str> = res.wgmma_serialized.iter().map(|w| w.code.as_str()).collect();
+        let advice: Vec<String> = res.wgmma_serialized.iter().map(serialization_advice).collect();
+        breach(&format!("wgmma serialized (ptxas {})", codes.join(", ")), 1, 0, &advice.join("; "));
     }
     if res.smem_static > static_smem_limit {
         breach("static smem bytes", res.smem_static, static_smem_limit, "move the buffer to dynamic shared memory");
@@ -226,7 +235,10 @@ mod tests {
             registers: 40,
             smem_static: 100_000,
             spill_stores: 8,
-            wgmma_serialized: true,
+            wgmma_serialized: vec![WgmmaSerialized {
+                code: "C7511".into(),
+                reason: "insufficient register resources for the wgmma pipeline".into(),
+            }],
             ..Default::default()
         };
         let what: Vec<_> = check_all(&m, std::slice::from_ref(&planted))
@@ -238,7 +250,7 @@ mod tests {
         let expected: Vec<(String, u64, u64)> = vec![
             ("spill bytes".into(), 8, 0),
             ("registers/thread".into(), 40, 32),
-            ("wgmma serialized (ptxas C7510/C7511)".into(), 1, 0),
+            ("wgmma serialized (ptxas C7511)".into(), 1, 0),
             ("static smem bytes".into(), 100_000, 49152),
         ];
         assert_eq!(what, expected);

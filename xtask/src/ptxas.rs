@@ -5,9 +5,12 @@
 //! `Function properties for NAME` line is followed by the stack/spill line, and
 //! `Used …` carries optional, unordered clauses (`N registers`, `used N barriers`,
 //! `N bytes smem`, `N bytes cmem[0]`, `N bytes cumulative stack size`). An info
-//! line printed before the entries it names, codes C7510 (a call inside the wgmma
-//! pipeline) and C7511 (too few registers), says ptxas serialised an entry's
-//! wgmma instructions.
+//! line printed before the entries it names ("(C75xx) Potential Performance Loss:
+//! wgmma.mma_async instructions are serialized due to REASON in the function
+//! 'NAME'") says ptxas serialised an entry's wgmma instructions; its code and
+//! reason are kept (C7510: a call inside the wgmma pipeline, C7511: too few
+//! registers, C7515: a non-wgmma write to an accumulator while a wgmma may be in
+//! flight, and any other).
 
 use serde::{Deserialize, Serialize};
 
@@ -26,11 +29,19 @@ pub struct KernelResources {
     /// Constant memory summed over all banks.
     pub cmem: u32,
     pub cumulative_stack: u32,
-    /// ptxas C7510/C7511: every wgmma waits for the previous one (a function call
-    /// in the pipeline, or too few registers to keep accumulators in flight),
+    /// Why ptxas made every wgmma wait for the previous one (empty: it did not),
     /// which silently halves tensor throughput.
-    #[serde(default)]
-    pub wgmma_serialized: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wgmma_serialized: Vec<WgmmaSerialized>,
+}
+
+/// One ptxas notice that an entry's wgmma instructions are serialised.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WgmmaSerialized {
+    /// The message code, e.g. `C7515`.
+    pub code: String,
+    /// ptxas's reason, e.g. "insufficient register resources for the wgmma pipeline".
+    pub reason: String,
 }
 
 impl KernelResources {
@@ -52,7 +63,7 @@ pub fn parse(text: &str) -> Report {
     let mut current: Option<usize> = None;
     // Set after `Function properties for X`; the next line holds stack/spills.
     let mut properties_of: Option<String> = None;
-    let mut serialized: Vec<&str> = Vec::new();
+    let mut serialized: Vec<(&str, WgmmaSerialized)> = Vec::new();
 
     for raw in text.lines() {
         let line = raw.trim();
@@ -69,11 +80,8 @@ pub fn parse(text: &str) -> Report {
         let Some(msg) = strip_tag(line, "ptxas info") else {
             continue;
         };
-        if msg.contains("wgmma.mma_async instructions are serialized") {
-            // "(C75xx) Potential Performance Loss: … in the function 'NAME'"
-            if let Some(name) = msg.rsplit('\'').nth(1) {
-                serialized.push(name);
-            }
+        if let Some(notice) = wgmma_serialization(msg) {
+            serialized.push(notice);
         } else if let Some(rest) = msg.strip_prefix("Compiling entry function ") {
             let mut quoted = rest.split('\'').skip(1).step_by(2);
             if let (Some(name), Some(arch)) = (quoted.next(), quoted.next()) {
@@ -96,9 +104,21 @@ pub fn parse(text: &str) -> Report {
         }
     }
     for k in &mut report.kernels {
-        k.wgmma_serialized = serialized.contains(&k.name.as_str());
+        k.wgmma_serialized =
+            serialized.iter().filter(|(name, _)| *name == k.name).map(|(_, notice)| notice.clone()).collect();
     }
     report
+}
+
+/// "(C75xx) Potential Performance Loss: wgmma.mma_async instructions are
+/// serialized due to REASON in the function 'NAME'" → (NAME, code, REASON).
+fn wgmma_serialization(msg: &str) -> Option<(&str, WgmmaSerialized)> {
+    let (_, after) = msg.split_once("wgmma.mma_async instructions are serialized")?;
+    let name = msg.rsplit('\'').nth(1)?;
+    let code = msg.strip_prefix('(').and_then(|m| m.split_once(')')).map_or("", |(c, _)| c);
+    let reason = after.trim_start().strip_prefix("due to ").unwrap_or(after.trim_start());
+    let reason = reason.rsplit_once(" in the function").map_or(reason, |(r, _)| r).trim();
+    Some((name, WgmmaSerialized { code: code.to_string(), reason: reason.to_string() }))
 }
 
 /// `"ptxas info    : msg"` → `"msg"` when the line carries `tag`.
@@ -214,7 +234,8 @@ mod tests {
         // tile shared the full tile's accumulator array.
         let r = parse(include_str!("../tests/data/ptxas-c7511-wgmma-serialized-sm90a.txt"));
         assert_eq!(r.kernels.len(), 5);
-        let flagged: Vec<&str> = r.kernels.iter().filter(|k| k.wgmma_serialized).map(|k| k.name.as_str()).collect();
+        let flagged: Vec<&str> =
+            r.kernels.iter().filter(|k| !k.wgmma_serialized.is_empty()).map(|k| k.name.as_str()).collect();
         assert_eq!(
             flagged,
             [
@@ -224,13 +245,37 @@ mod tests {
             ]
         );
         assert_eq!(find(&r, "flash_fwd_hopper_f16_d64_causal_m64", "sm_90a").registers, 128);
-        assert!(!parse(THREE_ARCHS).kernels.iter().any(|k| k.wgmma_serialized));
+        let why = &find(&r, "flash_fwd_hopper_f16_d128_m64", "sm_90a").wgmma_serialized;
+        assert_eq!(
+            why,
+            &[WgmmaSerialized {
+                code: "C7511".into(),
+                reason: "insufficient register resources for the wgmma pipeline".into()
+            }]
+        );
+        assert!(parse(THREE_ARCHS).kernels.iter().all(|k| k.wgmma_serialized.is_empty()));
         // C7510: a printf added to the kernel for a timing trace.
         let r = parse(include_str!("../tests/data/ptxas-c7510-wgmma-call-sm90a.txt"));
-        let flagged: Vec<&str> = r.kernels.iter().filter(|k| k.wgmma_serialized).map(|k| k.name.as_str()).collect();
+        let flagged: Vec<&str> =
+            r.kernels.iter().filter(|k| !k.wgmma_serialized.is_empty()).map(|k| k.name.as_str()).collect();
         assert_eq!(
             flagged,
             ["flash_fwd_hopper_f16_d128_m64", "flash_fwd_hopper_f16_d128", "flash_fwd_hopper_f16_d64_m64"]
+        );
+        assert_eq!(find(&r, "flash_fwd_hopper_f16_d128", "sm_90a").wgmma_serialized[0].code, "C7510");
+        // C7515: O zeroed with one constant copied into its registers after a Q·Kᵀ
+        // was issued (perf/rejected/exp-turns-chained-issue, before its fix).
+        let r = parse(include_str!("../tests/data/ptxas-c7515-wgmma-accumulator-sm90a.txt"));
+        let flagged: Vec<(&str, &str)> = r
+            .kernels
+            .iter()
+            .flat_map(|k| k.wgmma_serialized.iter().map(move |w| (k.name.as_str(), w.code.as_str())))
+            .collect();
+        assert_eq!(flagged, [("flash_fwd_hopper_f16_d64", "C7515"), ("flash_fwd_hopper_f16_d64_causal", "C7515")]);
+        assert!(
+            find(&r, "flash_fwd_hopper_f16_d64", "sm_90a").wgmma_serialized[0]
+                .reason
+                .starts_with("non wgmma instructions defining accumulator registers")
         );
     }
 
