@@ -88,25 +88,17 @@ __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)
                                            correction, scale_log2);
 }
 
-// The same in two halves, both rows' max steps and then both rows' exp steps, so
-// that a kernel can take turns on the SFU between them.
+// The same in two halves, so that a kernel can take turns on the SFU between
+// them: both rows' max steps, then (softmax_exp_pack) both rows' exponentials, a
+// 16-key chunk at a time, each pair summed and packed into P as it lands (the
+// sums of row_exp_step, in the same order), which spreads the exponentials among
+// the other instructions instead of bunching them behind them.
 template <int NT>
 __device__ __forceinline__ void softmax_max(const float (&s)[NT][4], float (&row_max)[2], float (&correction)[2],
                                             float scale_log2) {
   #pragma unroll
   for (int r = 0; r < 2; ++r) row_max_step(s, r, row_max, correction, scale_log2);
 }
-template <int NT>
-__device__ __forceinline__ void softmax_exp(float (&s)[NT][4], const float (&row_max)[2], float (&row_sum)[2],
-                                            const float (&correction)[2], float scale_log2) {
-  #pragma unroll
-  for (int r = 0; r < 2; ++r) row_exp_step(s, r, exp_base(row_max[r]), row_sum, correction, scale_log2);
-}
-
-// softmax_exp and p_fragment in one pass, both rows a 16-key chunk at a time:
-// each pair of exponentials is summed and packed into P as it lands (the same
-// sums, in the same order), so that the SFU's exponentials are spread among the
-// other instructions instead of bunched behind them.
 template <typename T, int NT>
 __device__ __forceinline__ void softmax_exp_pack(const float (&s)[NT][4], const float (&row_max)[2],
                                                  float (&row_sum)[2], const float (&correction)[2], float scale_log2,
