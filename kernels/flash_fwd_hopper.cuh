@@ -538,12 +538,16 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       }
       // The next ring slot is worked out at the end of a tile, under its softmax
       // (as in exp turns above), not at the top ahead of the waits.
+      // The next tile's K and this tile's V are probed after the softmax, where
+      // the probes' latency runs under the P·V wait; the top of the tile only
+      // waits on a probe that failed.
       Slot next = next_slot(cur);
+      bool k_ready = false, v_ready = false;
       for (int j = 1; j < live; ++j) {
         const Slot prev = cur;
         cur = next;
-        mbar_wait(cur.bar, cur.phase);
-        mbar_wait(slot_full_v(prev), prev.phase);
+        if (!k_ready) mbar_wait(cur.bar, cur.phase);
+        if (!v_ready) mbar_wait(slot_full_v(prev), prev.phase);
         take_turn();
         issue_qk(cur);
         issue_pv(prev);
@@ -551,10 +555,12 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
         qk_landed(cur, j);
         softmax(j);
+        next = next_slot(cur);
+        k_ready = mbar_test(next.bar, next.phase);
+        v_ready = mbar_test(slot_full_v(cur), cur.phase);
         pv_landed(prev);
         rescale(o, correction);
         pack_p();
-        next = next_slot(cur);
       }
       if (live > 0) {
         mbar_wait(slot_full_v(cur), cur.phase);
