@@ -311,12 +311,13 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   // past 64 columns it moves to the next panel.
   GmmaDesc q_base = GmmaDesc::make(sQ + 64 * cw * 128, 0, 1024);
   const GmmaDesc k_base = GmmaDesc::make(sK, 0, 1024);
-  // Two consumers: through a shuffle, which ptxas cannot recompute. Left
-  // derivable from the shared window's special register, it rebuilt the Q
-  // descriptor in every key tile, ten dependent uniform instructions ahead of the
-  // first Q·Kᵀ wgmma (ledger iteration 47; the one-consumer entries, whose two
-  // CTAs per SM hide it, lost up to 1.4% with it in iteration 46).
-  if constexpr (Cfg::kConsumers == 2) q_base.lo = __shfl_sync(0xffffffffu, q_base.lo, 0);
+  // Through a shuffle, which ptxas cannot recompute. Left derivable from the
+  // shared window's special register, it rebuilt the Q descriptor in every key
+  // tile, ten dependent uniform instructions ahead of the first Q·Kᵀ wgmma
+  // (ledger iterations 47 and 50; in iteration 46 the one-consumer entries lost
+  // up to 1.4% with it, while two try_waits in series at the top of each tile
+  // still hid the rebuild).
+  q_base.lo = __shfl_sync(0xffffffffu, q_base.lo, 0);
   auto q_desc = [&](int kk) { return q_base.at(((kk / 4) * BM * 128 + (kk % 4) * 32) / 16); };
 
   // A K/V ring slot as the consumers carry it from tile to tile: stage, parity,
