@@ -30,12 +30,14 @@ namespace fa {
 //
 // The consumer schedule follows from ROWS and D:
 //   pipelined  tile j's Q·Kᵀ and tile j−1's P·V issued together, then tile j's
-//              softmax. ptxas hoists the wait for that P·V above the softmax (its
-//              WARPGROUP.DEPBAR precedes every MUFU.EX2): it waits for every wgmma
-//              in flight before a branch, here the mask's early-out. Issued after
-//              the mask instead, the P·V ran under the softmax and every large
-//              shape got 1.5-15% slower on an H200, as did FlashAttention-3's
-//              intra-warpgroup overlap forced behind a loop edge (ARCHITECTURE.md)
+//              softmax. Until ledger iteration 49 ptxas hoisted the wait for that
+//              P·V above the softmax (its WARPGROUP.DEPBAR preceded every
+//              MUFU.EX2); since the barrier probes after the softmax (iteration
+//              49) it waits after about half of the exponentials, so P·V runs
+//              under the rest. Issued after the mask instead, the P·V had run
+//              under the softmax and every large shape got 1.5-15% slower on an
+//              H200, as did FlashAttention-3's intra-warpgroup overlap forced
+//              behind a loop edge (ARCHITECTURE.md)
 //   ping-pong  (two consumer warpgroups, D=128) pipelined, and the warpgroups take
 //              turns issuing their wgmmas (named barriers), so one's softmax runs
 //              under the other's matrix products
