@@ -74,6 +74,17 @@ pub struct LaunchGrid {
     pub persistent: bool,
 }
 
+impl LaunchGrid {
+    /// Query blocks per (batch, head).
+    fn m_blocks(&self) -> u64 {
+        u64::from(self.seqlen_q.div_ceil(self.block_m.max(1)))
+    }
+    /// Key tiles per (batch, head), at least one.
+    fn key_tiles(&self) -> u32 {
+        self.seqlen_k.div_ceil(self.block_n.max(1)).max(1)
+    }
+}
+
 /// A kernel entry family's constants in the simulated split model, in units of
 /// one key tile's time for a lone CTA on an SM.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -136,10 +147,10 @@ const SIM_MAX_WAVES: u64 = 4;
 /// resident slot twice runs unsplit.
 pub fn plan_simulated(sm_count: u32, g: &LaunchGrid, cost: &GridCost) -> Plan {
     let block_n = g.block_n.max(1);
-    let n_blocks = g.seqlen_k.div_ceil(block_n).max(1);
+    let n_blocks = g.key_tiles();
     let unsplit = Plan { num_splits: 1, keys_per_split: n_blocks * block_n };
     let slots = u64::from(sm_count.max(1)) * u64::from(g.ctas_per_sm.max(1));
-    let m_blocks = u64::from(g.seqlen_q.div_ceil(g.block_m.max(1)));
+    let m_blocks = g.m_blocks();
     let units = if g.persistent { u64::from(blocks_to_units(m_blocks as u32, g.causal)) } else { m_blocks } * g.heads;
     if units == 0 || units >= 2 * slots || n_blocks == 1 {
         return unsplit;
@@ -168,6 +179,13 @@ pub fn blocks_to_units(m_blocks: u32, causal: bool) -> u32 {
     if causal { m_blocks.div_ceil(2) } else { m_blocks }
 }
 
+/// The query blocks of causal unit `i` of a head's `m_blocks`: the longest,
+/// m_blocks − 1 − i, then the shortest, i, unless they are the same block.
+fn causal_pair(m_blocks: u64, i: u64) -> impl Iterator<Item = u64> {
+    let long = m_blocks - 1 - i;
+    std::iter::once(long).chain((i != long).then_some(i))
+}
+
 /// A persistent causal launch's schedule (fa::HopperSched::order): for each of
 /// `grid` CTAs, the query blocks it runs in order, each as split × heads ×
 /// m_blocks + (batch × head) × m_blocks + block index, and `u32::MAX` padding
@@ -190,17 +208,14 @@ pub fn blocks_to_units(m_blocks: u32, causal: bool) -> u32 {
 /// dealt longest first from the start, without pairs, lost their K/V reuse: +1 to
 /// +8% (`perf/rejected/lpt-causal-schedule/`).
 pub fn causal_order(g: &LaunchGrid, tiles_per_split: u32, grid: u32) -> Option<(u32, Vec<u32>)> {
-    let m_blocks = u64::from(g.seqlen_q.div_ceil(g.block_m.max(1)));
-    let n_blocks = g.seqlen_k.div_ceil(g.block_n.max(1)).max(1);
-    let splits = u64::from(n_blocks.div_ceil(tiles_per_split.max(1)));
+    let m_blocks = g.m_blocks();
+    let splits = u64::from(g.key_tiles().div_ceil(tiles_per_split.max(1)));
     let per_head = u64::from(blocks_to_units(m_blocks as u32, true));
     let units = per_head * splits * g.heads;
     let grid = grid.max(1) as usize;
-    let block = |sbh: u64, i: u64| (sbh * m_blocks + i) as u32;
     let pair = |unit: u64| {
-        let (sbh, i) = (unit / per_head, unit % per_head);
-        let long = m_blocks - 1 - i;
-        std::iter::once(block(sbh, long)).chain((i != long).then(|| block(sbh, i)))
+        let sbh = unit / per_head;
+        causal_pair(m_blocks, unit % per_head).map(move |i| (sbh * m_blocks + i) as u32)
     };
     // A block's cost: its key tiles, plus a quarter tile of fixed cost so that
     // blocks that see no key are spread too.
@@ -244,10 +259,9 @@ fn block_tiles(g: &LaunchGrid, i: u64, split: u64, per: u64) -> u64 {
 
 /// Simulated time of the launch with `per` key tiles per split, in tile units.
 fn makespan(sm_count: u32, g: &LaunchGrid, cost: &GridCost, per: u32) -> f64 {
-    let n_blocks = g.seqlen_k.div_ceil(g.block_n.max(1)).max(1);
-    let splits = u64::from(n_blocks.div_ceil(per.max(1)));
+    let splits = u64::from(g.key_tiles().div_ceil(per.max(1)));
     let per = u64::from(per);
-    let m_blocks = u64::from(g.seqlen_q.div_ceil(g.block_m.max(1)));
+    let m_blocks = g.m_blocks();
     let block = |i: u64, split: u64| block_tiles(g, i, split, per) as f64 + cost.block_overhead;
     // CTA costs in launch order.
     let mut ctas: Vec<f64> = Vec::new();
@@ -261,8 +275,7 @@ fn makespan(sm_count: u32, g: &LaunchGrid, cost: &GridCost, per: u32) -> f64 {
             for _ in 0..g.heads {
                 for i in 0..per_head {
                     let w = if g.causal {
-                        let (long, short) = (m_blocks - 1 - i, i);
-                        block(long, split) + if short != long { block(short, split) } else { 0.0 }
+                        causal_pair(m_blocks, i).map(|b| block(b, split)).sum()
                     } else {
                         block(i, split)
                     };
