@@ -528,7 +528,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
       }
     } else {
       // Software pipeline: Q·K_j and P_{j−1}·V_{j−1} go to the tensor cores
-      // together; O is rescaled once that P·V has landed (in SASS before the softmax).
+      // together; O is rescaled once that P·V has landed (see "pipelined" above).
       if (live > 0) {
         mbar_wait(cur.bar, cur.phase);
         take_turn();
@@ -539,11 +539,10 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         softmax(0);  // O is still zero: nothing to rescale
         pack_p();
       }
-      // The next ring slot is worked out at the end of a tile, under its softmax
-      // (as in exp turns above), not at the top ahead of the waits.
-      // The next tile's K and this tile's V are probed after the softmax, where
-      // the probes' latency runs under the P·V wait; the top of the tile only
-      // waits on a probe that failed.
+      // After a tile's softmax (not at the top of the next, ahead of its waits):
+      // the next ring slot is worked out, and the next tile's K and this tile's V
+      // are probed, their latency under the P·V wait; the top of the next tile
+      // waits only on a probe that failed.
       Slot next = next_slot(cur);
       bool k_ready = false, v_ready = false;
       for (int j = 1; j < live; ++j) {
