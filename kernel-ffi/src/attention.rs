@@ -18,7 +18,7 @@ use crate::error::{CudaContext, Error, Result, invalid};
 use crate::manifest::{Launch, Manifest, is_hopper_entry};
 use crate::params::{CombineParams, FastDiv, FlashParams, HopperParams, HopperSched, ReferenceParams, TmaDesc};
 use crate::planner::{self, Plan};
-use crate::schema::DeviceInfo;
+use crate::schema::{DeviceInfo, EntryRecord};
 use crate::tensor::{self, Arg, Desc, Dtype, Problem};
 
 /// A device tensor of 16-bit elements (f16 or bf16 bits).
@@ -40,6 +40,29 @@ pub enum Splits {
     Auto,
     /// Exactly this many (clamped so no split is empty).
     Fixed(u32),
+}
+
+impl std::str::FromStr for Splits {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Splits, String> {
+        match s {
+            "auto" => Ok(Splits::Auto),
+            n => match n.parse::<u32>() {
+                Ok(n) if n >= 1 => Ok(Splits::Fixed(n)),
+                _ => Err(format!("`{s}` is not a split count; use auto or a number ≥ 1")),
+            },
+        }
+    }
+}
+
+/// `auto` or the count, as `FromStr` reads it.
+impl std::fmt::Display for Splits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Splits::Auto => f.write_str("auto"),
+            Splits::Fixed(n) => write!(f, "{n}"),
+        }
+    }
 }
 
 /// Which forward kernel runs.
@@ -83,16 +106,31 @@ pub struct Options {
     /// Defaults to 1/sqrt(head_dim).
     pub scale: Option<f32>,
     pub splits: Splits,
+    pub entry: Entry,
+}
+
+/// Which compiled entry runs a call; `Variant::Auto` and every `None` leave that
+/// choice to the planner. The binaries take these fields as flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::Args)]
+pub struct Entry {
+    /// Kernel: auto (Hopper where loaded), portable or hopper.
+    #[arg(long, default_value = "auto")]
     pub variant: Variant,
-    /// Query rows per CTA (64 or 128) where the configuration has entries for both
-    /// (an `_m64` entry beside the 128-row one); `None` lets `planner::prefer_m64` choose.
+    /// Query rows per CTA (64 or 128) where the kernel has both; default: the planner's choice.
+    ///
+    /// Both: an `_m64` entry beside the 128-row one; the planner's rule is `planner::prefer_m64`.
+    #[arg(long)]
     pub block_m: Option<u32>,
-    /// Groups of warps splitting each CTA's keys (1, or 2 where a `_kg2` entry is
-    /// loaded); `None` lets `planner::prefer_key_groups` choose.
+    /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.
+    ///
+    /// The planner's rule is `planner::prefer_key_groups`.
+    #[arg(long)]
     pub key_groups: Option<u32>,
-    /// Whether the entry runs persistent CTAs: some entries are persistent only,
-    /// one (Hopper non-causal D=64) has a persistent twin (`…_persistent`); `None`
-    /// lets `planner::prefer_persistent` choose between twins.
+    /// Persistent CTAs (true/false) where the entry has a persistent twin; default: the planner's choice.
+    ///
+    /// Some entries are persistent only; one (Hopper non-causal D=64) has a persistent
+    /// twin (`…_persistent`), chosen by `planner::prefer_persistent`.
+    #[arg(long)]
     pub persistent: Option<bool>,
 }
 
@@ -110,6 +148,18 @@ pub struct Launched {
     pub key_groups: u32,
     /// Whether its CTAs were persistent.
     pub persistent: bool,
+}
+
+impl Launched {
+    /// The entry as the reports record it.
+    pub fn entry_record(&self) -> EntryRecord {
+        EntryRecord {
+            variant: self.variant.name().into(),
+            block_m: self.block_m,
+            key_groups: self.key_groups,
+            persistent: self.persistent,
+        }
+    }
 }
 
 struct Kernel {
@@ -311,7 +361,7 @@ impl Attention {
 
     /// (query rows per CTA, key groups, persistent) of the loaded entries for
     /// (dtype, head dim, causal) and their persistent twins: what
-    /// `Options::block_m`, `Options::key_groups` and `Options::persistent` may name.
+    /// `Entry::block_m`, `Entry::key_groups` and `Entry::persistent` may name.
     pub fn geometries(&self, variant: Variant, dtype: Dtype, head_dim: usize, causal: bool) -> Vec<(u32, u32, bool)> {
         let entries = self.fwd_entries(variant, dtype, head_dim, causal).1;
         let mut out = Vec::new();
@@ -352,7 +402,7 @@ impl Attention {
         let (base, loaded) = self.fwd_entries(variant, dtype, p.head_dim, causal);
         let single: Vec<&Kernel> = loaded.iter().map(|(_, k)| *k).filter(|k| k.launch.key_groups == 1).collect();
         let slots = |k: &Kernel| u64::from(self.device.sm_count) * u64::from(k.ctas_per_sm.max(1));
-        let rows = opts.block_m.or_else(|| match single.as_slice() {
+        let rows = opts.entry.block_m.or_else(|| match single.as_slice() {
             [narrow, wide] => {
                 let r = |k: &Kernel| u64::from(k.launch.block_m);
                 let ctas = Self::work_ctas(narrow, p);
@@ -366,7 +416,7 @@ impl Attention {
             _ => None,
         });
         let mut twin_plan = None;
-        let groups = opts.key_groups.or_else(|| {
+        let groups = opts.entry.key_groups.or_else(|| {
             let (_, grouped) =
                 loaded.iter().find(|(_, k)| k.launch.key_groups > 1 && rows.is_none_or(|m| k.launch.block_m == m))?;
             let one = single.iter().find(|k| k.launch.block_m == grouped.launch.block_m)?;
@@ -404,7 +454,7 @@ impl Attention {
         };
         // A persistent twin runs the same tiles and plan: taken for grids over a wave.
         let twin = self.persistent_twin(&name);
-        let persistent = match opts.persistent {
+        let persistent = match opts.entry.persistent {
             Some(want) if want != kern.launch.persistent && (!want || twin.is_none()) => invalid!(
                 "persistent {want}: {name} is loaded {} a persistent twin; leave it to the planner",
                 if kern.launch.persistent { "as persistent, without" } else { "without" }
@@ -476,7 +526,7 @@ impl Attention {
 
     /// The split plan `forward` would use for this problem.
     pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
-        let variant = self.resolve(p, opts.variant)?;
+        let variant = self.resolve(p, opts.entry.variant)?;
         Ok(self.fwd_kernel(variant, dtype, p, opts)?.2)
     }
 
@@ -533,7 +583,7 @@ impl Attention {
         {
             invalid!("lse holds {} floats but batch × heads × seqlen_q = {rows}", l.len());
         }
-        let variant = self.resolve(&p, opts.variant)?;
+        let variant = self.resolve(&p, opts.entry.variant)?;
         if rows == 0 {
             return Ok(Launched { num_splits: 0, ctas: 0, variant, block_m: 0, key_groups: 0, persistent: false }); // empty result: nothing to launch
         }

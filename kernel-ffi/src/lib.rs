@@ -16,6 +16,6 @@ pub mod rng;
 pub mod schema;
 pub mod tensor;
 
-pub use attention::{Attention, Launched, Options, Splits, Tensor, Variant};
+pub use attention::{Attention, Entry, Launched, Options, Splits, Tensor, Variant};
 pub use error::{Error, Result};
 pub use tensor::{Desc, Dtype, Layout, Problem};

@@ -11,6 +11,36 @@ pub struct DeviceInfo {
     pub driver: Option<String>,
 }
 
+/// The problem a case ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShapeRecord {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+}
+
+/// The kernel entry that ran a case; every field is absent (its default) where
+/// nothing was launched, in other implementations' reports and in older ones.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EntryRecord {
+    /// `portable` or `hopper`.
+    #[serde(default)]
+    pub variant: String,
+    /// Query rows per CTA.
+    #[serde(default)]
+    pub block_m: u32,
+    /// Key groups per CTA.
+    #[serde(default)]
+    pub key_groups: u32,
+    /// Whether its CTAs were persistent.
+    #[serde(default)]
+    pub persistent: bool,
+}
+
 /// Output of `fa-test`: one correctness case each.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TestRun {
@@ -24,26 +54,11 @@ pub struct TestRun {
 pub struct TestCase {
     pub name: String,
     pub dtype: String,
-    pub batch: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub seqlen_q: usize,
-    pub seqlen_k: usize,
-    pub head_dim: usize,
-    pub causal: bool,
+    #[serde(flatten)]
+    pub shape: ShapeRecord,
     pub layout: String,
-    /// The kernel that ran: `portable` or `hopper` (empty in reports from before it existed).
-    #[serde(default)]
-    pub variant: String,
-    /// Its query rows per CTA (0: nothing launched, or a report from before it was recorded).
-    #[serde(default)]
-    pub block_m: u32,
-    /// Its key groups per CTA (0: nothing launched, or a report from before it was recorded).
-    #[serde(default)]
-    pub key_groups: u32,
-    /// Whether its CTAs were persistent (false in reports from before it was recorded).
-    #[serde(default)]
-    pub persistent: bool,
+    #[serde(flatten)]
+    pub entry: EntryRecord,
     /// Requested: `auto` or a fixed count.
     pub splits: String,
     /// Launched.
@@ -96,13 +111,8 @@ pub struct BenchCase {
     /// e.g. `f16-b4h16s2048d64-causal`; the key comparisons join on.
     pub name: String,
     pub dtype: String,
-    pub batch: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub seqlen_q: usize,
-    pub seqlen_k: usize,
-    pub head_dim: usize,
-    pub causal: bool,
+    #[serde(flatten)]
+    pub shape: ShapeRecord,
     /// `events-cold-l2` (L2 flushed before each timed launch, flush queued ahead of
     /// the start event) or `graph-replay` (a CUDA graph of many calls, per-call time).
     pub method: String,
@@ -118,18 +128,8 @@ pub struct BenchCase {
     /// CTAs of the attention kernel per call (0 for other implementations).
     pub ctas: u64,
     pub num_splits: u32,
-    /// The kernel that ran (`portable`, `hopper`; empty for other implementations).
-    #[serde(default)]
-    pub variant: String,
-    /// Its query rows per CTA (0 for other implementations and older reports).
-    #[serde(default)]
-    pub block_m: u32,
-    /// Its key groups per CTA (0 for other implementations and older reports).
-    #[serde(default)]
-    pub key_groups: u32,
-    /// Whether its CTAs were persistent (false for other implementations and older reports).
-    #[serde(default)]
-    pub persistent: bool,
+    #[serde(flatten)]
+    pub entry: EntryRecord,
 }
 
 #[cfg(test)]
@@ -141,18 +141,17 @@ mod tests {
         let case = TestCase {
             name: "x".into(),
             dtype: "f16".into(),
-            batch: 1,
-            heads: 1,
-            kv_heads: 1,
-            seqlen_q: 1,
-            seqlen_k: 1,
-            head_dim: 64,
-            causal: false,
+            shape: ShapeRecord {
+                batch: 1,
+                heads: 1,
+                kv_heads: 1,
+                seqlen_q: 1,
+                seqlen_k: 1,
+                head_dim: 64,
+                causal: false,
+            },
             layout: "bhsd".into(),
-            variant: "hopper".into(),
-            block_m: 64,
-            key_groups: 1,
-            persistent: true,
+            entry: EntryRecord { variant: "hopper".into(), block_m: 64, key_groups: 1, persistent: true },
             splits: "1".into(),
             num_splits: 0,
             lse: false,
@@ -172,5 +171,21 @@ mod tests {
         let back: TestCase = serde_json::from_str(&text).unwrap();
         assert!(back.rel_l2.is_nan() && back.max_abs.is_nan());
         assert_eq!(back.lse_max_abs, 0.5);
+        // The entry's fields sit at the top level, as before they were grouped.
+        assert!(text.contains("\"block_m\":64,\"key_groups\":1"), "{text}");
+        assert_eq!(back.entry, case.entry);
+    }
+
+    #[test]
+    fn bench_case_without_entry_fields_reads_with_defaults() {
+        // What ci/bench_torch.py writes: no kernel entry.
+        let text = r#"{"name": "f16-b1h1s128d64", "dtype": "f16", "batch": 1, "heads": 1, "kv_heads": 1,
+            "seqlen_q": 128, "seqlen_k": 128, "head_dim": 64, "causal": false, "method": "graph-replay",
+            "samples": 30, "median_us": 5.6, "q1_us": 5.5, "q3_us": 5.7, "min_us": 5.4, "mean_us": 5.6,
+            "rel_stdev": 0.01, "tflops": 0.7, "ctas": 0, "num_splits": 1}"#;
+        let case: BenchCase = serde_json::from_str(text).unwrap();
+        assert_eq!(case.entry, EntryRecord::default());
+        assert_eq!((case.shape.seqlen_k, case.shape.causal), (128, false));
+        assert_eq!(case.median_us, 5.6);
     }
 }

@@ -406,8 +406,14 @@ fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<To
     // The shapes fa-bench ran, so both sides time the same cases.
     let mut shapes = Vec::new();
     for c in runs.iter().flat_map(|r| &r.run.cases) {
-        let shape =
-            format!("{},{},{},{}{}", c.batch, c.heads, c.seqlen_q, c.head_dim, if c.causal { ",causal" } else { "" });
+        let shape = format!(
+            "{},{},{},{}{}",
+            c.shape.batch,
+            c.shape.heads,
+            c.shape.seqlen_q,
+            c.shape.head_dim,
+            if c.shape.causal { ",causal" } else { "" }
+        );
         if !shapes.contains(&shape) {
             shapes.push(shape);
         }

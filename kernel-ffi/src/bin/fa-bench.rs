@@ -17,8 +17,8 @@ use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use kernel_ffi::bench::{self, Shape};
 use kernel_ffi::rng::Rng;
-use kernel_ffi::schema::{BenchCase, BenchRun};
-use kernel_ffi::{Attention, Desc, Dtype, Layout, Options, Splits, Tensor, Variant};
+use kernel_ffi::schema::{BenchCase, BenchRun, ShapeRecord};
+use kernel_ffi::{Attention, Desc, Dtype, Entry, Layout, Options, Splits, Tensor};
 
 #[derive(Parser)]
 #[command(about = "Time the FlashAttention kernels")]
@@ -31,19 +31,9 @@ struct Args {
     dtype: Vec<String>,
     /// Key splits: auto or a count (1 = unsplit).
     #[arg(long, default_value = "auto")]
-    splits: String,
-    /// Kernel: auto (Hopper where loaded), portable or hopper.
-    #[arg(long, default_value = "auto")]
-    variant: Variant,
-    /// Query rows per CTA (64 or 128) where the kernel has both; default: the planner's choice.
-    #[arg(long)]
-    block_m: Option<u32>,
-    /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.
-    #[arg(long)]
-    key_groups: Option<u32>,
-    /// Persistent CTAs (true/false) where the entry has a persistent twin; default: the planner's choice.
-    #[arg(long)]
-    persistent: Option<bool>,
+    splits: Splits,
+    #[command(flatten)]
+    entry: Entry,
     /// Time budget per case in milliseconds.
     #[arg(long, default_value_t = 3000)]
     budget_ms: u64,
@@ -79,10 +69,6 @@ fn run() -> Result<()> {
             other => bail!("unknown dtype `{other}`; use f16 or bf16"),
         })
         .collect::<Result<_>>()?;
-    let splits = match args.splits.as_str() {
-        "auto" => Splits::Auto,
-        n => Splits::Fixed(n.parse().ok().filter(|&n| n >= 1).context("--splits takes auto or a count ≥ 1")?),
-    };
     let att = Attention::new(0).context("setting up the kernels")?;
     let sm_count = att.device().sm_count;
     eprintln!("fa-bench: {} on {} ({sm_count} SMs)", shapes.len() * dtypes.len(), att.device().name);
@@ -91,7 +77,7 @@ fn run() -> Result<()> {
     let mut cases = Vec::new();
     for &dtype in &dtypes {
         for shape in &shapes {
-            let case = bench_case(&att, &args, dtype, shape, splits, &mut flush)
+            let case = bench_case(&att, &args, dtype, shape, &mut flush)
                 .with_context(|| format!("benchmarking {}", shape.name(dtype)))?;
             if let Some(c) = case {
                 eprintln!(
@@ -104,10 +90,10 @@ fn run() -> Result<()> {
                     c.samples,
                     c.method,
                     c.num_splits,
-                    c.variant,
-                    c.block_m,
-                    c.key_groups,
-                    if c.persistent { " persistent" } else { "" }
+                    c.entry.variant,
+                    c.entry.block_m,
+                    c.entry.key_groups,
+                    if c.entry.persistent { " persistent" } else { "" }
                 );
                 cases.push(c);
             }
@@ -134,7 +120,6 @@ fn bench_case(
     args: &Args,
     dtype: Dtype,
     shape: &Shape,
-    splits: Splits,
     flush: &mut CudaSlice<u8>,
 ) -> Result<Option<BenchCase>> {
     let desc = Desc::new([shape.batch, shape.heads, shape.seqlen, shape.head_dim], Layout::Bhsd);
@@ -142,15 +127,7 @@ fn bench_case(
     let k = random_tensor(att, dtype, desc, 2)?;
     let v = random_tensor(att, dtype, desc, 3)?;
     let mut out = att.alloc_poisoned(dtype, desc)?;
-    let opts = Options {
-        causal: shape.causal,
-        scale: None,
-        splits,
-        variant: args.variant,
-        block_m: args.block_m,
-        key_groups: args.key_groups,
-        persistent: args.persistent,
-    };
+    let opts = Options { causal: shape.causal, scale: None, splits: args.splits, entry: args.entry };
     let s = att.stream();
     let call = |out: &mut Tensor| att.forward(&q, &k, &v, out, None, &opts);
     let launched = call(&mut out)?;
@@ -234,13 +211,15 @@ fn bench_case(
     Ok(Some(BenchCase {
         name: shape.name(dtype),
         dtype: dtype.name().into(),
-        batch: shape.batch,
-        heads: shape.heads,
-        kv_heads: shape.heads,
-        seqlen_q: shape.seqlen,
-        seqlen_k: shape.seqlen,
-        head_dim: shape.head_dim,
-        causal: shape.causal,
+        shape: ShapeRecord {
+            batch: shape.batch,
+            heads: shape.heads,
+            kv_heads: shape.heads,
+            seqlen_q: shape.seqlen,
+            seqlen_k: shape.seqlen,
+            head_dim: shape.head_dim,
+            causal: shape.causal,
+        },
         method: method.into(),
         samples: samples.len(),
         median_us: st.median,
@@ -252,9 +231,6 @@ fn bench_case(
         tflops: shape.flops() / (st.median * 1e-6) / 1e12,
         ctas: launched.ctas,
         num_splits: launched.num_splits,
-        variant: launched.variant.name().into(),
-        block_m: launched.block_m,
-        key_groups: launched.key_groups,
-        persistent: launched.persistent,
+        entry: launched.entry_record(),
     }))
 }

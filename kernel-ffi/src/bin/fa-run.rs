@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use kernel_ffi::io::{HostTensor16, read_qkv, write_outputs};
-use kernel_ffi::{Attention, Layout, Options, Splits, Variant};
+use kernel_ffi::{Attention, Entry, Layout, Options, Splits};
 
 #[derive(Parser)]
 #[command(about = "Run the FlashAttention forward kernel on tensors from a safetensors file")]
@@ -30,20 +30,10 @@ struct Args {
     #[arg(long)]
     scale: Option<f32>,
     /// Key splits: auto (planner) or a count.
-    #[arg(long, default_value = "auto", value_parser = parse_splits)]
-    splits: Splits,
-    /// Kernel: auto (Hopper where loaded), portable or hopper.
     #[arg(long, default_value = "auto")]
-    variant: Variant,
-    /// Query rows per CTA (64 or 128) where the kernel has both; default: the planner's choice.
-    #[arg(long)]
-    block_m: Option<u32>,
-    /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.
-    #[arg(long)]
-    key_groups: Option<u32>,
-    /// Persistent CTAs (true/false) where the entry has a persistent twin; default: the planner's choice.
-    #[arg(long)]
-    persistent: Option<bool>,
+    splits: Splits,
+    #[command(flatten)]
+    entry: Entry,
     /// Also write the per-row log-sum-exp (F32 [B, H, Sq]).
     #[arg(long)]
     lse: bool,
@@ -54,16 +44,6 @@ fn parse_layout(s: &str) -> Result<Layout, String> {
         "bhsd" => Ok(Layout::Bhsd),
         "bshd" => Ok(Layout::Bshd),
         _ => Err(format!("`{s}` is not a layout; use bhsd or bshd")),
-    }
-}
-
-fn parse_splits(s: &str) -> Result<Splits, String> {
-    match s {
-        "auto" => Ok(Splits::Auto),
-        n => match n.parse::<u32>() {
-            Ok(n) if n >= 1 => Ok(Splits::Fixed(n)),
-            _ => Err(format!("`{s}` is not a split count; use auto or a number ≥ 1")),
-        },
     }
 }
 
@@ -84,15 +64,7 @@ fn run() -> Result<()> {
     let mut out = att.alloc_poisoned(q.dtype, q.desc)?;
     let [b, h, s, _] = q.desc.dims;
     let mut lse = if args.lse { Some(att.alloc_lse(b * h * s)?) } else { None };
-    let opts = Options {
-        causal: args.causal,
-        scale: args.scale,
-        splits: args.splits,
-        variant: args.variant,
-        block_m: args.block_m,
-        key_groups: args.key_groups,
-        persistent: args.persistent,
-    };
+    let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits, entry: args.entry };
     let launched = att.forward(&qd, &kd, &vd, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let out = HostTensor16 { dtype: q.dtype, desc: q.desc, bits: att.download(&out)? };

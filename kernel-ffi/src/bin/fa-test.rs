@@ -8,8 +8,11 @@ use anyhow::{Context, Result};
 use kernel_ffi::check::{compare, compare_lse, tolerances};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
-use kernel_ffi::schema::{TestCase, TestRun};
-use kernel_ffi::{Attention, Desc, Dtype, Layout, Options, Problem, Splits, Variant};
+use kernel_ffi::schema::{EntryRecord, ShapeRecord, TestCase, TestRun};
+use kernel_ffi::{Attention, Desc, Dtype, Entry, Layout, Options, Problem, Splits, Variant};
+
+/// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
+const PORTABLE: Entry = Entry { variant: Variant::Portable, block_m: None, key_groups: None, persistent: None };
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -26,19 +29,21 @@ struct Case {
     lse: bool,
     scale: Option<f32>,
     gpu_reference: bool,
-    variant: Variant,
-    /// Query rows, key groups per CTA and persistence: `on_every_entry` names them
-    /// (`None`: the planner's choice).
-    block_m: Option<u32>,
-    key_groups: Option<u32>,
-    persistent: Option<bool>,
+    /// The kernel, and the query rows, key groups per CTA and persistence that
+    /// `on_every_entry` names (`None`: the planner's choice).
+    entry: Entry,
 }
 
 impl Case {
-    fn splits_label(&self) -> String {
-        match self.splits {
-            Splits::Auto => "auto".to_string(),
-            Splits::Fixed(n) => n.to_string(),
+    fn shape(&self) -> ShapeRecord {
+        ShapeRecord {
+            batch: self.batch,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            seqlen_q: self.seqlen_q,
+            seqlen_k: self.seqlen_k,
+            head_dim: self.head_dim,
+            causal: self.causal,
         }
     }
 
@@ -61,13 +66,13 @@ impl Case {
             self.seqlen_q,
             self.seqlen_k,
             self.layout_label(),
-            self.splits_label(),
+            self.splits,
             if self.lse { "-lse" } else { "" },
             if self.scale.is_some() { "-scaled" } else { "" },
-            if self.variant == Variant::Hopper { "-hopper" } else { "" },
-            self.block_m.map_or(String::new(), |m| format!("-m{m}")),
-            self.key_groups.filter(|&g| g > 1).map_or(String::new(), |g| format!("-kg{g}")),
-            if self.persistent == Some(true) { "-persistent" } else { "" },
+            if self.entry.variant == Variant::Hopper { "-hopper" } else { "" },
+            self.entry.block_m.map_or(String::new(), |m| format!("-m{m}")),
+            self.entry.key_groups.filter(|&g| g > 1).map_or(String::new(), |g| format!("-kg{g}")),
+            if self.entry.persistent == Some(true) { "-persistent" } else { "" },
         )
     }
 }
@@ -118,10 +123,7 @@ fn on_every_entry(cases: Vec<Case>) -> Vec<Case> {
         .flat_map(|variant| entries.clone().map(move |e| (variant, e)))
         .flat_map(|(variant, (m, g, pers))| {
             cases.iter().map(move |c| Case {
-                variant,
-                block_m: Some(m),
-                key_groups: Some(g),
-                persistent: Some(pers),
+                entry: Entry { variant, block_m: Some(m), key_groups: Some(g), persistent: Some(pers) },
                 ..c.clone()
             })
         })
@@ -143,10 +145,7 @@ fn sanitize_set_ref(dtype: Dtype) -> Case {
         lse: true,
         scale: None,
         gpu_reference: true,
-        variant: Variant::Portable,
-        block_m: None,
-        key_groups: None,
-        persistent: None,
+        entry: PORTABLE,
     }
 }
 
@@ -177,10 +176,7 @@ fn matrix() -> Vec<Case> {
                             lse: (i + si + usize::from(causal)) % 2 == 0,
                             scale: (i % 3 == 0).then_some(0.3),
                             gpu_reference: false,
-                            variant: Variant::Portable,
-                            block_m: None,
-                            key_groups: None,
-                            persistent: None,
+                            entry: PORTABLE,
                         });
                     }
                 }
@@ -201,10 +197,7 @@ fn matrix() -> Vec<Case> {
         lse: true,
         scale: None,
         gpu_reference: false,
-        variant: Variant::Portable,
-        block_m: None,
-        key_groups: None,
-        persistent: None,
+        entry: PORTABLE,
     };
     // The seed problems, as the planner sees them.
     cases.extend([seed(Dtype::F16, 128, 1, 1), seed(Dtype::F16, 512, 1, 1), seed(Dtype::Bf16, 512, 2, 8)]);
@@ -223,10 +216,7 @@ fn matrix() -> Vec<Case> {
         lse: true,
         scale: None,
         gpu_reference: true,
-        variant: Variant::Portable,
-        block_m: None,
-        key_groups: None,
-        persistent: None,
+        entry: PORTABLE,
     };
     cases.extend([
         large(Dtype::F16, 64, true, 2, 8, 8, 1024, 1024, Layout::Bshd, Splits::Auto),
@@ -262,15 +252,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     let mut out = att.alloc_poisoned(dtype, qd)?;
     let rows = b * h * sq;
     let mut lse = if case.lse { Some(att.alloc_lse(rows)?) } else { None };
-    let opts = Options {
-        causal: case.causal,
-        scale: case.scale,
-        splits: case.splits,
-        variant: case.variant,
-        block_m: case.block_m,
-        key_groups: case.key_groups,
-        persistent: case.persistent,
-    };
+    let opts = Options { causal: case.causal, scale: case.scale, splits: case.splits, entry: case.entry };
     let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let got_bits = att.download(&out)?;
@@ -324,19 +306,10 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     Ok(TestCase {
         name: case.name(),
         dtype: dtype.name().into(),
-        batch: b,
-        heads: h,
-        kv_heads: hkv,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        head_dim: d,
-        causal: case.causal,
+        shape: case.shape(),
         layout: case.layout_label().into(),
-        variant: launched.variant.name().into(),
-        block_m: launched.block_m,
-        key_groups: launched.key_groups,
-        persistent: launched.persistent,
-        splits: case.splits_label(),
+        entry: launched.entry_record(),
+        splits: case.splits.to_string(),
         num_splits: launched.num_splits,
         lse: case.lse,
         reference: if case.gpu_reference { "gpu-f32" } else { "cpu-f64" }.into(),
@@ -397,7 +370,7 @@ fn run() -> Result<()> {
     let mut cases: Vec<Case> = all
         .into_iter()
         .filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str())))
-        .filter(|c| variant.is_none_or(|v| v == c.variant))
+        .filter(|c| variant.is_none_or(|v| v == c.entry.variant))
         .collect();
     if list {
         cases.iter().for_each(|c| println!("{}", c.name()));
@@ -415,16 +388,16 @@ fn run() -> Result<()> {
             anyhow::bail!("--variant hopper: {} has no Hopper kernel (needs sm_90)", att.device().name);
         }
         let before = cases.len();
-        cases.retain(|c| c.variant != Variant::Hopper);
+        cases.retain(|c| c.entry.variant != Variant::Hopper);
         eprintln!("fa-test: {} Hopper cases not run: {} is not sm_90", before - cases.len(), att.device().name);
     }
     // Cases for an entry their configuration does not have.
     cases.retain(|c| {
-        let loaded = att.geometries(c.variant, c.dtype, c.head_dim, c.causal);
+        let loaded = att.geometries(c.entry.variant, c.dtype, c.head_dim, c.causal);
         loaded.iter().any(|&(m, g, pers)| {
-            c.block_m.is_none_or(|cm| cm == m)
-                && c.key_groups.is_none_or(|cg| cg == g)
-                && c.persistent.is_none_or(|cp| cp == pers)
+            c.entry.block_m.is_none_or(|cm| cm == m)
+                && c.entry.key_groups.is_none_or(|cg| cg == g)
+                && c.entry.persistent.is_none_or(|cp| cp == pers)
         })
     });
     eprintln!(
@@ -440,19 +413,15 @@ fn run() -> Result<()> {
         let result = run_case(&att, case, &mut rng).unwrap_or_else(|e| TestCase {
             name: case.name(),
             dtype: case.dtype.name().into(),
-            batch: case.batch,
-            heads: case.heads,
-            kv_heads: case.kv_heads,
-            seqlen_q: case.seqlen_q,
-            seqlen_k: case.seqlen_k,
-            head_dim: case.head_dim,
-            causal: case.causal,
+            shape: case.shape(),
             layout: case.layout_label().into(),
-            variant: case.variant.name().into(),
-            block_m: case.block_m.unwrap_or(0),
-            key_groups: case.key_groups.unwrap_or(0),
-            persistent: case.persistent.unwrap_or(false),
-            splits: case.splits_label(),
+            entry: EntryRecord {
+                variant: case.entry.variant.name().into(),
+                block_m: case.entry.block_m.unwrap_or(0),
+                key_groups: case.entry.key_groups.unwrap_or(0),
+                persistent: case.entry.persistent.unwrap_or(false),
+            },
+            splits: case.splits.to_string(),
             num_splits: 0,
             lse: case.lse,
             reference: String::new(),
