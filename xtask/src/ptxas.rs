@@ -159,6 +159,11 @@ mod tests {
 
     const THREE_ARCHS: &str = include_str!("../tests/data/ptxas-verbose-sm89-sm90-sm90a.txt");
 
+    /// Entries with a wgmma-serialisation notice, in report order.
+    fn serialized(r: &Report) -> Vec<&str> {
+        r.kernels.iter().filter(|k| !k.wgmma_serialized.is_empty()).map(|k| k.name.as_str()).collect()
+    }
+
     fn find<'a>(r: &'a Report, name: &str, arch: &str) -> &'a KernelResources {
         r.kernels
             .iter()
@@ -234,10 +239,8 @@ mod tests {
         // tile shared the full tile's accumulator array.
         let r = parse(include_str!("../tests/data/ptxas-c7511-wgmma-serialized-sm90a.txt"));
         assert_eq!(r.kernels.len(), 5);
-        let flagged: Vec<&str> =
-            r.kernels.iter().filter(|k| !k.wgmma_serialized.is_empty()).map(|k| k.name.as_str()).collect();
         assert_eq!(
-            flagged,
+            serialized(&r),
             [
                 "flash_fwd_hopper_f16_d128_causal",
                 "flash_fwd_hopper_f16_d128_m64",
@@ -256,10 +259,8 @@ mod tests {
         assert!(parse(THREE_ARCHS).kernels.iter().all(|k| k.wgmma_serialized.is_empty()));
         // C7510: a printf added to the kernel for a timing trace.
         let r = parse(include_str!("../tests/data/ptxas-c7510-wgmma-call-sm90a.txt"));
-        let flagged: Vec<&str> =
-            r.kernels.iter().filter(|k| !k.wgmma_serialized.is_empty()).map(|k| k.name.as_str()).collect();
         assert_eq!(
-            flagged,
+            serialized(&r),
             ["flash_fwd_hopper_f16_d128_m64", "flash_fwd_hopper_f16_d128", "flash_fwd_hopper_f16_d64_m64"]
         );
         assert_eq!(find(&r, "flash_fwd_hopper_f16_d128", "sm_90a").wgmma_serialized[0].code, "C7510");
