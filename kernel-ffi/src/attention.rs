@@ -229,6 +229,7 @@ impl Attention {
                 .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .cuda("reading the SM count")? as u32,
             driver: driver_version(),
+            uuid: ctx.uuid().ok().map(|u| uuid_string(&u.bytes)),
         };
         let arch = manifest.pick_arch(major, minor).ok_or_else(|| {
             Error::Unsupported(format!(
@@ -844,9 +845,21 @@ fn driver_version() -> Option<String> {
     (ok == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
 }
 
+/// A CUDA device UUID in NVML's and nvidia-smi's form: `GPU-` and 8-4-4-4-12 hex digits.
+pub fn uuid_string(bytes: &[std::ffi::c_char; 16]) -> String {
+    let hex: String = bytes.iter().map(|&b| format!("{:02x}", b as u8)).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uuids_read_as_nvidia_smi_prints_them() {
+        let bytes: [std::ffi::c_char; 16] = std::array::from_fn(|i| (i as u8 * 17) as std::ffi::c_char);
+        assert_eq!(uuid_string(&bytes), "GPU-00112233-4455-6677-8899-aabbccddeeff");
+    }
 
     #[test]
     fn variant_names_round_trip_and_unknown_ones_say_what_is_accepted() {

@@ -24,6 +24,12 @@ impl Shape {
         )
     }
 
+    /// `B,H,S,D` or `B,H,S,D,causal`: what `parse` reads.
+    pub fn spec(&self) -> String {
+        let causal = if self.causal { ",causal" } else { "" };
+        format!("{},{},{},{}{causal}", self.batch, self.heads, self.seqlen, self.head_dim)
+    }
+
     /// 4·B·H·S²·D (two matmuls of 2·S²·D each), halved for causal.
     pub fn flops(&self) -> f64 {
         crate::planner::attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
@@ -131,6 +137,9 @@ mod tests {
         assert!(Shape::parse("2,16,8192").unwrap_err().contains("B,H,S,D"));
         assert!(Shape::parse("2,16,x,128").unwrap_err().contains("`x`"));
         assert!(Shape::parse("2,16,8,128,sideways").unwrap_err().contains("causal"));
+        for s in default_shapes() {
+            assert_eq!(Shape::parse(&s.spec()), Ok(s));
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod io;
 pub mod manifest;
 pub mod params;
 pub mod planner;
+pub mod probe;
 pub mod reference;
 pub mod rng;
 pub mod schema;

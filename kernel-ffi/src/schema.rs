@@ -9,6 +9,9 @@ pub struct DeviceInfo {
     pub compute_capability: String,
     pub sm_count: u32,
     pub driver: Option<String>,
+    /// NVML's form, `GPU-xxxxxxxx-…`: what monitoring looks the device up by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 /// The problem a case ran.
@@ -39,6 +42,59 @@ pub struct EntryRecord {
     /// Whether its CTAs were persistent.
     #[serde(default)]
     pub persistent: bool,
+}
+
+/// `fa-bench --serve`: one JSON request a line on stdin, one reply a line on
+/// stdout. The paired gate drives a base and a candidate server turn by turn.
+pub const SERVE_PROTOCOL: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ServeRequest {
+    /// Allocate and warm one case (replacing the last). `method` forces the
+    /// timing method (the gate gives the candidate the base's); else it is
+    /// chosen from the estimated call time.
+    Setup {
+        shape: String,
+        dtype: String,
+        method: Option<String>,
+    },
+    /// One half of a quad: `launches` calls with L2 flushed before each (events)
+    /// or before the graph of them (graph replay); `probe` also reads the SM clock after.
+    Time {
+        launches: usize,
+        probe: bool,
+    },
+    Quit,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServeReply {
+    /// First line, before any request.
+    Hello {
+        protocol: u32,
+        device: DeviceInfo,
+        default_shapes: Vec<String>,
+    },
+    /// `estimate_us`: one call's time by the chosen method, from a short calibration.
+    Ready {
+        name: String,
+        method: String,
+        estimate_us: f64,
+        flops: f64,
+        entry: EntryRecord,
+        num_splits: u32,
+        ctas: u64,
+    },
+    /// Mean µs per call over the half, and the SM clock right after it when probed.
+    Timed {
+        us: f64,
+        sm_mhz: Option<f64>,
+    },
+    Error {
+        message: String,
+    },
 }
 
 /// Output of `fa-test`: one correctness case each.

@@ -1,7 +1,8 @@
-//! `cargo xtask bench`: runs kernel-ffi's `fa-bench`, and the no >2% regression
-//! gate: base and candidate as interleaved processes (A B A B …) on one GPU,
-//! compared per shape by the median of per-process medians with a bootstrap
-//! interval; or against a stored per-GPU baseline; or against PyTorch SDPA.
+//! `cargo xtask bench`: timings from kernel-ffi's `fa-bench`, and the no >2%
+//! regression gate (`gate`): base and candidate paired quad by quad on one GPU,
+//! against a revision or a prebuilt base. `--self-test` runs the gate base
+//! against base and against a planted slowdown. A stored per-GPU baseline and
+//! PyTorch SDPA are compared by plain medians: information, not a verdict.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -12,11 +13,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::gate::sequence::{Verdict, median};
+use crate::gate::{self, GateRun, Side, verdict_word};
 use crate::paths::{Paths, slug};
 use crate::process::{Cmd, write_file};
 use crate::report::{Device, Envelope, Toolchain, read_json};
 use crate::schema::{BenchCase, BenchRun};
-use crate::stats::{self, Comparison, Verdict};
 use crate::{CannotRun, CheckFailed, table, toolchain, tools};
 
 pub struct Options {
@@ -26,22 +28,36 @@ pub struct Options {
     pub against: Option<String>,
     /// A prebuilt base: `DIR/kernels/` (fatbins + manifest) and optionally `DIR/fa-bench`.
     pub base_dir: Option<PathBuf>,
-    /// Processes per side.
+    /// Processes of plain timing (no base), per side of `--vs-torch`.
     pub processes: usize,
-    /// Per-case time budget inside each process.
+    /// Per-case time budget inside each plain timing process.
     pub budget_ms: u64,
+    /// The gate's most seconds of quads per shape.
+    pub gate_secs: f64,
+    /// Seeds the gate's quad order; `None`: from the clock (recorded in the report).
+    pub seed: Option<u64>,
     /// fa-bench's --variant (auto, portable, hopper).
     pub variant: String,
     pub save_baseline: bool,
     pub vs_torch: bool,
+    /// Run the gate A/A and against a planted slowdown of this fraction.
+    pub self_test: Option<f64>,
     pub timeout: Duration,
 }
 
-/// One side of a comparison: a bench binary and the kernels it loads.
-#[derive(Debug, Clone)]
-pub struct Side {
-    pub bench: PathBuf,
-    pub kernels: PathBuf,
+impl Options {
+    pub fn gate(&self) -> gate::Options {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+        });
+        gate::Options {
+            shapes: self.shapes.clone(),
+            dtypes: self.dtypes.split(',').map(|d| d.trim().to_string()).collect(),
+            variant: self.variant.clone(),
+            budget_secs: self.gate_secs,
+            seed,
+        }
+    }
 }
 
 /// One fa-bench process: its results and the SM clock sampled while it ran.
@@ -52,20 +68,6 @@ pub struct ProcessRun {
     pub sm_clock_mhz: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ShapeComparison {
-    pub name: String,
-    pub base_medians_us: Vec<f64>,
-    pub cand_medians_us: Vec<f64>,
-    pub base_us: f64,
-    pub cand_us: f64,
-    #[serde(flatten)]
-    pub comparison: Comparison,
-    /// Why the verdict was overridden, if it was.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
 /// A stored per-GPU baseline: per-process medians per shape.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Baseline {
@@ -73,6 +75,16 @@ pub struct Baseline {
     pub git_rev: String,
     pub medians_us: BTreeMap<String, Vec<f64>>,
     pub sm_clock_mhz: Option<f64>,
+}
+
+/// This run against a stored baseline, median to median: runs taken at other
+/// times cannot be paired, so this is information, never a verdict.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BaselineDiff {
+    pub name: String,
+    pub baseline_us: f64,
+    pub now_us: f64,
+    pub change: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,46 +101,47 @@ pub struct TorchRatio {
     pub other_method: BTreeMap<String, Vec<String>>,
 }
 
+/// `--self-test`: the gate's health on this GPU, per shape.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SelfTest {
+    /// The planted slowdown, a fraction of each timed half.
+    pub planted: f64,
+    pub shapes: Vec<SelfTestShape>,
+    /// The two gate runs behind it, quads included.
+    pub aa: GateRun,
+    pub planted_run: GateRun,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SelfTestShape {
+    pub name: String,
+    pub aa_change: f64,
+    pub aa_low: f64,
+    pub aa_high: f64,
+    pub aa_verdict: Verdict,
+    /// The A/A interval excludes 0 by more than `BIAS_LIMIT`: the harness, not the code.
+    pub biased: bool,
+    pub planted_change: f64,
+    pub planted_low: f64,
+    pub planted_verdict: Verdict,
+    pub caught: bool,
+}
+
+/// An A/A interval that excludes zero by more than this marks the harness biased.
+pub const BIAS_LIMIT: f64 = 0.003;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchPayload {
     pub mode: String,
     pub runs: Vec<ProcessRun>,
-    pub comparisons: Vec<ShapeComparison>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateRun>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_test: Option<SelfTest>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub baseline: Vec<BaselineDiff>,
     pub clock_warning: Option<String>,
     pub torch: Vec<TorchRatio>,
-}
-
-/// Per-shape comparisons of per-process medians (shapes present on both sides).
-pub fn compare_runs(base: &BTreeMap<String, Vec<f64>>, cand: &BTreeMap<String, Vec<f64>>) -> Vec<ShapeComparison> {
-    cand.iter()
-        .filter_map(|(name, c)| {
-            let b = base.get(name)?;
-            Some(ShapeComparison {
-                name: name.clone(),
-                base_medians_us: b.clone(),
-                cand_medians_us: c.clone(),
-                base_us: stats::median(b),
-                cand_us: stats::median(c),
-                comparison: stats::compare(b, c),
-                note: None,
-            })
-        })
-        .collect()
-}
-
-/// A case the two sides timed by different methods (graph replay against cold-L2
-/// events: microseconds apart on small shapes) cannot be called either way: its
-/// verdict becomes ambiguous, with the methods in the note.
-pub fn flag_method_changes(comparisons: &mut [ShapeComparison], runs: &[ProcessRun]) {
-    let (base, cand) = (side_methods(runs, "base"), side_methods(runs, "candidate"));
-    for c in comparisons {
-        if let (Some(b), Some(m)) = (base.get(&c.name), cand.get(&c.name))
-            && b != m
-        {
-            c.comparison.verdict = Verdict::Ambiguous;
-            c.note = Some(format!("timed by {b} (base) and {m} (candidate)"));
-        }
-    }
 }
 
 /// Per-process medians per case, of one side's processes.
@@ -153,98 +166,191 @@ pub fn side_methods(runs: &[ProcessRun], side: &str) -> BTreeMap<String, String>
     out.into_iter().map(|(k, m)| (k, m.into_iter().collect::<Vec<_>>().join("+"))).collect()
 }
 
-/// Fewest processes per side behind a verdict or a stored baseline.
-pub const MIN_PROCESSES: usize = 5;
+/// Baseline and current medians of the cases both have.
+pub fn baseline_diff(base: &BTreeMap<String, Vec<f64>>, now: &BTreeMap<String, Vec<f64>>) -> Vec<BaselineDiff> {
+    now.iter()
+        .filter_map(|(name, n)| {
+            let (b, n) = (median(base.get(name)?), median(n));
+            Some(BaselineDiff { name: name.clone(), baseline_us: b, now_us: n, change: n / b - 1.0 })
+        })
+        .collect()
+}
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
-    if opts.processes < MIN_PROCESSES && (opts.against.is_some() || opts.base_dir.is_some() || opts.save_baseline) {
-        return Err(CannotRun(format!(
-            "--processes {}: a verdict or a baseline needs at least {MIN_PROCESSES} per side",
-            opts.processes
-        ))
-        .into());
-    }
     crate::gpu::require("bench")?;
-    let cand = Side { bench: tools::binary(paths, "fa-bench")?, kernels: paths.kernels_out() };
+    let cand = Side::new(tools::binary(paths, "fa-bench")?, paths.kernels_out());
     let base = match (&opts.against, &opts.base_dir) {
         (Some(rev), _) => Some(build_revision(paths, rev)?),
         (None, Some(dir)) => {
             let bench = dir.join("fa-bench");
-            Some(Side { bench: if bench.is_file() { bench } else { cand.bench.clone() }, kernels: dir.join("kernels") })
+            Some(Side::new(if bench.is_file() { bench } else { cand.bench.clone() }, dir.join("kernels")))
         }
         (None, None) => None,
     };
     let dir = paths.reports().join("bench");
-    let mut runs = Vec::new();
-    let mut comparisons = Vec::new();
-    let mode;
-    if let Some(base) = &base {
-        mode = "a/b".to_string();
-        runs = interleaved(base, &cand, &dir, opts)?;
-        comparisons = compare_runs(&side_medians(&runs, "base"), &side_medians(&runs, "candidate"));
-        flag_method_changes(&mut comparisons, &runs);
-    } else {
-        let first = run_process(&cand, "candidate", 0, &dir, opts)?;
-        let device = first.run.device.name.clone();
-        let baseline_path = paths.root.join("ci/baselines").join(format!("{}.json", slug(&device)));
-        runs.push(first);
-        let baseline =
-            if opts.save_baseline || opts.processes < MIN_PROCESSES { None } else { read_baseline(&baseline_path)? };
-        if opts.save_baseline || baseline.is_some() {
-            for i in 1..opts.processes {
-                runs.push(run_process(&cand, "candidate", i, &dir, opts)?);
-            }
-        }
-        if opts.save_baseline {
-            mode = "save-baseline".into();
-            let b = Baseline {
-                device: device.clone(),
-                git_rev: crate::report::git_state().0,
-                medians_us: side_medians(&runs, "candidate"),
-                sm_clock_mhz: median_clock(&runs.iter().collect::<Vec<_>>()),
-            };
-            write_file(&baseline_path, serde_json::to_string_pretty(&b)? + "\n")?;
-            println!("baseline for {device}: {}", baseline_path.display());
-        } else if let Some(b) = baseline {
-            mode = format!("baseline {}", baseline_path.display());
-            comparisons = compare_runs(&b.medians_us, &side_medians(&runs, "candidate"));
-        } else {
-            mode = "single".into();
-            eprintln!(
-                "bench: timings only (a comparison needs {} and --processes {MIN_PROCESSES} or more)",
-                baseline_path.display()
-            );
-        }
+    let mut payload = BenchPayload {
+        mode: String::new(),
+        runs: Vec::new(),
+        gate: None,
+        self_test: None,
+        baseline: Vec::new(),
+        clock_warning: None,
+        torch: Vec::new(),
+    };
+    if let Some(plant) = opts.self_test {
+        payload.mode = "self-test".into();
+        payload.self_test = Some(self_test(&cand, plant, opts, &dir)?);
+    } else if let Some(base) = &base {
+        payload.mode = "gate".into();
+        payload.gate = Some(gate::run(base, &cand, &opts.gate(), &dir)?);
     }
-
-    print_runs(&runs);
-    let clock_warning = clock_warning(&runs);
-    if !comparisons.is_empty() {
-        println!("\n{}", comparison_table(&comparisons));
+    if base.is_none() && opts.self_test.is_none() || opts.vs_torch {
+        plain_runs(paths, &cand, opts, &dir, &mut payload)?;
     }
-    if let Some(w) = &clock_warning {
+    if let Some(g) = &payload.gate {
+        println!("\n{}", gate_table(g));
+    }
+    if let Some(t) = &payload.self_test {
+        println!("\n{}", self_test_table(t));
+    }
+    if let Some(w) = &payload.clock_warning {
         println!("WARNING: {w}");
     }
-    let torch = if opts.vs_torch { vs_torch(paths, &runs, opts)? } else { Vec::new() };
-    let payload = BenchPayload { mode, runs, comparisons, clock_warning, torch };
-    let device = payload.runs.first().map(|r| Device {
-        name: r.run.device.name.clone(),
-        compute_capability: r.run.device.compute_capability.clone(),
-        sm_count: r.run.device.sm_count,
-    });
-    let driver = payload.runs.first().and_then(|r| r.run.device.driver.clone());
+    if opts.vs_torch {
+        payload.torch = vs_torch(paths, &payload.runs, opts)?;
+    }
+    let device = device_of(&payload);
     let report = paths.report("bench");
+    let driver = device.as_ref().and_then(|d| d.driver.clone());
+    let device =
+        device.map(|d| Device { name: d.name, compute_capability: d.compute_capability, sm_count: d.sm_count });
     Envelope::new("bench", Toolchain { driver, ..Toolchain::default() }, device, &payload).write(&report)?;
     write_file(&paths.reports().join("bench.md"), markdown(&payload))?;
     println!("report: {} (and bench.md)", report.display());
-    let regressions: Vec<&str> = payload
-        .comparisons
+    verdict(&payload)
+}
+
+fn device_of(p: &BenchPayload) -> Option<crate::schema::DeviceInfo> {
+    let gate = p.gate.as_ref().or(p.self_test.as_ref().map(|t| &t.aa));
+    gate.map(|g| g.device.clone()).or_else(|| p.runs.first().map(|r| r.run.device.clone()))
+}
+
+/// The exit: a failing gate is a failed check; an unhealthy self-test means the
+/// harness cannot judge (could not run).
+fn verdict(p: &BenchPayload) -> Result<()> {
+    if let Some(g) = &p.gate {
+        let fails = g.failures();
+        if !fails.is_empty() {
+            let list: Vec<String> = fails
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{} {} ({:+.2}% [{:+.2}%, {:+.2}%] after {} quads)",
+                        s.name,
+                        verdict_word(s.verdict),
+                        s.change * 100.0,
+                        s.ci_low * 100.0,
+                        s.ci_high * 100.0,
+                        s.quads
+                    )
+                })
+                .collect();
+            let inconclusive = fails.iter().any(|s| s.verdict == Verdict::Inconclusive);
+            let hint = if inconclusive {
+                "; an inconclusive shape fails too: rerun on a quiet GPU, or give it more time (--gate-secs)"
+            } else {
+                ""
+            };
+            return Err(CheckFailed(format!("the gate fails on {}{hint}", list.join(", "))).into());
+        }
+    }
+    if let Some(t) = &p.self_test {
+        let biased: Vec<&str> = t.shapes.iter().filter(|s| s.biased).map(|s| s.name.as_str()).collect();
+        let missed: Vec<&str> = t.shapes.iter().filter(|s| !s.caught).map(|s| s.name.as_str()).collect();
+        if !biased.is_empty() || !missed.is_empty() {
+            return Err(CannotRun(format!(
+                "the gate is not healthy on this GPU: A/A biased on [{}], planted {:.0}% slowdown missed on [{}]; \
+                 look for other work on the GPU (preflight) before trusting its verdicts",
+                biased.join(", "),
+                t.planted * 100.0,
+                missed.join(", ")
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Base against base, then base against a copy of itself slowed by `plant`.
+fn self_test(side: &Side, plant: f64, opts: &Options, dir: &Path) -> Result<SelfTest> {
+    eprintln!("== bench --self-test: A/A");
+    let aa = gate::run(side, side, &opts.gate(), &dir.join("self-test-aa"))?;
+    eprintln!("== bench --self-test: planted {:.1}% slowdown", plant * 100.0);
+    let planted_side = Side { plant, ..side.clone() };
+    let planted_run = gate::run(side, &planted_side, &opts.gate(), &dir.join("self-test-planted"))?;
+    Ok(SelfTest { planted: plant, shapes: self_test_shapes(&aa, &planted_run), aa, planted_run })
+}
+
+pub fn self_test_shapes(aa: &GateRun, planted: &GateRun) -> Vec<SelfTestShape> {
+    aa.shapes
         .iter()
-        .filter(|c| c.comparison.verdict == Verdict::Regression)
-        .map(|c| c.name.as_str())
-        .collect();
-    if !regressions.is_empty() {
-        return Err(CheckFailed(format!("confirmed regression over 2% on {}", regressions.join(", "))).into());
+        .filter_map(|a| {
+            let p = planted.shapes.iter().find(|p| p.name == a.name)?;
+            Some(SelfTestShape {
+                name: a.name.clone(),
+                aa_change: a.change,
+                aa_low: a.ci_low,
+                aa_high: a.ci_high,
+                aa_verdict: a.verdict,
+                biased: a.ci_low > BIAS_LIMIT || a.ci_high < -BIAS_LIMIT || a.verdict != Verdict::Same,
+                planted_change: p.change,
+                planted_low: p.ci_low,
+                planted_verdict: p.verdict,
+                caught: p.verdict == Verdict::Regression,
+            })
+        })
+        .collect()
+}
+
+/// Plain timing processes of the candidate: for a stored baseline, a new one, or `--vs-torch`.
+fn plain_runs(paths: &Paths, cand: &Side, opts: &Options, dir: &Path, payload: &mut BenchPayload) -> Result<()> {
+    let first = run_process(cand, "candidate", 0, dir, opts)?;
+    let device = first.run.device.name.clone();
+    let baseline_path = paths.root.join("ci/baselines").join(format!("{}.json", slug(&device)));
+    payload.runs.push(first);
+    let baseline = if opts.save_baseline || opts.vs_torch { None } else { read_baseline(&baseline_path)? };
+    let more = opts.save_baseline || opts.vs_torch || baseline.is_some();
+    for i in 1..if more { opts.processes } else { 1 } {
+        payload.runs.push(run_process(cand, "candidate", i, dir, opts)?);
+    }
+    print_runs(&payload.runs);
+    if opts.save_baseline {
+        payload.mode = "save-baseline".into();
+        let b = Baseline {
+            device: device.clone(),
+            git_rev: crate::report::git_state().0,
+            medians_us: side_medians(&payload.runs, "candidate"),
+            sm_clock_mhz: median_clock(&payload.runs),
+        };
+        write_file(&baseline_path, serde_json::to_string_pretty(&b)? + "\n")?;
+        println!("baseline for {device}: {}", baseline_path.display());
+    } else if let Some(b) = baseline {
+        payload.mode = format!("baseline {}", baseline_path.display());
+        payload.baseline = baseline_diff(&b.medians_us, &side_medians(&payload.runs, "candidate"));
+        let now = median_clock(&payload.runs);
+        payload.clock_warning = match (b.sm_clock_mhz, now) {
+            (Some(b), Some(c)) if (c / b - 1.0).abs() > 0.02 => {
+                Some(format!("SM clock differed: baseline {b:.0} MHz, now {c:.0} MHz"))
+            }
+            _ => None,
+        };
+        println!("\n{}", baseline_table(&payload.baseline));
+        eprintln!(
+            "bench: against a stored baseline, medians taken at other times: not a verdict; \
+             gate with --against REV or --base-dir DIR"
+        );
+    } else if payload.mode.is_empty() {
+        payload.mode = "single".into();
     }
     Ok(())
 }
@@ -254,17 +360,6 @@ fn read_baseline(path: &Path) -> Result<Option<Baseline>> {
         Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?)),
         Err(_) => Ok(None),
     }
-}
-
-/// Base and candidate processes alternating, A B A B …, `opts.processes` of each.
-pub fn interleaved(base: &Side, cand: &Side, dir: &Path, opts: &Options) -> Result<Vec<ProcessRun>> {
-    let mut runs = Vec::new();
-    for i in 0..opts.processes {
-        eprintln!("== bench: process pair {}/{}", i + 1, opts.processes);
-        runs.push(run_process(base, "base", i, dir, opts)?);
-        runs.push(run_process(cand, "candidate", i, dir, opts)?);
-    }
-    Ok(runs)
 }
 
 pub fn run_process(side: &Side, label: &str, i: usize, dir: &Path, opts: &Options) -> Result<ProcessRun> {
@@ -336,20 +431,13 @@ impl ClockSampler {
         }
         s.sort_by(f64::total_cmp);
         let busy = &s[s.len() / 4..];
-        Some(stats::median(busy))
+        Some(median(busy))
     }
 }
 
-fn median_clock(runs: &[&ProcessRun]) -> Option<f64> {
+fn median_clock(runs: &[ProcessRun]) -> Option<f64> {
     let clocks: Vec<f64> = runs.iter().filter_map(|r| r.sm_clock_mhz).collect();
-    (!clocks.is_empty()).then(|| stats::median(&clocks))
-}
-
-/// Base and candidate ran at different clocks: the comparison measures the clocks too.
-fn clock_warning(runs: &[ProcessRun]) -> Option<String> {
-    let side = |s: &str| median_clock(&runs.iter().filter(|r| r.side == s).collect::<Vec<_>>());
-    let (b, c) = (side("base")?, side("candidate")?);
-    ((c / b - 1.0).abs() > 0.02).then(|| format!("SM clock differed: base {b:.0} MHz, candidate {c:.0} MHz"))
+    (!clocks.is_empty()).then(|| median(&clocks))
 }
 
 /// Builds `rev` in a git worktree under target/ (never touching the working tree):
@@ -396,7 +484,7 @@ fn build_revision(paths: &Paths, rev: &str) -> Result<Side> {
         .log(paths.reports().join("bench/base-kernels.log"))
         .run_checked()
         .with_context(|| format!("building {rev}'s kernels"))?;
-    Ok(Side { bench: target.join("release/fa-bench"), kernels: target.join("kernels") })
+    Ok(Side::new(target.join("release/fa-bench"), target.join("kernels")))
 }
 
 /// PyTorch SDPA timed by `ci/bench_torch.py` in as many processes as our side ran,
@@ -475,7 +563,7 @@ pub fn torch_ratios(
 ) -> Vec<TorchRatio> {
     fa.iter()
         .map(|(name, m)| {
-            let fa_us = stats::median(m);
+            let fa_us = median(m);
             let fa_method = fa_methods.get(name).cloned().unwrap_or_default();
             let mut per_backend: BTreeMap<String, Vec<f64>> = BTreeMap::new();
             let mut other_method: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -494,7 +582,7 @@ pub fn torch_ratios(
             let backends = per_backend
                 .into_iter()
                 .map(|(backend, us)| {
-                    let us = stats::median(&us);
+                    let us = median(&us);
                     (backend, (us, us / fa_us))
                 })
                 .collect();
@@ -533,51 +621,119 @@ fn print_runs(runs: &[ProcessRun]) {
     );
 }
 
-fn comparison_table(cs: &[ShapeComparison]) -> String {
-    let rows: Vec<Vec<String>> = cs
+fn pct(x: f64) -> String {
+    format!("{:+.2}%", x * 100.0)
+}
+
+fn interval(lo: f64, hi: f64) -> String {
+    format!("[{}, {}]", pct(lo), pct(hi))
+}
+
+fn clock_range(g: &gate::ShapeGate) -> String {
+    g.sm_mhz.map_or("n/a".into(), |[lo, mid, hi]| format!("{mid:.0} ({lo:.0}-{hi:.0})"))
+}
+
+/// The gate's verdicts, one row per shape.
+pub fn gate_table(g: &GateRun) -> String {
+    let rows: Vec<Vec<String>> = g
+        .shapes
         .iter()
-        .map(|c| {
+        .map(|s| {
             vec![
-                c.name.clone(),
-                format!("{:.2}", c.base_us),
-                format!("{:.2}", c.cand_us),
-                format!("{:+.2}%", c.comparison.change * 100.0),
-                format!("[{:+.2}%, {:+.2}%]", c.comparison.ci_low * 100.0, c.comparison.ci_high * 100.0),
-                match &c.note {
-                    Some(n) => format!("{:?} ({n})", c.comparison.verdict).to_lowercase(),
-                    None => format!("{:?}", c.comparison.verdict).to_lowercase(),
-                },
+                s.name.clone(),
+                format!("{:.2}", s.base_us),
+                format!("{:.2}", s.cand_us),
+                pct(s.change),
+                interval(s.ci_low, s.ci_high),
+                format!("{}/{}", s.quads - s.set_aside, s.quads),
+                clock_range(s),
+                verdict_word(s.verdict).into(),
             ]
         })
         .collect();
-    table::render(&["case", "base us", "cand us", "change", "95% CI", "verdict"], &rows)
+    table::render(&["case", "base us", "cand us", "change", "interval", "quads", "SM MHz", "verdict"], &rows)
+}
+
+fn self_test_table(t: &SelfTest) -> String {
+    let rows: Vec<Vec<String>> = t
+        .shapes
+        .iter()
+        .map(|s| {
+            vec![
+                s.name.clone(),
+                interval(s.aa_low, s.aa_high),
+                if s.biased { "BIASED".into() } else { "ok".into() },
+                pct(s.planted_change),
+                verdict_word(s.planted_verdict).into(),
+                if s.caught { "caught".into() } else { "MISSED".into() },
+            ]
+        })
+        .collect();
+    let planted = format!("planted +{:.1}%", t.planted * 100.0);
+    table::render(&["case", "A/A interval", "A/A", &planted, "verdict", "power"], &rows)
+}
+
+fn baseline_table(diffs: &[BaselineDiff]) -> String {
+    let rows: Vec<Vec<String>> = diffs
+        .iter()
+        .map(|d| vec![d.name.clone(), format!("{:.2}", d.baseline_us), format!("{:.2}", d.now_us), pct(d.change)])
+        .collect();
+    table::render(&["case", "baseline us", "now us", "difference (not a verdict)"], &rows)
 }
 
 pub fn markdown(p: &BenchPayload) -> String {
     let mut md = format!("### Bench ({})\n\n", p.mode);
-    if !p.comparisons.is_empty() {
-        md.push_str("| case | base µs | candidate µs | change | 95% CI | verdict |\n|---|---:|---:|---:|---:|---|\n");
-        for c in &p.comparisons {
-            let v = c.comparison.verdict;
-            let mark = match v {
+    if let Some(g) = &p.gate {
+        md.push_str(&format!(
+            "Paired gate on {} ({}), seed {}, α {:.4} per shape; interval: anytime-valid, of the median per-quad ratio.\n\n",
+            g.device.name,
+            g.device.uuid.as_deref().unwrap_or("uuid n/a"),
+            g.seed,
+            g.rule.alpha
+        ));
+        md.push_str("| case | base µs | candidate µs | change | interval | quads | SM MHz | verdict |\n");
+        md.push_str("|---|---:|---:|---:|---:|---:|---:|---|\n");
+        for s in &g.shapes {
+            let mark = match s.verdict {
                 Verdict::Regression => "❌ regression",
                 Verdict::Improvement => "✅ improvement",
                 Verdict::Same => "same",
-                Verdict::Ambiguous => "⚠️ ambiguous: rerun",
-            };
-            let mark = match &c.note {
-                Some(n) => format!("{mark} ({n})"),
-                None => mark.to_string(),
+                Verdict::Inconclusive => "❌ inconclusive",
             };
             md.push_str(&format!(
-                "| {} | {:.2} | {:.2} | {:+.2}% | [{:+.2}%, {:+.2}%] | {mark} |\n",
-                c.name,
-                c.base_us,
-                c.cand_us,
-                c.comparison.change * 100.0,
-                c.comparison.ci_low * 100.0,
-                c.comparison.ci_high * 100.0
+                "| {} | {:.2} | {:.2} | {} | {} | {}/{} | {} | {mark} |\n",
+                s.name,
+                s.base_us,
+                s.cand_us,
+                pct(s.change),
+                interval(s.ci_low, s.ci_high),
+                s.quads - s.set_aside,
+                s.quads,
+                clock_range(s)
             ));
+        }
+        if g.clocks_locked {
+            md.push_str("\n> Clocks were locked (application or user-defined clocks) during the gate.\n");
+        }
+    }
+    if let Some(t) = &p.self_test {
+        md.push_str(&format!("Self-test: A/A and a planted +{:.1}% slowdown.\n\n", t.planted * 100.0));
+        md.push_str("| case | A/A interval | A/A | planted change | verdict |\n|---|---:|---|---:|---|\n");
+        for s in &t.shapes {
+            md.push_str(&format!(
+                "| {} | {} | {} | {} | {} |\n",
+                s.name,
+                interval(s.aa_low, s.aa_high),
+                if s.biased { "❌ biased" } else { "ok" },
+                pct(s.planted_change),
+                if s.caught { "caught" } else { "❌ missed" }
+            ));
+        }
+    }
+    if !p.baseline.is_empty() {
+        md.push_str("| case | baseline µs | now µs | difference (not a verdict) |\n|---|---:|---:|---:|\n");
+        for d in &p.baseline {
+            md.push_str(&format!("| {} | {:.2} | {:.2} | {} |\n", d.name, d.baseline_us, d.now_us, pct(d.change)));
         }
     }
     if let Some(w) = &p.clock_warning {
@@ -664,76 +820,5 @@ mod tests {
         for (us, x) in r[0].backends.values() {
             assert!(us.is_finite() && *us > 100.0 && (x - us / 240.0).abs() < 1e-12, "{us} {x}");
         }
-    }
-
-    #[test]
-    fn comparisons_join_on_case_names() {
-        let base = BTreeMap::from([("a".to_string(), vec![100.0; 5]), ("gone".to_string(), vec![1.0; 5])]);
-        let cand = BTreeMap::from([
-            ("a".to_string(), vec![103.0, 103.1, 102.9, 103.0, 103.2]),
-            ("new".to_string(), vec![1.0]),
-        ]);
-        let c = compare_runs(&base, &cand);
-        assert_eq!(c.len(), 1);
-        assert_eq!(c[0].comparison.verdict, Verdict::Regression);
-        let md = markdown(&BenchPayload {
-            mode: "a/b".into(),
-            runs: vec![],
-            comparisons: c,
-            clock_warning: None,
-            torch: vec![],
-        });
-        assert!(md.contains("| a | 100.00 | 103.00 | +3.00%"), "{md}");
-        assert!(md.contains("regression"));
-    }
-
-    #[test]
-    fn clock_mismatch_is_reported() {
-        let run = |side: &str, mhz| ProcessRun {
-            side: side.into(),
-            run: BenchRun {
-                device: crate::schema::DeviceInfo {
-                    name: "x".into(),
-                    compute_capability: "9.0".into(),
-                    sm_count: 1,
-                    driver: None,
-                },
-                implementation: "fa".into(),
-                cases: vec![],
-            },
-            sm_clock_mhz: Some(mhz),
-        };
-        assert!(clock_warning(&[run("base", 1980.0), run("candidate", 1755.0)]).is_some());
-        assert!(clock_warning(&[run("base", 1980.0), run("candidate", 1975.0)]).is_none());
-    }
-
-    #[test]
-    fn a_case_timed_two_ways_cannot_be_called() {
-        // B1 H4 S2048 D64 causal sat near --graph-below-us: one side's processes
-        // graph-replayed it (28 µs), the other's timed cold-L2 events (42 µs).
-        let run = |side: &str, method: &str, us: f64| -> ProcessRun {
-            let case = |name: &str, method: &str, us: f64| {
-                serde_json::json!({"name": name, "dtype": "f16", "batch": 1, "heads": 4, "kv_heads": 4,
-                    "seqlen_q": 2048, "seqlen_k": 2048, "head_dim": 64, "causal": true, "method": method,
-                    "samples": 40, "median_us": us, "q1_us": us, "q3_us": us, "min_us": us, "mean_us": us,
-                    "rel_stdev": 0.0, "tflops": 0.0, "ctas": 0, "num_splits": 0})
-            };
-            let run = serde_json::json!({
-                "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "driver": null},
-                "implementation": "fa",
-                "cases": [case("flipped", method, us), case("steady", "graph-replay", 10.0)]});
-            ProcessRun { side: side.into(), run: serde_json::from_value(run).unwrap(), sm_clock_mhz: None }
-        };
-        let runs: Vec<ProcessRun> = (0..5)
-            .flat_map(|_| [run("base", "events-cold-l2", 42.0), run("candidate", "graph-replay", 28.0)])
-            .collect();
-        let mut c = compare_runs(&side_medians(&runs, "base"), &side_medians(&runs, "candidate"));
-        assert_eq!(c.iter().find(|c| c.name == "flipped").unwrap().comparison.verdict, Verdict::Improvement);
-        flag_method_changes(&mut c, &runs);
-        let flipped = c.iter().find(|c| c.name == "flipped").unwrap();
-        assert_eq!(flipped.comparison.verdict, Verdict::Ambiguous);
-        assert_eq!(flipped.note.as_deref(), Some("timed by events-cold-l2 (base) and graph-replay (candidate)"));
-        let steady = c.iter().find(|c| c.name == "steady").unwrap();
-        assert_eq!((steady.comparison.verdict, steady.note.as_deref()), (Verdict::Same, None));
     }
 }

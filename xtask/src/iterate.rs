@@ -12,14 +12,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::bench::{self, Side};
+use crate::bench;
 use crate::build::BuildPayload;
+use crate::gate::sequence::Verdict;
+use crate::gate::{self, GateRun, Side};
 use crate::ledger::{self, BenchLine, Entry, KernelLine, TestLine};
 use crate::paths::Paths;
 use crate::process::{Cmd, write_file};
 use crate::report::{Envelope, git_state, read_json, rfc3339};
-use crate::schema::{BenchRun, TestRun};
-use crate::stats::Verdict;
+use crate::schema::TestRun;
 use crate::{CheckFailed, build, sanitize, test, tools};
 
 pub struct Options {
@@ -246,52 +247,61 @@ fn evaluate(
         s?;
     }
     let dir = paths.reports().join("bench");
-    let cand = Side { bench: tools::binary(paths, "fa-bench")?, kernels: paths.kernels_out() };
-    let runs = if baseline {
-        vec![bench::run_process(&cand, "candidate", 0, &dir, &opts.bench)?]
-    } else {
-        let base = Side { bench: cand.bench.clone(), kernels: base_kernels.to_path_buf() };
-        bench::interleaved(&base, &cand, &dir, &opts.bench)?
-    };
-    let (b, c) = (bench::side_medians(&runs, "base"), bench::side_medians(&runs, "candidate"));
-    let mut comparisons = bench::compare_runs(&b, &c);
-    bench::flag_method_changes(&mut comparisons, &runs);
-    let last: &BenchRun = &runs.last().expect("at least one bench process").run;
-    let torch: Vec<BenchRun> = read_json(&paths.reports().join("bench/torch.json")).unwrap_or_default();
-    for case in &last.cases {
-        let cand_us = crate::stats::median(&c[&case.name]);
-        let cmp = comparisons.iter().find(|x| x.name == case.name);
-        let torch_us = torch
+    let cand = Side::new(tools::binary(paths, "fa-bench")?, paths.kernels_out());
+    if baseline {
+        // Nothing to compare with yet: one plain timing for the record.
+        let run = bench::run_process(&cand, "candidate", 0, &dir, &opts.bench)?.run;
+        entry.bench = run
+            .cases
             .iter()
-            .find(|t| t.implementation == "torch-default")
-            .and_then(|t| t.cases.iter().find(|x| x.name == case.name))
-            .map(|x| x.median_us);
-        entry.bench.push(BenchLine {
-            case: case.name.clone(),
-            base_us: cmp.map(|x| x.base_us),
-            cand_us,
-            tflops: case.tflops * case.median_us / cand_us,
-            change: cmp.map(|x| x.comparison.change),
-            ci_low: cmp.map(|x| x.comparison.ci_low),
-            ci_high: cmp.map(|x| x.comparison.ci_high),
-            verdict: cmp.map(|x| format!("{:?}", x.comparison.verdict).to_lowercase()),
-            speedup_vs_torch: torch_us.map(|t| t / cand_us),
-        });
+            .map(|c| BenchLine {
+                case: c.name.clone(),
+                base_us: None,
+                cand_us: c.median_us,
+                tflops: c.tflops,
+                change: None,
+                ci_low: None,
+                ci_high: None,
+                verdict: None,
+                speedup_vs_torch: None,
+            })
+            .collect();
+        return Ok(Verdict::Same);
     }
-    for line in &entry.bench {
-        eprintln!(
-            "  {:<28} {:>10.2} us {}",
-            line.case,
-            line.cand_us,
-            line.change.map_or(String::new(), |ch| format!(
-                "{:+.2}% ({})",
-                ch * 100.0,
-                line.verdict.as_deref().unwrap_or("")
-            ))
-        );
+    let base = Side::new(cand.bench.clone(), base_kernels.to_path_buf());
+    let gated = gate::run(&base, &cand, &opts.bench.gate(), &dir)?;
+    entry.bench = bench_lines(&gated);
+    let failures = gated.failures();
+    if failures.iter().any(|s| s.verdict == Verdict::Regression) {
+        return Ok(Verdict::Regression);
     }
-    let worst = comparisons.iter().map(|x| x.comparison.verdict).find(|v| *v == Verdict::Regression);
-    Ok(worst.unwrap_or(Verdict::Same))
+    if !failures.is_empty() {
+        let names: Vec<&str> = failures.iter().map(|s| s.name.as_str()).collect();
+        return Err(CheckFailed(format!(
+            "the gate could not decide {} (inconclusive fails): rerun on a quiet GPU or with more --gate-secs",
+            names.join(", ")
+        ))
+        .into());
+    }
+    Ok(Verdict::Same)
+}
+
+/// The ledger's lines from a gate run.
+pub fn bench_lines(g: &GateRun) -> Vec<BenchLine> {
+    g.shapes
+        .iter()
+        .map(|s| BenchLine {
+            case: s.name.clone(),
+            base_us: Some(s.base_us),
+            cand_us: s.cand_us,
+            tflops: s.cand_tflops,
+            change: Some(s.change),
+            ci_low: Some(s.ci_low),
+            ci_high: Some(s.ci_high),
+            verdict: Some(gate::verdict_word(s.verdict).to_lowercase()),
+            speedup_vs_torch: None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ mod budget;
 mod build;
 mod check;
 mod ci;
+mod gate;
 mod gpu;
 mod iterate;
 mod ledger;
@@ -24,7 +25,6 @@ mod sass;
 #[path = "../../kernel-ffi/src/schema.rs"]
 mod schema;
 mod smi;
-mod stats;
 mod summary;
 mod table;
 mod test;
@@ -119,6 +119,11 @@ enum Task {
         /// Also time PyTorch SDPA (ci/bench_torch.py) and print the speedup table.
         #[arg(long)]
         vs_torch: bool,
+        /// Check the gate on this GPU: this build against itself (A/A) and against
+        /// itself slowed by FRACTION of every timed half (default 0.03).
+        #[arg(long, value_name = "FRACTION", num_args = 0..=1, default_missing_value = "0.03",
+              conflicts_with_all = ["against", "base_dir", "save_baseline"])]
+        self_test: Option<f64>,
     },
     /// What CI runs: fmt, clippy, tests, static check, workflow lint; with --gpu the GPU gate.
     Ci {
@@ -228,16 +233,22 @@ struct TestArgs {
     test_timeout: u64,
 }
 
-/// The bench processes behind every gate (bench, ci --gpu, iterate).
+/// What the gate and the timings run (bench, ci --gpu, iterate).
 #[derive(Args, Clone)]
 struct GateArgs {
     /// Shapes B,H,S,D[,causal] (default: fa-bench's default set).
     #[arg(long = "shape")]
     shapes: Vec<String>,
-    /// Processes per side (at least 5 for a verdict).
+    /// The gate's most seconds of paired quads per shape; an undecided shape is inconclusive and fails.
+    #[arg(long, default_value_t = 6.0)]
+    gate_secs: f64,
+    /// Seed of the gate's quad order (default: from the clock; the report records it).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Plain timing (no base; --vs-torch, --save-baseline): fa-bench processes.
     #[arg(long, default_value_t = 5)]
     processes: usize,
-    /// Time budget per case inside each process, in ms.
+    /// Plain timing: time budget per case inside each process, in ms.
     #[arg(long, default_value_t = 1000)]
     budget_ms: u64,
     /// Kernel to time: auto (Hopper where loaded), portable or hopper.
@@ -254,9 +265,12 @@ impl GateArgs {
             base_dir: None,
             processes: self.processes,
             budget_ms: self.budget_ms,
+            gate_secs: self.gate_secs,
+            seed: self.seed,
             variant: self.variant.clone(),
             save_baseline: false,
             vs_torch: false,
+            self_test: None,
             timeout: Duration::from_secs(3600),
         }
     }
@@ -357,9 +371,15 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             };
             iterate::run(&paths, &opts)
         }
-        Task::Bench { build, gate, dtype, against, base_dir, save_baseline, vs_torch } => {
+        Task::Bench { build, gate, dtype, against, base_dir, save_baseline, vs_torch, self_test } => {
+            if let Some(f) = self_test.filter(|f| !(0.005..0.5).contains(f)) {
+                return Err(
+                    CannotRun(format!("--self-test {f}: the planted slowdown is a fraction, 0.005 to 0.5")).into()
+                );
+            }
             build::run(&paths, &build.options())?;
-            bench::run(&paths, &bench::Options { against, base_dir, save_baseline, vs_torch, ..gate.options(&dtype) })
+            let opts = bench::Options { against, base_dir, save_baseline, vs_torch, self_test, ..gate.options(&dtype) };
+            bench::run(&paths, &opts)
         }
         Task::Profile { shapes, base_clocks, profile_timeout } => {
             let shapes = if shapes.is_empty() {

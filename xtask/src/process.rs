@@ -191,6 +191,98 @@ impl Cmd {
     }
 }
 
+/// A long-lived child that answers one line per request line (`fa-bench
+/// --serve`): its own process group, stderr to the log file, the group killed
+/// when the session is dropped, every reply awaited within a timeout.
+pub struct Session {
+    shown: String,
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    replies: std::sync::mpsc::Receiver<String>,
+    log: Option<PathBuf>,
+}
+
+impl Cmd {
+    /// Starts the command as a [`Session`].
+    pub fn session(self) -> Result<Session> {
+        let shown = self.display();
+        if !self.quiet {
+            eprintln!("$ {shown} (session)");
+        }
+        let stderr = match &self.log {
+            Some(path) => {
+                write_file(path, format!("$ {shown}\n"))?;
+                let f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("opening {}", path.display()))?;
+                Stdio::from(f)
+            }
+            None => Stdio::null(),
+        };
+        let mut command = Command::new(&self.program);
+        command.args(&self.args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(stderr).process_group(0);
+        for (k, v) in &self.env {
+            command.env(k, v);
+        }
+        if let Some(dir) = &self.cwd {
+            command.current_dir(dir);
+        }
+        let mut child = command.spawn().with_context(|| format!("could not start `{shown}`"))?;
+        let stdin = child.stdin.take().context("the session's stdin")?;
+        let stdout = child.stdout.take().context("the session's stdout")?;
+        let (send, replies) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Session { shown, child, stdin, replies, log: self.log })
+    }
+}
+
+impl Session {
+    /// The next line the child writes, within `timeout`.
+    pub fn read_line(&mut self, timeout: Duration) -> Result<String> {
+        use std::sync::mpsc::RecvTimeoutError;
+        match self.replies.recv_timeout(timeout) {
+            Ok(line) => Ok(line),
+            Err(RecvTimeoutError::Timeout) => {
+                bail!("`{}` gave no answer within {} s{}", self.shown, timeout.as_secs_f64(), self.see_log())
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                bail!("`{}` ended ({status}){}", self.shown, self.see_log())
+            }
+        }
+    }
+
+    /// Writes one line and reads the answer.
+    pub fn request(&mut self, line: &str, timeout: Duration) -> Result<String> {
+        writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .with_context(|| format!("writing to `{}`{}", self.shown, self.see_log()))?;
+        self.read_line(timeout)
+    }
+
+    fn see_log(&self) -> String {
+        let Some(log) = &self.log else { return String::new() };
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        format!("; its log {}:\n{}", log.display(), tail(&text, TAIL_LINES))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        kill_group(self.child.id() as libc::pid_t);
+        let _ = self.child.wait();
+    }
+}
+
 /// Writes a file, creating its parent directories; the error names the path.
 pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
     if let Some(dir) = path.parent() {
@@ -269,6 +361,35 @@ mod tests {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
             .unwrap_or(true)
+    }
+
+    #[test]
+    fn a_session_answers_line_by_line_and_its_group_dies_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("grandchild.pid");
+        let script =
+            format!("sleep 300 & echo $! > {}; echo hello; while read l; do echo \"got $l\"; done", marker.display());
+        let mut s = Cmd::new("sh").args(["-c", &script]).log(dir.path().join("s.log")).quiet().session().unwrap();
+        assert_eq!(s.read_line(Duration::from_secs(5)).unwrap(), "hello");
+        assert_eq!(s.request("x", Duration::from_secs(5)).unwrap(), "got x");
+        let pid: libc::pid_t = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
+        drop(s);
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: signal 0 only checks for existence.
+        let alive = unsafe { libc::kill(pid, 0) } == 0 && !is_zombie(pid);
+        assert!(!alive, "grandchild {pid} survived the session");
+    }
+
+    #[test]
+    fn a_silent_or_dead_session_is_an_error_naming_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("s.log");
+        let mut s = Cmd::new("sh").args(["-c", "echo oops >&2; sleep 300"]).log(&log).quiet().session().unwrap();
+        let err = s.request("x", Duration::from_millis(300)).unwrap_err().to_string();
+        assert!(err.contains("no answer within 0.3 s") && err.contains("oops"), "{err}");
+        let mut s = Cmd::new("sh").args(["-c", "exit 4"]).log(&log).quiet().session().unwrap();
+        let err = s.read_line(Duration::from_secs(5)).unwrap_err().to_string();
+        assert!(err.contains("ended (exit status: 4)"), "{err}");
     }
 
     #[test]

@@ -8,17 +8,22 @@
 //! memset before every timed call, queued ahead of the start event so the event is
 //! not delayed by the CPU. Batches of samples until the median is pinned down
 //! (--target-spread) or the per-case time budget runs out.
+//!
+//! `--serve` instead answers the paired gate's requests (schema::ServeRequest),
+//! one JSON line each way, keeping its context and buffers between them.
 
+use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 use kernel_ffi::bench::{self, Shape};
+use kernel_ffi::probe::Probes;
 use kernel_ffi::rng::Rng;
-use kernel_ffi::schema::{BenchCase, BenchRun, ShapeRecord};
-use kernel_ffi::{Attention, Desc, Dtype, Entry, Layout, Options, Splits, Tensor};
+use kernel_ffi::schema::{BenchCase, BenchRun, SERVE_PROTOCOL, ServeReply, ServeRequest, ShapeRecord};
+use kernel_ffi::{Attention, Desc, Dtype, Entry, Launched, Layout, Options, Splits, Tensor};
 
 #[derive(Parser)]
 #[command(about = "Time the FlashAttention kernels")]
@@ -40,6 +45,7 @@ struct Args {
     /// Stop when IQR/median/√n falls under this.
     #[arg(long, default_value_t = 0.001)]
     target_spread: f64,
+    /// Fewest samples per case before the spread may stop it.
     #[arg(long, default_value_t = 30)]
     min_samples: usize,
     /// Calls shorter than this are timed by CUDA-graph replay.
@@ -51,29 +57,42 @@ struct Args {
     /// Write JSON here (else stdout).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Answer the paired gate's requests on stdin/stdout instead of timing a set.
+    #[arg(long)]
+    serve: bool,
+    /// With --serve: make every timed half this fraction slower (a spin kernel
+    /// inside the half): the planted slowdown of `cargo xtask bench --self-test`.
+    #[arg(long, default_value_t = 0.0, requires = "serve")]
+    plant_slowdown: f64,
 }
 
 fn main() -> std::process::ExitCode {
     kernel_ffi::cli::finish(run())
 }
 
+fn parse_dtype(d: &str) -> Result<Dtype> {
+    match d {
+        "f16" => Ok(Dtype::F16),
+        "bf16" => Ok(Dtype::Bf16),
+        other => bail!("unknown dtype `{other}`; use f16 or bf16"),
+    }
+}
+
 fn run() -> Result<()> {
     let args = Args::parse();
+    if !(0.0..1.0).contains(&args.plant_slowdown) {
+        bail!("--plant-slowdown {}: expected a fraction in [0, 1)", args.plant_slowdown);
+    }
     let shapes = if args.shapes.is_empty() { bench::default_shapes() } else { args.shapes.clone() };
-    let dtypes: Vec<Dtype> = args
-        .dtype
-        .iter()
-        .map(|d| match d.as_str() {
-            "f16" => Ok(Dtype::F16),
-            "bf16" => Ok(Dtype::Bf16),
-            other => bail!("unknown dtype `{other}`; use f16 or bf16"),
-        })
-        .collect::<Result<_>>()?;
+    let dtypes: Vec<Dtype> = args.dtype.iter().map(|d| parse_dtype(d)).collect::<Result<_>>()?;
     let att = Attention::new(0).context("setting up the kernels")?;
-    let sm_count = att.device().sm_count;
-    eprintln!("fa-bench: {} on {} ({sm_count} SMs)", shapes.len() * dtypes.len(), att.device().name);
     // 256 MiB: several times any L2 (50-60 MB on H100/H200, 48 MB on L4).
     let mut flush = att.stream().alloc_zeros::<u8>(256 << 20)?;
+    if args.serve {
+        return serve(&att, &args, &mut flush);
+    }
+    let sm_count = att.device().sm_count;
+    eprintln!("fa-bench: {} on {} ({sm_count} SMs)", shapes.len() * dtypes.len(), att.device().name);
     let mut cases = Vec::new();
     for &dtype in &dtypes {
         for shape in &shapes {
@@ -111,8 +130,143 @@ fn run() -> Result<()> {
     Ok(())
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    /// A CUDA graph of many calls, replayed back to back: short calls without launch gaps.
+    GraphReplay,
+    /// One call between events, L2 flushed by a memset queued ahead of the start event.
+    EventsColdL2,
+}
+
+impl Method {
+    fn name(self) -> &'static str {
+        match self {
+            Method::GraphReplay => "graph-replay",
+            Method::EventsColdL2 => "events-cold-l2",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Method> {
+        match s {
+            "graph-replay" => Ok(Method::GraphReplay),
+            "events-cold-l2" => Ok(Method::EventsColdL2),
+            other => bail!("unknown timing method `{other}`: expected graph-replay or events-cold-l2"),
+        }
+    }
+}
+
+/// One shape's inputs and output on the GPU, ready to be called.
+struct Case<'a> {
+    att: &'a Attention,
+    shape: Shape,
+    dtype: Dtype,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    opts: Options,
+    launched: Launched,
+}
+
 fn random_tensor(att: &Attention, dtype: Dtype, desc: Desc, seed: u64) -> Result<Tensor> {
     Ok(att.upload(dtype, desc, &Rng::new(seed).bits(dtype, desc.span(), -1.0, 1.0))?)
+}
+
+impl<'a> Case<'a> {
+    /// Uploads fixed-seed random inputs (the same on every side of a comparison)
+    /// and runs one warm-up call.
+    fn new(att: &'a Attention, dtype: Dtype, shape: Shape, splits: Splits, entry: Entry) -> Result<Case<'a>> {
+        let desc = Desc::new([shape.batch, shape.heads, shape.seqlen, shape.head_dim], Layout::Bhsd);
+        let (q, k, v) = (
+            random_tensor(att, dtype, desc, 1)?,
+            random_tensor(att, dtype, desc, 2)?,
+            random_tensor(att, dtype, desc, 3)?,
+        );
+        let mut out = att.alloc_poisoned(dtype, desc)?;
+        let opts = Options { causal: shape.causal, scale: None, splits, entry };
+        let launched = att.forward(&q, &k, &v, &mut out, None, &opts)?;
+        att.synchronize()?;
+        Ok(Case { att, shape, dtype, q, k, v, out, opts, launched })
+    }
+
+    fn call(&mut self) -> Result<()> {
+        self.att.forward(&self.q, &self.k, &self.v, &mut self.out, None, &self.opts)?;
+        Ok(())
+    }
+
+    fn event(&self) -> Result<CudaEvent> {
+        Ok(self.att.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
+    }
+
+    /// One call's GPU time, which picks the method: the median of three batches of
+    /// ten calls, each queued behind ~1 GB of memsets and a warm-up call, so that
+    /// neither the CPU's launch cost nor the cold first call moves it (a case near
+    /// --graph-below-us must not flip methods between processes).
+    fn estimate_us(&mut self, flush: &mut CudaSlice<u8>) -> Result<f64> {
+        let s = self.att.stream().clone();
+        let mut batches = Vec::new();
+        for _ in 0..3 {
+            let (e0, e1) = (self.event()?, self.event()?);
+            for _ in 0..4 {
+                s.memset_zeros(flush)?;
+            }
+            self.call()?;
+            e0.record(&s)?;
+            for _ in 0..10 {
+                self.call()?;
+            }
+            e1.record(&s)?;
+            self.att.synchronize()?;
+            batches.push(elapsed_us(&e0, &e1)? / 10.0);
+        }
+        Ok(bench::stats(&batches).median)
+    }
+
+    /// A graph of `n` calls, instantiated.
+    fn graph(&mut self, n: usize) -> Result<CudaGraph> {
+        let s = self.att.stream().clone();
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        for _ in 0..n {
+            self.call()?;
+        }
+        let graph = s.end_capture(CUgraphInstantiate_flags(0))?.context("the capture recorded no work")?;
+        graph.launch()?; // warm the graph
+        Ok(graph)
+    }
+
+    fn record(&self, method: Method, samples: &[f64]) -> BenchCase {
+        let st = bench::stats(samples);
+        let shape = self.shape;
+        BenchCase {
+            name: shape.name(self.dtype),
+            dtype: self.dtype.name().into(),
+            shape: ShapeRecord {
+                batch: shape.batch,
+                heads: shape.heads,
+                kv_heads: shape.heads,
+                seqlen_q: shape.seqlen,
+                seqlen_k: shape.seqlen,
+                head_dim: shape.head_dim,
+                causal: shape.causal,
+            },
+            method: method.name().into(),
+            samples: samples.len(),
+            median_us: st.median,
+            q1_us: st.q1,
+            q3_us: st.q3,
+            min_us: st.min,
+            mean_us: st.mean,
+            rel_stdev: st.rel_stdev,
+            tflops: shape.flops() / (st.median * 1e-6) / 1e12,
+            ctas: self.launched.ctas,
+            num_splits: self.launched.num_splits,
+            entry: self.launched.entry_record(),
+        }
+    }
+}
+
+fn elapsed_us(a: &CudaEvent, b: &CudaEvent) -> Result<f64> {
+    Ok(f64::from(a.elapsed_ms(b)?) * 1e3)
 }
 
 fn bench_case(
@@ -122,115 +276,192 @@ fn bench_case(
     shape: &Shape,
     flush: &mut CudaSlice<u8>,
 ) -> Result<Option<BenchCase>> {
-    let desc = Desc::new([shape.batch, shape.heads, shape.seqlen, shape.head_dim], Layout::Bhsd);
-    let q = random_tensor(att, dtype, desc, 1)?;
-    let k = random_tensor(att, dtype, desc, 2)?;
-    let v = random_tensor(att, dtype, desc, 3)?;
-    let mut out = att.alloc_poisoned(dtype, desc)?;
-    let opts = Options { causal: shape.causal, scale: None, splits: args.splits, entry: args.entry };
-    let s = att.stream();
-    let call = |out: &mut Tensor| att.forward(&q, &k, &v, out, None, &opts);
-    let launched = call(&mut out)?;
-    att.synchronize()?;
+    let mut case = Case::new(att, dtype, *shape, args.splits, args.entry)?;
     if let Some(n) = args.launches_only {
         for _ in 1..n {
-            call(&mut out)?;
+            case.call()?;
         }
         att.synchronize()?;
         return Ok(None);
     }
-    let ev = || att.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
-    let elapsed_us = |a: &cudarc::driver::CudaEvent, b: &cudarc::driver::CudaEvent| -> Result<f64> {
-        Ok(f64::from(a.elapsed_ms(b)?) * 1e3)
-    };
-
-    // The estimate that picks the method: the median of three batches of ten calls,
-    // each queued behind ~1 GB of memsets and a warm-up call, so that neither the
-    // CPU's launch cost nor the cold first call moves it (a case near
-    // --graph-below-us must not flip methods between processes).
-    let mut batches = Vec::new();
-    for _ in 0..3 {
-        let (e0, e1) = (ev()?, ev()?);
-        for _ in 0..4 {
-            s.memset_zeros(flush)?;
-        }
-        call(&mut out)?;
-        e0.record(s)?;
-        for _ in 0..10 {
-            call(&mut out)?;
-        }
-        e1.record(s)?;
-        att.synchronize()?;
-        batches.push(elapsed_us(&e0, &e1)? / 10.0);
-    }
-    let estimate = bench::stats(&batches).median;
-
+    let estimate = case.estimate_us(flush)?;
+    let s = att.stream().clone();
     let budget = Duration::from_millis(args.budget_ms);
     let start = Instant::now();
     let mut samples = Vec::new();
-    let method;
-    if estimate < args.graph_below_us {
-        method = "graph-replay";
-        let per_graph = ((200.0 / estimate.max(0.5)) as usize).clamp(10, 200);
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        for _ in 0..per_graph {
-            call(&mut out)?;
-        }
-        let graph = s.end_capture(CUgraphInstantiate_flags(0))?.context("the capture recorded no work")?;
-        graph.launch()?; // warm the graph
-        while !bench::converged(&samples, args.min_samples, args.target_spread) && start.elapsed() < budget {
-            let events: Vec<_> = (0..21).map(|_| ev()).collect::<Result<_, _>>()?;
-            events[0].record(s)?;
-            for e in &events[1..] {
-                graph.launch()?;
-                e.record(s)?;
-            }
-            att.synchronize()?;
-            for w in events.windows(2) {
-                samples.push(elapsed_us(&w[0], &w[1])? / per_graph as f64);
+    let method = if estimate < args.graph_below_us { Method::GraphReplay } else { Method::EventsColdL2 };
+    match method {
+        Method::GraphReplay => {
+            let per_graph = ((200.0 / estimate.max(0.5)) as usize).clamp(10, 200);
+            let graph = case.graph(per_graph)?;
+            while !bench::converged(&samples, args.min_samples, args.target_spread) && start.elapsed() < budget {
+                let events: Vec<_> = (0..21).map(|_| case.event()).collect::<Result<_>>()?;
+                events[0].record(&s)?;
+                for e in &events[1..] {
+                    graph.launch()?;
+                    e.record(&s)?;
+                }
+                att.synchronize()?;
+                for w in events.windows(2) {
+                    samples.push(elapsed_us(&w[0], &w[1])? / per_graph as f64);
+                }
             }
         }
-    } else {
-        method = "events-cold-l2";
-        while !bench::converged(&samples, args.min_samples, args.target_spread) && start.elapsed() < budget {
-            let pairs: Vec<_> =
-                (0..10).map(|_| Ok::<_, cudarc::driver::DriverError>((ev()?, ev()?))).collect::<Result<_, _>>()?;
-            for (a, b) in &pairs {
-                s.memset_zeros(flush)?; // evicts L2 and keeps the GPU busy while we enqueue
-                a.record(s)?;
-                call(&mut out)?;
-                b.record(s)?;
-            }
-            att.synchronize()?;
-            for (a, b) in &pairs {
-                samples.push(elapsed_us(a, b)?);
+        Method::EventsColdL2 => {
+            while !bench::converged(&samples, args.min_samples, args.target_spread) && start.elapsed() < budget {
+                let pairs: Vec<_> = (0..10).map(|_| Ok((case.event()?, case.event()?))).collect::<Result<_>>()?;
+                for (a, b) in &pairs {
+                    s.memset_zeros(flush)?; // evicts L2 and keeps the GPU busy while we enqueue
+                    a.record(&s)?;
+                    case.call()?;
+                    b.record(&s)?;
+                }
+                att.synchronize()?;
+                for (a, b) in &pairs {
+                    samples.push(elapsed_us(a, b)?);
+                }
             }
         }
     }
-    let st = bench::stats(&samples);
-    Ok(Some(BenchCase {
-        name: shape.name(dtype),
-        dtype: dtype.name().into(),
-        shape: ShapeRecord {
-            batch: shape.batch,
-            heads: shape.heads,
-            kv_heads: shape.heads,
-            seqlen_q: shape.seqlen,
-            seqlen_k: shape.seqlen,
-            head_dim: shape.head_dim,
-            causal: shape.causal,
-        },
-        method: method.into(),
-        samples: samples.len(),
-        median_us: st.median,
-        q1_us: st.q1,
-        q3_us: st.q3,
-        min_us: st.min,
-        mean_us: st.mean,
-        rel_stdev: st.rel_stdev,
-        tflops: shape.flops() / (st.median * 1e-6) / 1e12,
-        ctas: launched.ctas,
-        num_splits: launched.num_splits,
-        entry: launched.entry_record(),
-    }))
+    Ok(Some(case.record(method, &samples)))
+}
+
+/// The case a server holds between requests.
+struct Served<'a> {
+    case: Case<'a>,
+    method: Method,
+    /// One call's time by `method`, which sizes the planted spin.
+    call_us: f64,
+    /// The graph of the last `Time` request's size, kept while the size holds.
+    graph: Option<(usize, CudaGraph)>,
+}
+
+/// Answers requests until `Quit` or end of input. A failed request is answered
+/// with `Error` and the server goes on; a broken stdout ends it.
+fn serve(att: &Attention, args: &Args, flush: &mut CudaSlice<u8>) -> Result<()> {
+    let mut probes = Probes::load(att)?;
+    let mut out = std::io::stdout().lock();
+    let mut reply = |r: &ServeReply| -> Result<()> {
+        writeln!(out, "{}", serde_json::to_string(r)?).context("writing a reply")?;
+        out.flush().context("writing a reply")
+    };
+    let default_shapes = bench::default_shapes().iter().map(Shape::spec).collect();
+    reply(&ServeReply::Hello { protocol: SERVE_PROTOCOL, device: att.device().clone(), default_shapes })?;
+    let mut served: Option<Served> = None;
+    for line in std::io::stdin().lock().lines() {
+        let line = line.context("reading a request")?;
+        let answer = match serde_json::from_str::<ServeRequest>(&line) {
+            Err(e) => Err(anyhow::anyhow!("request `{line}` is not a ServeRequest: {e}")),
+            Ok(ServeRequest::Quit) => return Ok(()),
+            Ok(ServeRequest::Setup { shape, dtype, method }) => {
+                served = None; // free the last case's buffers first
+                setup(att, args, flush, &shape, &dtype, method.as_deref()).map(|s| {
+                    let r = ready(&s);
+                    served = Some(s);
+                    r
+                })
+            }
+            Ok(ServeRequest::Time { launches, probe }) => match served.as_mut() {
+                None => Err(anyhow::anyhow!("`time` before any `setup`")),
+                Some(s) => time_half(s, &mut probes, flush, launches, probe, args.plant_slowdown),
+            },
+        };
+        reply(&answer.unwrap_or_else(|e| ServeReply::Error { message: format!("{e:#}") }))?;
+    }
+    Ok(())
+}
+
+fn setup<'a>(
+    att: &'a Attention,
+    args: &Args,
+    flush: &mut CudaSlice<u8>,
+    shape: &str,
+    dtype: &str,
+    method: Option<&str>,
+) -> Result<Served<'a>> {
+    let shape = Shape::parse(shape).map_err(anyhow::Error::msg)?;
+    let mut case = Case::new(att, parse_dtype(dtype)?, shape, args.splits, args.entry)?;
+    let estimate = case.estimate_us(flush)?;
+    let method = match method {
+        Some(m) => Method::parse(m)?,
+        None if estimate < args.graph_below_us => Method::GraphReplay,
+        None => Method::EventsColdL2,
+    };
+    let mut served = Served { case, method, call_us: estimate, graph: None };
+    if method == Method::EventsColdL2 {
+        // Cold calls take longer than the warm batches of the estimate.
+        let mut cold = Vec::new();
+        for _ in 0..5 {
+            cold.push(timed(&mut served, flush, 1, None)?);
+        }
+        served.call_us = bench::stats(&cold).median;
+    }
+    Ok(served)
+}
+
+fn ready(s: &Served) -> ServeReply {
+    ServeReply::Ready {
+        name: s.case.shape.name(s.case.dtype),
+        method: s.method.name().into(),
+        estimate_us: s.call_us,
+        flops: s.case.shape.flops(),
+        entry: s.case.launched.entry_record(),
+        num_splits: s.case.launched.num_splits,
+        ctas: s.case.launched.ctas,
+    }
+}
+
+/// Mean µs per call of one half; `plant` (probes, ns) spins inside its timed window.
+fn timed(s: &mut Served, flush: &mut CudaSlice<u8>, launches: usize, plant: Option<(&Probes, u64)>) -> Result<f64> {
+    let stream = s.case.att.stream().clone();
+    let total = match s.method {
+        Method::GraphReplay => {
+            if s.graph.as_ref().map(|g| g.0) != Some(launches) {
+                s.graph = None;
+                s.graph = Some((launches, s.case.graph(launches)?));
+            }
+            let (e0, e1) = (s.case.event()?, s.case.event()?);
+            stream.memset_zeros(flush)?;
+            e0.record(&stream)?;
+            s.graph.as_ref().expect("captured above").1.launch()?;
+            if let Some((p, ns)) = plant {
+                p.spin(ns)?;
+            }
+            e1.record(&stream)?;
+            s.case.att.synchronize()?;
+            elapsed_us(&e0, &e1)?
+        }
+        Method::EventsColdL2 => {
+            let pairs: Vec<_> = (0..launches).map(|_| Ok((s.case.event()?, s.case.event()?))).collect::<Result<_>>()?;
+            for (i, (a, b)) in pairs.iter().enumerate() {
+                stream.memset_zeros(flush)?;
+                a.record(&stream)?;
+                s.case.call()?;
+                if let Some((p, ns)) = plant.filter(|_| i + 1 == launches) {
+                    p.spin(ns)?;
+                }
+                b.record(&stream)?;
+            }
+            s.case.att.synchronize()?;
+            pairs.iter().map(|(a, b)| elapsed_us(a, b)).sum::<Result<f64>>()?
+        }
+    };
+    Ok(total / launches as f64)
+}
+
+fn time_half(
+    s: &mut Served,
+    probes: &mut Probes,
+    flush: &mut CudaSlice<u8>,
+    launches: usize,
+    probe: bool,
+    plant: f64,
+) -> Result<ServeReply> {
+    if launches == 0 || launches > 10_000 {
+        bail!("`time` with {launches} launches: expected 1 to 10000");
+    }
+    let plant_ns = (plant * s.call_us * launches as f64 * 1e3) as u64;
+    let us = timed(s, flush, launches, (plant_ns > 0).then_some((&*probes, plant_ns)))?;
+    let sm_mhz = if probe { Some(probes.clock_mhz()?) } else { None };
+    Ok(ServeReply::Timed { us, sm_mhz })
 }
