@@ -135,7 +135,7 @@ pub struct Entry {
 }
 
 /// What a forward call launched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Launched {
     pub num_splits: u32,
     /// CTAs of the attention kernel (0 when nothing was launched).

@@ -821,4 +821,75 @@ mod tests {
             assert!(us.is_finite() && *us > 100.0 && (x - us / 240.0).abs() < 1e-12, "{us} {x}");
         }
     }
+
+    fn gate_shape(name: &str, change: f64, lo: f64, hi: f64, verdict: Verdict) -> gate::ShapeGate {
+        let rule = gate::sequence::Rule::for_shapes(1, 6.0);
+        gate::ShapeGate {
+            change,
+            ci_low: lo,
+            ci_high: hi,
+            ..gate::summarise(
+                name.into(),
+                "events-cold-l2".into(),
+                (1, 1e9),
+                Default::default(),
+                &rule,
+                vec![],
+                verdict,
+                1.0,
+            )
+        }
+    }
+
+    fn gate_run(shapes: Vec<gate::ShapeGate>) -> GateRun {
+        GateRun {
+            device: crate::schema::DeviceInfo {
+                name: "NVIDIA H100 80GB HBM3".into(),
+                compute_capability: "9.0".into(),
+                sm_count: 132,
+                driver: None,
+                uuid: Some("GPU-62b9475d-913e-016c-1900-e1ee75cb8d6c".into()),
+            },
+            rule: gate::sequence::Rule::for_shapes(shapes.len(), 6.0),
+            seed: 2,
+            clocks_locked: false,
+            monitored: true,
+            shapes,
+        }
+    }
+
+    #[test]
+    fn the_self_test_flags_a_biased_aa_and_a_missed_plant() {
+        let aa = gate_run(vec![
+            gate_shape("steady", 0.0002, -0.0004, 0.0006, Verdict::Same),
+            gate_shape("offset", -0.0098, -0.0104, -0.0092, Verdict::Same),
+        ]);
+        let planted = gate_run(vec![
+            gate_shape("steady", 0.03, 0.028, 0.032, Verdict::Regression),
+            gate_shape("offset", 0.0198, 0.019, 0.021, Verdict::Inconclusive),
+        ]);
+        let shapes = self_test_shapes(&aa, &planted);
+        assert_eq!((shapes[0].biased, shapes[0].caught), (false, true));
+        assert_eq!((shapes[1].biased, shapes[1].caught), (true, false));
+        let payload = |t: Option<SelfTest>, g: Option<GateRun>| BenchPayload {
+            mode: "x".into(),
+            runs: vec![],
+            gate: g,
+            self_test: t,
+            baseline: vec![],
+            clock_warning: None,
+            torch: vec![],
+        };
+        let t = SelfTest { planted: 0.03, shapes, aa: aa.clone(), planted_run: planted.clone() };
+        let err = verdict(&payload(Some(t), None)).unwrap_err();
+        assert!(err.downcast_ref::<CannotRun>().is_some_and(|e| e.0.contains("biased on [offset]")), "{err}");
+        // The same run as a gate: an inconclusive shape fails, naming it and what to try.
+        let err = verdict(&payload(None, Some(planted))).unwrap_err();
+        let msg = err.downcast_ref::<CheckFailed>().unwrap().0.clone();
+        assert!(msg.contains("steady REGRESSION") && msg.contains("offset INCONCLUSIVE"), "{msg}");
+        assert!(msg.contains("--gate-secs"), "{msg}");
+        assert!(verdict(&payload(None, Some(aa.clone()))).is_ok());
+        let md = markdown(&payload(None, Some(aa)));
+        assert!(md.contains("GPU-62b9475d") && md.contains("| offset | ") && md.contains("[-1.04%, -0.92%]"), "{md}");
+    }
 }

@@ -155,15 +155,23 @@ impl Method {
     }
 }
 
-/// One shape's inputs and output on the GPU, ready to be called.
-struct Case<'a> {
-    att: &'a Attention,
-    shape: Shape,
-    dtype: Dtype,
+/// One input set: Q, K, V and the output.
+struct Buffers {
     q: Tensor,
     k: Tensor,
     v: Tensor,
     out: Tensor,
+}
+
+/// One shape's input sets on the GPU, ready to be called. Calls go round the
+/// sets, so that no single allocation's placement decides a process's speed
+/// (two processes timing one build differ by up to 0.7% on one set each).
+struct Case<'a> {
+    att: &'a Attention,
+    shape: Shape,
+    dtype: Dtype,
+    sets: Vec<Buffers>,
+    next: usize,
     opts: Options,
     launched: Launched,
 }
@@ -173,35 +181,52 @@ fn random_tensor(att: &Attention, dtype: Dtype, desc: Desc, seed: u64) -> Result
 }
 
 impl<'a> Case<'a> {
-    /// Uploads fixed-seed random inputs (the same on every side of a comparison)
-    /// and runs one warm-up call.
-    fn new(att: &'a Attention, dtype: Dtype, shape: Shape, splits: Splits, entry: Entry) -> Result<Case<'a>> {
+    /// Uploads `sets` input sets of fixed-seed random data (the same on every
+    /// side of a comparison) and runs one warm-up call on each.
+    fn new(
+        att: &'a Attention,
+        dtype: Dtype,
+        shape: Shape,
+        splits: Splits,
+        entry: Entry,
+        sets: u64,
+    ) -> Result<Case<'a>> {
         let desc = Desc::new([shape.batch, shape.heads, shape.seqlen, shape.head_dim], Layout::Bhsd);
-        let (q, k, v) = (
-            random_tensor(att, dtype, desc, 1)?,
-            random_tensor(att, dtype, desc, 2)?,
-            random_tensor(att, dtype, desc, 3)?,
-        );
-        let mut out = att.alloc_poisoned(dtype, desc)?;
+        let sets = (0..sets)
+            .map(|i| {
+                Ok(Buffers {
+                    q: random_tensor(att, dtype, desc, 3 * i + 1)?,
+                    k: random_tensor(att, dtype, desc, 3 * i + 2)?,
+                    v: random_tensor(att, dtype, desc, 3 * i + 3)?,
+                    out: att.alloc_poisoned(dtype, desc)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let opts = Options { causal: shape.causal, scale: None, splits, entry };
-        let launched = att.forward(&q, &k, &v, &mut out, None, &opts)?;
+        let mut case = Case { att, shape, dtype, sets, next: 0, opts, launched: Launched::default() };
+        for _ in 0..case.sets.len() {
+            case.launched = case.call()?;
+        }
         att.synchronize()?;
-        Ok(Case { att, shape, dtype, q, k, v, out, opts, launched })
+        Ok(case)
     }
 
-    fn call(&mut self) -> Result<()> {
-        self.att.forward(&self.q, &self.k, &self.v, &mut self.out, None, &self.opts)?;
-        Ok(())
+    fn call(&mut self) -> Result<Launched> {
+        let i = self.next;
+        self.next = (i + 1) % self.sets.len();
+        let b = &mut self.sets[i];
+        Ok(self.att.forward(&b.q, &b.k, &b.v, &mut b.out, None, &self.opts)?)
     }
 
     fn event(&self) -> Result<CudaEvent> {
         Ok(self.att.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
     }
 
-    /// One call's GPU time, which picks the method: the median of three batches of
-    /// ten calls, each queued behind ~1 GB of memsets and a warm-up call, so that
+    /// One call's GPU time, which picks the method: the fastest of three batches
+    /// of ten calls, each queued behind ~1 GB of memsets and a warm-up call, so that
     /// neither the CPU's launch cost nor the cold first call moves it (a case near
-    /// --graph-below-us must not flip methods between processes).
+    /// --graph-below-us must not flip methods between processes). The fastest,
+    /// because a CPU stall only ever lengthens a batch.
     fn estimate_us(&mut self, flush: &mut CudaSlice<u8>) -> Result<f64> {
         let s = self.att.stream().clone();
         let mut batches = Vec::new();
@@ -219,7 +244,7 @@ impl<'a> Case<'a> {
             self.att.synchronize()?;
             batches.push(elapsed_us(&e0, &e1)? / 10.0);
         }
-        Ok(bench::stats(&batches).median)
+        Ok(bench::stats(&batches).min)
     }
 
     /// A graph of `n` calls, instantiated.
@@ -276,7 +301,7 @@ fn bench_case(
     shape: &Shape,
     flush: &mut CudaSlice<u8>,
 ) -> Result<Option<BenchCase>> {
-    let mut case = Case::new(att, dtype, *shape, args.splits, args.entry)?;
+    let mut case = Case::new(att, dtype, *shape, args.splits, args.entry, 1)?;
     if let Some(n) = args.launches_only {
         for _ in 1..n {
             case.call()?;
@@ -326,14 +351,19 @@ fn bench_case(
     Ok(Some(case.record(method, &samples)))
 }
 
+/// Input sets a server goes round.
+const SERVE_SETS: u64 = 4;
+
 /// The case a server holds between requests.
 struct Served<'a> {
     case: Case<'a>,
     method: Method,
-    /// One call's time by `method`, which sizes the planted spin.
+    /// One call's time by `method`, from the calibration.
     call_us: f64,
     /// The graph of the last `Time` request's size, kept while the size holds.
     graph: Option<(usize, CudaGraph)>,
+    /// The planted spin for halves of (launches), in ns, once calibrated.
+    plant_ns: Option<(usize, u64)>,
 }
 
 /// Answers requests until `Quit` or end of input. A failed request is answered
@@ -380,14 +410,14 @@ fn setup<'a>(
     method: Option<&str>,
 ) -> Result<Served<'a>> {
     let shape = Shape::parse(shape).map_err(anyhow::Error::msg)?;
-    let mut case = Case::new(att, parse_dtype(dtype)?, shape, args.splits, args.entry)?;
+    let mut case = Case::new(att, parse_dtype(dtype)?, shape, args.splits, args.entry, SERVE_SETS)?;
     let estimate = case.estimate_us(flush)?;
     let method = match method {
         Some(m) => Method::parse(m)?,
         None if estimate < args.graph_below_us => Method::GraphReplay,
         None => Method::EventsColdL2,
     };
-    let mut served = Served { case, method, call_us: estimate, graph: None };
+    let mut served = Served { case, method, call_us: estimate, graph: None, plant_ns: None };
     if method == Method::EventsColdL2 {
         // Cold calls take longer than the warm batches of the estimate.
         let mut cold = Vec::new();
@@ -460,8 +490,34 @@ fn time_half(
     if launches == 0 || launches > 10_000 {
         bail!("`time` with {launches} launches: expected 1 to 10000");
     }
-    let plant_ns = (plant * s.call_us * launches as f64 * 1e3) as u64;
+    let plant_ns = if plant > 0.0 { plant_spin_ns(s, probes, flush, launches, plant)? } else { 0 };
     let us = timed(s, flush, launches, (plant_ns > 0).then_some((&*probes, plant_ns)))?;
     let sm_mhz = if probe { Some(probes.clock_mhz()?) } else { None };
     Ok(ServeReply::Timed { us, sm_mhz })
+}
+
+/// The spin that makes a half of `launches` calls `plant` slower: the fraction
+/// of the half's own time, less what launching a spin costs (the median of five
+/// halves with a zero spin against five without). Measured once per half size.
+fn plant_spin_ns(
+    s: &mut Served,
+    probes: &Probes,
+    flush: &mut CudaSlice<u8>,
+    launches: usize,
+    plant: f64,
+) -> Result<u64> {
+    if let Some((n, ns)) = s.plant_ns
+        && n == launches
+    {
+        return Ok(ns);
+    }
+    let (mut bare, mut zero) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        bare.push(timed(s, flush, launches, None)? * launches as f64);
+        zero.push(timed(s, flush, launches, Some((probes, 1)))? * launches as f64);
+    }
+    let (bare, zero) = (bench::stats(&bare).median, bench::stats(&zero).median);
+    let ns = ((plant * bare - (zero - bare).max(0.0)) * 1e3).max(1.0) as u64;
+    s.plant_ns = Some((launches, ns));
+    Ok(ns)
 }

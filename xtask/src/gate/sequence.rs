@@ -354,6 +354,49 @@ mod tests {
         assert_eq!(median_interval(&[1.0, 2.0], 0.01), (f64::NEG_INFINITY, f64::INFINITY));
     }
 
+    /// Quads captured by `bench --self-test` on an H100: replaying each series
+    /// through the rule, at the seconds it took, gives the verdict the device gave.
+    #[test]
+    fn captured_h100_quads_replay_to_their_verdicts() {
+        let text = include_str!("../../tests/data/h100/gate-self-test-quads.json");
+        let data: serde_json::Value = serde_json::from_str(text).unwrap();
+        let alpha = data["alpha"].as_f64().unwrap();
+        let rule = Rule { alpha, ..Rule::for_shapes(1, 6.0) };
+        let replay = |rs: &[f64], secs: f64| {
+            let mut sorted = Vec::new();
+            for (i, &r) in rs.iter().enumerate() {
+                insert_sorted(&mut sorted, r);
+                let t = secs * (i + 1) as f64 / rs.len() as f64;
+                if let Step::Stop(v) = step(&rule, &sorted, 0, i + 1, t) {
+                    return (v, i + 1);
+                }
+            }
+            (Verdict::Inconclusive, rs.len())
+        };
+        let series =
+            |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+        let verdict = |v: &serde_json::Value| serde_json::from_value::<Verdict>(v.clone()).unwrap();
+        for (name, shape) in data["shapes"].as_object().unwrap() {
+            for side in ["aa", "planted"] {
+                let rs = series(&shape[side]);
+                let (v, n) = replay(&rs, shape[format!("{side}_seconds")].as_f64().unwrap());
+                assert_eq!(v, verdict(&shape[format!("{side}_verdict")]), "{name} {side}");
+                assert_eq!(n, rs.len(), "{name} {side}: stopped where the device stopped");
+            }
+        }
+        // The 8192-key shapes the process-level gate could not call: decided both ways.
+        let causal = &data["shapes"]["f16-b2h16s8192d128-causal"];
+        assert_eq!(verdict(&causal["planted_verdict"]), Verdict::Regression);
+        assert_eq!(verdict(&causal["aa_verdict"]), Verdict::Same);
+        // B1 H16 S512 D128: the two processes differ by about 1%, so the planted
+        // 3% reads as about 2% and stays undecided.
+        let offset = &data["shapes"]["f16-b1h16s512d128"];
+        let mut aa = series(&offset["aa"]);
+        aa.sort_by(f64::total_cmp);
+        let (lo, hi) = median_interval(&aa, alpha);
+        assert!(hi < -0.003 && lo > -0.012, "[{lo}, {hi}]");
+    }
+
     #[test]
     fn median_even_and_odd() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
