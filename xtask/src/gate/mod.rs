@@ -453,21 +453,17 @@ mod tests {
 mod process_tests {
     use super::*;
 
+    fn data(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    }
+
+    /// A side served by the stand-in, `factor` slower; no executable is written
+    /// here (a file being written while another test forks cannot be run).
     fn fake(dir: &Path, factor: f64) -> Side {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fake-serve.py");
-        let wrapper = dir.join(format!("fake-{factor}.sh"));
-        let clock = dir.join("clock");
-        std::fs::write(
-            &wrapper,
-            format!(
-                "#!/bin/sh\nFAKE_FACTOR={factor} FAKE_CLOCK={} exec {} \"$@\"\n",
-                clock.display(),
-                script.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        Side::new(wrapper, dir.to_path_buf())
+        let side = dir.join(format!("side-{factor}"));
+        std::fs::create_dir_all(&side).unwrap();
+        std::fs::write(side.join("factor"), factor.to_string()).unwrap();
+        Side::new(data("fake-serve.py"), side)
     }
 
     fn opts() -> Options {
@@ -507,10 +503,8 @@ mod process_tests {
     #[test]
     fn a_base_without_the_serve_protocol_is_refused_clearly() {
         let d = tempfile::tempdir().unwrap();
-        let old = d.path().join("old-fa-bench");
-        std::fs::write(&old, "#!/bin/sh\necho 'error: unexpected argument --serve' >&2\nexit 2\n").unwrap();
-        std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let err = run(&Side::new(old, d.path().into()), &fake(d.path(), 1.0), &opts(), d.path()).unwrap_err();
+        let old = Side::new(data("old-fa-bench.sh"), d.path().into());
+        let err = run(&old, &fake(d.path(), 1.0), &opts(), d.path()).unwrap_err();
         let msg = format!("{err:#}");
         assert!(msg.contains("starting the base") && msg.contains("unexpected argument --serve"), "{msg}");
     }

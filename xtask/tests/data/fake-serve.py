@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """A stand-in for `fa-bench --serve` (kernel-ffi/src/schema.rs, ServeRequest):
-the gate's orchestration tested without a GPU. Call times share one two-level
-clock through a file, as two processes on one GPU share its power state; the
-candidate is FAKE_FACTOR slower; --plant-slowdown adds its fraction."""
+the gate's orchestration tested without a GPU. Its side's settings come through
+the FA_KERNEL_DIR the gate sets: DIR/factor (how much slower this side is).
+Call times share one two-level clock through DIR/../clock, as two processes on
+one GPU share its power state; --plant-slowdown adds its fraction."""
 import json, os, random, sys
 
-factor = float(os.environ.get("FAKE_FACTOR", "1.0"))
+side = os.environ["FA_KERNEL_DIR"]
+factor = float(open(os.path.join(side, "factor")).read())
 plant = float(sys.argv[sys.argv.index("--plant-slowdown") + 1]) if "--plant-slowdown" in sys.argv else 0.0
-clock = os.environ["FAKE_CLOCK"]
+clock = os.path.join(side, os.pardir, "clock")
 rng = random.Random(os.getpid())
 
 def say(obj):
