@@ -204,7 +204,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         payload.mode = "gate".into();
         payload.gate = Some(gate::run(base, &cand, &opts.gate(), &dir)?);
     }
-    if base.is_none() && opts.self_test.is_none() || opts.vs_torch {
+    if (base.is_none() && opts.self_test.is_none()) || opts.vs_torch {
         plain_runs(paths, &cand, opts, &dir, &mut payload)?;
     }
     if let Some(g) = &payload.gate {

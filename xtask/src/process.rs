@@ -261,11 +261,16 @@ impl Session {
         }
     }
 
-    /// Writes one line and reads the answer.
-    pub fn request(&mut self, line: &str, timeout: Duration) -> Result<String> {
+    /// Writes one line, expecting no answer.
+    pub fn send(&mut self, line: &str) -> Result<()> {
         writeln!(self.stdin, "{line}")
             .and_then(|()| self.stdin.flush())
-            .with_context(|| format!("writing to `{}`{}", self.shown, self.see_log()))?;
+            .with_context(|| format!("writing to `{}`{}", self.shown, self.see_log()))
+    }
+
+    /// Writes one line and reads the answer.
+    pub fn request(&mut self, line: &str, timeout: Duration) -> Result<String> {
+        self.send(line)?;
         self.read_line(timeout)
     }
 

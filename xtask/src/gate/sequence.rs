@@ -151,19 +151,14 @@ pub enum Step {
 /// `secs` seconds, `sorted` holding the counted log ratios.
 pub fn step(rule: &Rule, sorted: &[f64], set_aside: usize, quads: usize, secs: f64) -> Step {
     let over_budget = quads >= rule.max_quads || secs >= rule.max_secs;
-    if set_aside as f64 > rule.max_set_aside * quads as f64 && over_budget {
-        return Step::Stop(Verdict::Inconclusive);
-    }
     if quads < rule.min_quads || secs < rule.min_secs {
         return if over_budget { Step::Stop(Verdict::Inconclusive) } else { Step::Continue };
     }
-    let iv = median_interval(sorted, rule.alpha);
-    let verdict = decide(iv);
-    let precise = (iv.1 - iv.0) / 2.0 <= rule.precision;
     let too_many_set_aside = set_aside as f64 > rule.max_set_aside * quads as f64;
-    match verdict {
-        Some(v) if precise && !too_many_set_aside => Step::Stop(v),
-        Some(v) if over_budget && !too_many_set_aside => Step::Stop(v),
+    let iv = median_interval(sorted, rule.alpha);
+    let precise = (iv.1 - iv.0) / 2.0 <= rule.precision;
+    match decide(iv) {
+        Some(v) if !too_many_set_aside && (precise || over_budget) => Step::Stop(v),
         _ if over_budget => Step::Stop(Verdict::Inconclusive),
         _ => Step::Continue,
     }
