@@ -53,7 +53,7 @@ pub const SERVE_PROTOCOL: u32 = 1;
 pub enum ServeRequest {
     /// Allocate and warm one case (replacing the last). `method` forces the
     /// timing method (the gate gives the candidate the base's); else it is
-    /// chosen from the estimated call time.
+    /// chosen from the estimated call time and whether the data fits in L2.
     Setup {
         shape: String,
         dtype: String,
