@@ -1,27 +1,46 @@
-//! `cargo xtask iterate "hypothesis"`: one optimisation iteration. Build, test,
-//! sanitize (every fifth iteration, or `--sanitize`), bench against the last
-//! accepted state, record the verdict in `perf/ledger.jsonl`, and revert the
-//! kernel sources on a rejection, saving the attempt first.
+//! `cargo xtask iterate "hypothesis"`: one optimisation iteration over the whole
+//! tree. Build, test, sanitize (every fifth iteration, or `--sanitize`), gate the
+//! candidate build against the last accepted build, record the verdict in
+//! `perf/ledger.jsonl`; on a rejection, save the attempt as a patch under
+//! `perf/rejected/` and revert it.
 //!
-//! The accepted state is a snapshot under `target/xtask/accepted/`: `src/` (a copy
-//! of `kernels/`) and `kernels/` (its fatbins). Benching against it needs no git
-//! and no rebuild, so the loop also runs from prebuilt binaries on a GPU machine.
+//! The tree is every file git lists outside `perf/` (`tree`), so a planner or
+//! manifest change is measured and reverted like a kernel edit. The attempt is
+//! what differs from the accepted tree; files that were already there when it was
+//! accepted (untracked ones, unrelated edits) are not part of it. The tree is
+//! hashed before the build and again after the build and after the gate: if it
+//! moved, nothing is accepted or reverted. What is accepted is that hashed
+//! content with the very binaries that were timed, copied out of the shared
+//! target dir right after the build.
+//!
+//! The accepted state of a checkout lives under
+//! `target/xtask/accepted/<checkout>/`: `current` names a snapshot folder with
+//! `tree.json`, `bin/fa-bench` and `kernels/`; `objects/` holds the accepted
+//! files' bytes. Gating against it needs no git and no rebuild of the base, so
+//! the loop also runs from prebuilt binaries on a GPU machine.
+
+mod attempt;
+pub mod tree;
 
 use std::collections::BTreeSet;
+use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
-use crate::bench;
+use crate::bench::{self, TorchRatio};
 use crate::build::BuildPayload;
 use crate::gate::sequence::Verdict;
 use crate::gate::{self, GateRun, Side};
 use crate::ledger::{self, BenchLine, Entry, KernelLine, TestLine};
 use crate::paths::Paths;
-use crate::process::{Cmd, write_file};
+use crate::process::Cmd;
 use crate::report::{Envelope, git_state, read_json, rfc3339};
 use crate::schema::TestRun;
-use crate::{CheckFailed, build, sanitize, test, tools};
+use crate::{CannotRun, CheckFailed, build, sanitize, test, tools};
+use attempt::Scratch;
+use tree::{Change, Store, Tree};
 
 pub struct Options {
     pub hypothesis: String,
@@ -34,131 +53,284 @@ pub struct Options {
     pub sanitize_opts: sanitize::Options,
 }
 
-/// How a file under `kernels/` differs from the accepted snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Change {
-    Modified(PathBuf),
-    Added(PathBuf),
-    Deleted(PathBuf),
+/// The accepted state of one checkout (see the module comment).
+pub struct State {
+    pub dir: PathBuf,
+    pub store: Store,
 }
 
-impl Change {
-    pub fn path(&self) -> &Path {
-        match self {
-            Change::Modified(p) | Change::Added(p) | Change::Deleted(p) => p,
+/// An accepted tree and the build that was measured from it.
+pub struct Snapshot {
+    pub dir: PathBuf,
+    pub tree: Tree,
+}
+
+impl Snapshot {
+    /// The gate's base: the accepted build's own fa-bench and kernels.
+    pub fn side(&self) -> Side {
+        Side::new(self.dir.join("bin/fa-bench"), self.dir.join("kernels"))
+    }
+}
+
+/// A candidate build copied out of the target dir; deleted unless promoted.
+pub struct Staged(Scratch);
+
+impl Staged {
+    pub fn side(&self) -> Side {
+        Side::new(self.0.0.join("bin/fa-bench"), self.0.0.join("kernels"))
+    }
+}
+
+/// Held while an iterate runs in a checkout (an advisory lock, released when
+/// the process ends however it ends).
+pub struct RunLock {
+    _file: std::fs::File,
+}
+
+impl State {
+    pub fn new(dir: PathBuf) -> State {
+        let store = Store::new(dir.join("objects"));
+        State { dir, store }
+    }
+
+    /// Keyed by the checkout, so clones sharing one `CARGO_TARGET_DIR` keep their own.
+    pub fn for_checkout(paths: &Paths) -> State {
+        let root = paths.root.canonicalize().unwrap_or_else(|_| paths.root.clone());
+        let name = root.file_name().map(|n| crate::paths::slug(&n.to_string_lossy())).unwrap_or_default();
+        let key = tree::sha256(root.as_os_str().as_encoded_bytes());
+        State::new(paths.reports().join("accepted").join(format!("{name}-{}", &key[..12])))
+    }
+
+    pub fn lock(&self, what: &str) -> Result<RunLock> {
+        std::fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))?;
+        let path = self.dir.join("iterate.lock");
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let held = std::fs::read_to_string(&path).unwrap_or_default();
+            bail!(CannotRun(format!(
+                "another iterate is running in this checkout ({}); wait for it to finish",
+                held.trim()
+            )));
         }
+        f.set_len(0).and_then(|()| write!(f, "pid {}: {what}", std::process::id())).ok();
+        Ok(RunLock { _file: f })
     }
-}
 
-fn files(dir: &Path) -> Result<BTreeSet<PathBuf>> {
-    let mut out = BTreeSet::new();
-    if !dir.exists() {
-        return Ok(out);
+    pub fn current(&self) -> Result<Option<Snapshot>> {
+        let name = match std::fs::read_to_string(self.dir.join("current")) {
+            Ok(n) => n.trim().to_string(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", self.dir.join("current").display())),
+        };
+        let dir = self.dir.join(&name);
+        let tree = read_json(&dir.join("tree.json")).context("the accepted snapshot is damaged: delete its folder")?;
+        Ok(Some(Snapshot { dir, tree }))
     }
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
-            let p = e?.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.insert(p.strip_prefix(dir).expect("under dir").to_path_buf());
+
+    /// Copies a build (fa-bench, and the fatbins and manifest of `kernels`) out of the target dir.
+    pub fn stage(&self, bench: &Path, kernels: &Path) -> Result<Staged> {
+        let s = Staged(Scratch::new(&self.dir, "staging")?);
+        let (bin, out) = (s.0.0.join("bin"), s.0.0.join("kernels"));
+        for d in [&bin, &out] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        copy(bench, &bin.join("fa-bench"))?;
+        if !kernels.join("manifest.json").is_file() {
+            bail!("{} holds no built kernels (no manifest.json)", kernels.display());
+        }
+        for e in std::fs::read_dir(kernels).with_context(|| format!("listing {}", kernels.display()))? {
+            let p = e.with_context(|| format!("listing {}", kernels.display()))?.path();
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if name == "manifest.json" || name.ends_with(".fatbin") {
+                copy(&p, &out.join(&name))?;
             }
         }
+        Ok(s)
     }
-    Ok(out)
-}
 
-/// Files of `current` that differ from `snapshot` (paths relative to both).
-pub fn diff(snapshot: &Path, current: &Path) -> Result<Vec<Change>> {
-    let (old, new) = (files(snapshot)?, files(current)?);
-    let mut out = Vec::new();
-    for p in old.union(&new) {
-        match (old.contains(p), new.contains(p)) {
-            (true, true) => {
-                if std::fs::read(snapshot.join(p))? != std::fs::read(current.join(p))? {
-                    out.push(Change::Modified(p.clone()));
-                }
-            }
-            (false, true) => out.push(Change::Added(p.clone())),
-            (true, false) => out.push(Change::Deleted(p.clone())),
-            (false, false) => unreachable!(),
+    /// Makes `staged` with `tree` the accepted snapshot, drops the previous one
+    /// and every object the new tree does not use.
+    pub fn promote(&self, staged: Staged, tree: &Tree) -> Result<Snapshot> {
+        let old = self.current()?;
+        tree::write_atomic(&staged.0.0.join("tree.json"), serde_json::to_string(tree)?.as_bytes(), false)?;
+        let name = format!("snap-{}", &tree.hash()[..16]);
+        let name = staged.0.0.file_name().map_or(name.clone(), |s| format!("{name}-{}", s.to_string_lossy()));
+        let dir = self.dir.join(&name);
+        std::fs::rename(&staged.0.0, &dir).with_context(|| format!("renaming {}", staged.0.0.display()))?;
+        tree::write_atomic(&self.dir.join("current"), name.as_bytes(), false)?;
+        if let Some(old) = old {
+            std::fs::remove_dir_all(&old.dir).with_context(|| format!("removing {}", old.dir.display()))?;
         }
+        self.store.retain(&[tree])?;
+        Ok(Snapshot { dir, tree: tree.clone() })
     }
-    Ok(out)
 }
 
-/// Copies `from` over `to` (creating parents).
 fn copy(from: &Path, to: &Path) -> Result<()> {
-    if let Some(d) = to.parent() {
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-    }
     std::fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     Ok(())
 }
 
-/// Replaces `dst` by a copy of `src` (a directory of files).
-pub fn snapshot(src: &Path, dst: &Path) -> Result<()> {
-    if dst.exists() {
-        std::fs::remove_dir_all(dst).with_context(|| format!("clearing {}", dst.display()))?;
+/// The one place iterate names the kernels a build wrote.
+fn kernel_set(paths: &Paths) -> PathBuf {
+    paths.kernels_out()
+}
+
+/// What the tree scan leaves out besides `perf/`: the target dir, where it lies
+/// in the tree and git does not ignore it.
+fn excluded(paths: &Paths) -> Vec<String> {
+    let target = paths.target.strip_prefix(&paths.root).ok().and_then(Path::to_str).map(|t| format!("{t}/"));
+    target.into_iter().filter(|t| t != "/").collect()
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Accept,
+    /// A confirmed regression.
+    Revert(String),
+    /// Failed a check or could not be judged.
+    Reject(String),
+    /// The tree moved while it was measured.
+    Void(String),
+}
+
+impl Decision {
+    fn verdict(&self) -> &'static str {
+        match self {
+            Decision::Accept => "accepted",
+            Decision::Revert(_) => "reverted",
+            Decision::Reject(_) => "rejected",
+            Decision::Void(_) => "void",
+        }
     }
-    for f in files(src)? {
-        copy(&src.join(&f), &dst.join(&f))?;
+
+    fn reason(&self) -> Option<String> {
+        match self {
+            Decision::Accept => None,
+            Decision::Revert(r) | Decision::Reject(r) | Decision::Void(r) => Some(r.clone()),
+        }
+    }
+}
+
+/// The verdict on what was measured, given the tree it was built from and the
+/// tree at each later look (after the build, after the gate).
+pub fn decide(result: &Result<Verdict>, measured: &Tree, later: &[&Tree]) -> Decision {
+    let moved: BTreeSet<String> = later.iter().flat_map(|t| measured.moved(t)).collect();
+    if !moved.is_empty() {
+        let list: Vec<&str> = moved.iter().map(String::as_str).collect();
+        return Decision::Void(format!(
+            "the tree changed while it was built and measured ({}): nothing accepted or reverted; rerun iterate",
+            list.join(", ")
+        ));
+    }
+    match result {
+        Ok(Verdict::Regression) => Decision::Revert("confirmed regression over 2%".into()),
+        Ok(_) => Decision::Accept,
+        Err(e) => Decision::Reject(format!("{e:#}")),
+    }
+}
+
+/// Where the conclusion of one iteration reads and writes.
+pub struct Conclusion<'a> {
+    pub root: &'a Path,
+    pub state: &'a State,
+    pub accepted: Option<&'a Snapshot>,
+    /// The tree that was built and measured.
+    pub measured: &'a Tree,
+    pub ledger: &'a Path,
+    /// `perf/rejected`.
+    pub rejected: &'a Path,
+    /// Scratch space (`target/xtask/tmp`).
+    pub scratch: &'a Path,
+    pub no_revert: bool,
+    /// Saved with a rejected attempt under `reports/`: file name and text.
+    pub reports: Vec<(String, String)>,
+}
+
+/// Acts on the decision: promotes the measured build, or saves the attempt and
+/// reverts it; appends the ledger entry either way.
+pub fn conclude(c: &Conclusion, decision: &Decision, staged: Option<Staged>, mut entry: Entry) -> Result<Entry> {
+    entry.verdict = decision.verdict().into();
+    entry.reason = decision.reason();
+    entry.tree = Some(c.measured.hash());
+    let base = match (decision, c.accepted) {
+        (Decision::Accept, _) => {
+            let staged = staged.context("nothing was built to accept")?;
+            c.state.promote(staged, c.measured)?;
+            return ledger::append(c.ledger, entry);
+        }
+        (Decision::Void(_), _) | (_, None) => return ledger::append(c.ledger, entry),
+        (_, Some(a)) => a,
+    };
+    let changes = tree::diff(&base.tree, c.measured);
+    if changes.is_empty() || c.no_revert {
+        return ledger::append(c.ledger, entry);
+    }
+    let (n, dir) = attempt::reserve(c.rejected, entry.iteration, &attempt::slug(&entry.hypothesis))?;
+    entry.iteration = n;
+    let patch = dir.join("attempt.patch");
+    entry.patch = Some(patch.strip_prefix(c.root).unwrap_or(&patch).display().to_string());
+    if let Err(e) = save_and_revert(c, &base.tree, &changes, &patch, &mut entry) {
+        entry.reason = Some(format!("{} (not reverted: {e:#})", entry.reason.unwrap_or_default()));
+        ledger::append(c.ledger, entry)?;
+        return Err(e);
+    }
+    let entry = ledger::append(c.ledger, entry)?;
+    tree::write_atomic(&dir.join("record.json"), (serde_json::to_string_pretty(&entry)? + "\n").as_bytes(), false)?;
+    if !c.reports.is_empty() {
+        std::fs::create_dir_all(dir.join("reports")).with_context(|| format!("creating {}/reports", dir.display()))?;
+    }
+    for (name, text) in &c.reports {
+        tree::write_atomic(&dir.join("reports").join(name), text.as_bytes(), false)?;
+    }
+    eprintln!(
+        "iterate: reverted {} path(s) to the accepted tree; the attempt is {} (`git apply` it to get it back)",
+        changes.len(),
+        patch.display()
+    );
+    Ok(entry)
+}
+
+fn save_and_revert(c: &Conclusion, base: &Tree, changes: &[Change], patch: &Path, entry: &mut Entry) -> Result<()> {
+    let text = attempt::patch(c.scratch, &c.state.store, base, c.measured, changes)?;
+    tree::write_atomic(patch, text.as_bytes(), false)?;
+    let paths: Vec<&str> = changes.iter().map(Change::path).collect();
+    let staged = tree::staged(c.root, &paths)?;
+    tree::revert(c.root, &c.state.store, base, c.measured, changes)?;
+    tree::unstage(c.root, &staged)?;
+    let head = Cmd::new("git").args(["rev-parse", "--verify", "-q", "HEAD"]).cwd(c.root).quiet().run();
+    let head = head.ok().filter(|o| o.success()).map(|o| o.stdout.trim().to_string());
+    if let Some(rev) = head.filter(|rev| attempt::check_applies(c.root, c.scratch, patch, rev).is_ok()) {
+        entry.base_rev = Some(rev);
     }
     Ok(())
 }
 
-/// Saves the rejected attempt (a patch and full copies of every changed file)
-/// under `rejected`, then restores the changed files of `current` from
-/// `snapshot`. Only those files are touched: a file the attempt added is left in
-/// place (it may be someone's untracked work); nothing else is read or written.
-/// Returns the patch path and the files left in place.
-pub fn revert(snapshot: &Path, current: &Path, changes: &[Change], rejected: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
-    let mut patch = String::new();
-    let mut kept = Vec::new();
-    for c in changes {
-        let p = c.path();
-        let (old, new) = (snapshot.join(p), current.join(p));
-        if new.exists() {
-            copy(&new, &rejected.join("files").join(p))?;
-        }
-        // `git diff --no-index` works outside a repository; without git, the copies remain.
-        let a = if old.exists() { old.display().to_string() } else { "/dev/null".into() };
-        let b = if new.exists() { new.display().to_string() } else { "/dev/null".into() };
-        if let Ok(out) = Cmd::new("git").args(["diff", "--no-index", "--", &a, &b]).quiet().run() {
-            patch.push_str(&out.stdout);
-        }
-        match c {
-            Change::Modified(_) | Change::Deleted(_) => copy(&old, &new)?,
-            Change::Added(_) => kept.push(p.to_path_buf()),
-        }
-    }
-    let patch_path = rejected.join("attempt.patch");
-    write_file(&patch_path, patch)?;
-    Ok((patch_path, kept))
-}
-
-/// A short directory name for an attempt: the first six words of the hypothesis.
-fn slug(text: &str) -> String {
-    crate::paths::slug(text).split('-').take(6).collect::<Vec<_>>().join("-")
-}
-
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     crate::gpu::require("iterate")?;
+    let state = State::for_checkout(paths);
+    let _lock = state.lock(&opts.hypothesis)?;
     let ledger_path = paths.root.join("perf/ledger.jsonl");
     let n = ledger::next_iteration(&ledger_path)?;
-    let accepted = paths.reports().join("accepted");
-    let (snap_src, snap_kernels) = (accepted.join("src"), accepted.join("kernels"));
-    let kernels_dir = paths.root.join("kernels");
-    let baseline = !snap_kernels.join("manifest.json").is_file();
-    let changes = if baseline { Vec::new() } else { diff(&snap_src, &kernels_dir)? };
+    let accepted = state.current()?;
+    let exclude = excluded(paths);
+    let scan = || tree::scan(&paths.root, &state.store, &exclude);
+    let measured = scan()?;
+    let changes = accepted.as_ref().map(|a| tree::diff(&a.tree, &measured)).unwrap_or_default();
     eprintln!(
         "== iterate {n}: {}{}",
         opts.hypothesis,
-        if baseline {
-            " (first iteration: becomes the accepted baseline)".to_string()
+        if accepted.is_none() {
+            " (no accepted state in this checkout yet: a passing build becomes it)".to_string()
         } else {
-            format!(" ({} file(s) changed)", changes.len())
+            format!(" ({} path(s) differ from the accepted tree)", changes.len())
         }
     );
     let mut entry = Entry {
@@ -168,7 +340,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         device: None,
         hypothesis: opts.hypothesis.clone(),
         prediction: opts.prediction.clone(),
-        changed_files: changes.iter().map(|c| format!("kernels/{}", c.path().display())).collect(),
+        changed_files: changes.iter().map(|c| c.path().to_string()).collect(),
         verdict: String::new(),
         reason: None,
         build: Vec::new(),
@@ -176,50 +348,57 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         sanitized: None,
         bench: Vec::new(),
         patch: None,
+        base_rev: None,
+        tree: None,
     };
-
-    let outcome = evaluate(paths, opts, n, &snap_kernels, baseline, &mut entry);
-    let (verdict, reason) = match &outcome {
-        Ok(Verdict::Regression) => ("reverted", Some("confirmed regression over 2%".to_string())),
-        Ok(_) => ("accepted", None),
-        Err(e) => ("rejected", Some(format!("{e:#}"))),
+    let (staged, built) = match build_candidate(paths, opts, &state, &mut entry) {
+        Ok(s) => (Some(s), Ok(())),
+        Err(e) => (None, Err(e)),
     };
-    entry.verdict = verdict.into();
-    entry.reason = reason.clone();
-    if verdict == "accepted" {
-        snapshot(&kernels_dir, &snap_src)?;
-        snapshot(&paths.kernels_out(), &snap_kernels)?;
-    } else if !baseline && !opts.no_revert && !changes.is_empty() {
-        let rejected = paths.root.join("perf/rejected").join(format!("{n:03}-{}", slug(&opts.hypothesis)));
-        let (patch, kept) = revert(&snap_src, &kernels_dir, &changes, &rejected)?;
-        entry.patch = Some(patch.strip_prefix(&paths.root).unwrap_or(&patch).display().to_string());
-        eprintln!(
-            "iterate: reverted {} file(s) to the accepted state; the attempt is saved in {}",
-            changes.len() - kept.len(),
-            rejected.display()
-        );
-        for k in kept {
-            eprintln!("iterate: left kernels/{} in place (added by the attempt; not deleted)", k.display());
-        }
-    }
-    let entry = ledger::append(&ledger_path, entry)?;
+    let after_build = scan()?;
+    let mut gated = None;
+    let result = built.and_then(|()| match &staged {
+        // A moved tree voids the run (`decide`): nothing to time.
+        Some(s) if after_build == measured => evaluate(paths, opts, n, accepted.as_ref(), s, &mut entry, &mut gated),
+        _ => Ok(Verdict::Inconclusive),
+    });
+    let after_gate = scan()?;
+    let decision = decide(&result, &measured, &[&after_build, &after_gate]);
+    let scratch = paths.reports().join("tmp");
+    let reports = gated
+        .map(|mut g| {
+            // The per-quad logs stay in target/xtask/bench; the attempt keeps the verdicts.
+            g.shapes.iter_mut().for_each(|s| s.quad_log.clear());
+            serde_json::to_string_pretty(&g).map(|t| vec![("gate.json".to_string(), t + "\n")])
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let c = Conclusion {
+        root: &paths.root,
+        state: &state,
+        accepted: accepted.as_ref(),
+        measured: &measured,
+        ledger: &ledger_path,
+        rejected: &paths.root.join("perf/rejected"),
+        scratch: &scratch,
+        no_revert: opts.no_revert,
+        reports,
+    };
+    let entry = conclude(&c, &decision, staged, entry)?;
     println!("iteration {}: {} {}", entry.iteration, entry.verdict, entry.reason.as_deref().unwrap_or(""));
-    match outcome {
-        Ok(Verdict::Regression) => Err(CheckFailed(format!("iteration {n} reverted: confirmed regression")).into()),
-        Ok(_) => Ok(()),
-        Err(e) => Err(e),
+    match decision {
+        Decision::Accept => Ok(()),
+        Decision::Revert(_) => {
+            Err(CheckFailed(format!("iteration {} reverted: confirmed regression", entry.iteration)).into())
+        }
+        Decision::Void(r) => Err(CannotRun(r).into()),
+        Decision::Reject(_) => result.map(|_| ()),
     }
 }
 
-/// Build, test, sanitize when due, bench; the worst bench verdict on success.
-fn evaluate(
-    paths: &Paths,
-    opts: &Options,
-    n: u32,
-    base_kernels: &Path,
-    baseline: bool,
-    entry: &mut Entry,
-) -> Result<Verdict> {
+/// Builds the kernels and fa-bench and copies both out of the target dir, so
+/// what is timed and accepted is this build whatever else writes there.
+fn build_candidate(paths: &Paths, opts: &Options, state: &State, entry: &mut Entry) -> Result<Staged> {
     let built = build::run(paths, &opts.build);
     if let Ok(report) = read_json::<Envelope<BuildPayload>>(&paths.report("build")) {
         entry.build = report
@@ -235,6 +414,20 @@ fn evaluate(
             .collect();
     }
     built?;
+    state.stage(&tools::binary(paths, "fa-bench")?, &kernel_set(paths))
+}
+
+/// Test, sanitize when due, then time: against the accepted build (the gate),
+/// or alone where there is none yet. The worst verdict on success.
+fn evaluate(
+    paths: &Paths,
+    opts: &Options,
+    n: u32,
+    accepted: Option<&Snapshot>,
+    staged: &Staged,
+    entry: &mut Entry,
+    gated: &mut Option<GateRun>,
+) -> Result<Verdict> {
     let tested = test::run(paths, &opts.test);
     if let Ok(run) = read_json::<TestRun>(&paths.reports().join("fa-test.json")) {
         entry.device = Some(run.device.name.clone());
@@ -247,43 +440,53 @@ fn evaluate(
         s?;
     }
     let dir = paths.reports().join("bench");
-    let cand = Side::new(tools::binary(paths, "fa-bench")?, paths.kernels_out());
-    if baseline {
-        // Nothing to compare with yet: one plain timing for the record.
-        let run = bench::run_process(&cand, "candidate", 0, &dir, &opts.bench)?.run;
-        entry.bench = run
-            .cases
-            .iter()
-            .map(|c| BenchLine {
-                case: c.name.clone(),
-                base_us: None,
-                cand_us: c.median_us,
-                tflops: c.tflops,
-                change: None,
-                ci_low: None,
-                ci_high: None,
-                verdict: None,
-                speedup_vs_torch: None,
-            })
-            .collect();
+    let cand = staged.side();
+    let Some(accepted) = accepted else {
+        let run = bench::run_process(&cand, "candidate", 0, &dir, &opts.bench)?;
+        entry.bench = plain_lines(&run);
+        let torch = bench::vs_torch(paths, std::slice::from_ref(&run), &opts.bench);
+        attach_torch(&mut entry.bench, torch.map_err(|e| format!("{e:#}")));
         return Ok(Verdict::Same);
-    }
-    let base = Side::new(cand.bench.clone(), base_kernels.to_path_buf());
-    let gated = gate::run(&base, &cand, &opts.bench.gate(), &dir)?;
-    entry.bench = bench_lines(&gated);
-    let failures = gated.failures();
-    if failures.iter().any(|s| s.verdict == Verdict::Regression) {
+    };
+    let g = gate::run(&accepted.side(), &cand, &opts.bench.gate(), &dir)?;
+    entry.bench = bench_lines(&g);
+    let failures: Vec<(String, Verdict)> = g.failures().iter().map(|s| (s.name.clone(), s.verdict)).collect();
+    *gated = Some(g);
+    if failures.iter().any(|(_, v)| *v == Verdict::Regression) {
         return Ok(Verdict::Regression);
     }
     if !failures.is_empty() {
-        let names: Vec<&str> = failures.iter().map(|s| s.name.as_str()).collect();
+        let names: Vec<&str> = failures.iter().map(|(n, _)| n.as_str()).collect();
         return Err(CheckFailed(format!(
             "the gate could not decide {} (inconclusive fails): rerun on a quiet GPU or with more --gate-secs",
             names.join(", ")
         ))
         .into());
     }
+    let torch = bench::run_process(&cand, "candidate", 0, &dir, &opts.bench)
+        .and_then(|run| bench::vs_torch(paths, &[run], &opts.bench));
+    attach_torch(&mut entry.bench, torch.map_err(|e| format!("{e:#}")));
     Ok(Verdict::Same)
+}
+
+/// The ledger's lines from one plain timing process.
+pub fn plain_lines(run: &bench::ProcessRun) -> Vec<BenchLine> {
+    run.run
+        .cases
+        .iter()
+        .map(|c| BenchLine {
+            case: c.name.clone(),
+            base_us: None,
+            cand_us: c.median_us,
+            tflops: c.tflops,
+            change: None,
+            ci_low: None,
+            ci_high: None,
+            verdict: None,
+            speedup_vs_torch: None,
+            vs_torch_note: None,
+        })
+        .collect()
 }
 
 /// The ledger's lines from a gate run.
@@ -300,84 +503,31 @@ pub fn bench_lines(g: &GateRun) -> Vec<BenchLine> {
             ci_high: Some(s.ci_high),
             verdict: Some(gate::verdict_word(s.verdict).to_lowercase()),
             speedup_vs_torch: None,
+            vs_torch_note: None,
         })
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The backend the ledger's speedup is against: SDPA as a user calls it.
+const TORCH_BACKEND: &str = "torch-default";
 
-    fn write(p: &Path, s: &str) {
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, s).unwrap();
-    }
-
-    #[test]
-    fn diff_finds_modified_added_deleted() {
-        let d = tempfile::tempdir().unwrap();
-        let (snap, cur) = (d.path().join("snap"), d.path().join("cur"));
-        write(&snap.join("a.cu"), "a");
-        write(&snap.join("same.cuh"), "s");
-        write(&snap.join("gone.cu"), "g");
-        write(&cur.join("a.cu"), "a2");
-        write(&cur.join("same.cuh"), "s");
-        write(&cur.join("sub/new.cu"), "n");
-        let mut c = diff(&snap, &cur).unwrap();
-        c.sort();
-        assert_eq!(
-            c,
-            vec![
-                Change::Modified("a.cu".into()),
-                Change::Added("sub/new.cu".into()),
-                Change::Deleted("gone.cu".into())
-            ]
-        );
-    }
-
-    /// The revert in a real git repository: only the attempt's files change, the
-    /// attempt is saved, and unrelated uncommitted and untracked work survives.
-    #[test]
-    fn revert_loses_nothing() {
-        let d = tempfile::tempdir().unwrap();
-        let root = d.path();
-        let git = |args: &[&str]| Cmd::new("git").args(args.iter().copied()).cwd(root).quiet().run_checked().unwrap();
-        git(&["init", "-q"]);
-        write(&root.join("kernels/flash.cu"), "fast\n");
-        write(&root.join("kernels/common.cuh"), "helpers\n");
-        write(&root.join("notes.md"), "committed notes\n");
-        git(&["add", "."]);
-        git(&["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]);
-        let snap = root.join("target/xtask/accepted/src");
-        snapshot(&root.join("kernels"), &snap).unwrap();
-
-        // The attempt, plus unrelated work in progress.
-        write(&root.join("kernels/flash.cu"), "slow\n");
-        write(&root.join("kernels/scratch.cu"), "new idea\n");
-        write(&root.join("notes.md"), "uncommitted edit\n");
-        write(&root.join("untracked.txt"), "keep me\n");
-
-        let changes = diff(&snap, &root.join("kernels")).unwrap();
-        let rejected = root.join("perf/rejected/001-try");
-        let (patch, kept) = revert(&snap, &root.join("kernels"), &changes, &rejected).unwrap();
-
-        let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
-        assert_eq!(read("kernels/flash.cu"), "fast\n", "reverted");
-        assert_eq!(read("kernels/common.cuh"), "helpers\n");
-        assert_eq!(read("kernels/scratch.cu"), "new idea\n", "added file left in place");
-        assert_eq!(kept, vec![PathBuf::from("scratch.cu")]);
-        assert_eq!(read("notes.md"), "uncommitted edit\n", "unrelated uncommitted edit kept");
-        assert_eq!(read("untracked.txt"), "keep me\n", "untracked file kept");
-        let p = std::fs::read_to_string(patch).unwrap();
-        assert!(p.contains("-fast") && p.contains("+slow"), "{p}");
-        assert_eq!(read("perf/rejected/001-try/files/flash.cu"), "slow\n");
-        let status = git(&["status", "--porcelain"]).stdout;
-        assert!(status.contains(" M notes.md") && status.contains("?? untracked.txt"), "{status}");
-        assert!(!status.contains("kernels/flash.cu"), "{status}");
-    }
-
-    #[test]
-    fn slugs_are_short_and_safe() {
-        assert_eq!(slug("Swizzle K/V smem: 8-way → none!"), "swizzle-k-v-smem-8-way");
+/// Each line's speedup against PyTorch SDPA, or why there is none.
+pub fn attach_torch(lines: &mut [BenchLine], torch: Result<Vec<TorchRatio>, String>) {
+    for l in lines {
+        let ratio = torch.as_ref().map(|rs| rs.iter().find(|r| r.name == l.case));
+        (l.speedup_vs_torch, l.vs_torch_note) = match ratio {
+            Err(why) => (None, Some(format!("PyTorch not timed: {why}"))),
+            Ok(None) => (None, Some("PyTorch did not time this case".into())),
+            Ok(Some(r)) => match (r.backends.get(TORCH_BACKEND), r.other_method.get(TORCH_BACKEND)) {
+                (Some((_, x)), _) => (Some(*x), None),
+                (None, Some(m)) => {
+                    (None, Some(format!("PyTorch timed it by {}, ours by {}", m.join("+"), r.fa_method)))
+                }
+                (None, None) => (None, Some(format!("no {TORCH_BACKEND} timing"))),
+            },
+        };
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,5 +1,5 @@
 //! The committed optimisation history, `perf/ledger.jsonl`: one iteration a line,
-//! appended atomically (temp file + rename) under a lock file.
+//! appended atomically (unique temp file + rename) under a lock file.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::process::write_file;
+use crate::iterate::tree::write_atomic;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
@@ -28,6 +28,13 @@ pub struct Entry {
     pub bench: Vec<BenchLine>,
     /// Where the rejected attempt was saved.
     pub patch: Option<String>,
+    /// The commit `patch` applies to (`git apply --check` when it was saved);
+    /// absent where the accepted tree it was made against was not committed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_rev: Option<String>,
+    /// Hash of the tree that was built and measured (`iterate::tree::Tree::hash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,8 +61,11 @@ pub struct BenchLine {
     pub ci_low: Option<f64>,
     pub ci_high: Option<f64>,
     pub verdict: Option<String>,
-    /// PyTorch SDPA (default backend) time / ours, where measured.
+    /// PyTorch SDPA (default backend) time / ours, from the same iterate run.
     pub speedup_vs_torch: Option<f64>,
+    /// Why `speedup_vs_torch` is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vs_torch_note: Option<String>,
 }
 
 /// The full sanitize runs on every fifth iteration.
@@ -125,28 +135,22 @@ impl Drop for Lock {
     }
 }
 
-/// Writes `contents` to `path` through a temp file and a rename: readers see the
-/// old file or the new one, never half of either.
-pub fn write_atomic(path: &Path, contents: &str) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    write_file(&tmp, contents)?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
-}
-
-/// Appends one entry under the lock; returns it with its iteration number set.
-/// Earlier lines are kept byte for byte (parsed only to number the new one):
-/// re-serialising them would rewrite history wherever a float does not survive
-/// the round trip.
+/// Appends one entry under the lock; returns it with its iteration number set:
+/// the one after the last line's, or the entry's own where that is higher (a
+/// rejected attempt's folder number, which an earlier run that died may have
+/// taken). Earlier lines are kept byte for byte (parsed only to number the new
+/// one): re-serialising them would rewrite history wherever a float does not
+/// survive the round trip.
 pub fn append(path: &Path, mut entry: Entry) -> Result<Entry> {
     let _lock = Lock::acquire(path, Duration::from_secs(60))?;
     let mut text = read_text(path)?;
-    entry.iteration = following(&parse(path, &text)?);
+    entry.iteration = following(&parse(path, &text)?).max(entry.iteration);
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
     text.push_str(&serde_json::to_string(&entry)?);
     text.push('\n');
-    write_atomic(path, &text)?;
+    write_atomic(path, text.as_bytes(), false)?;
     Ok(entry)
 }
 
@@ -170,6 +174,8 @@ mod tests {
             sanitized: None,
             bench: vec![],
             patch: None,
+            base_rev: None,
+            tree: None,
         }
     }
 
@@ -219,6 +225,24 @@ mod tests {
         assert_eq!(all.len(), 20);
         let numbers: Vec<u32> = all.iter().map(|e| e.iteration).collect();
         assert_eq!(numbers, (1..=20).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn an_entry_keeps_a_higher_number_it_brings() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.jsonl");
+        append(&path, entry("a")).unwrap();
+        let e = append(&path, Entry { iteration: 7, ..entry("attempt 7") }).unwrap();
+        assert_eq!(e.iteration, 7);
+        assert_eq!(append(&path, Entry { iteration: 3, ..entry("c") }).unwrap().iteration, 8);
+    }
+
+    /// Lines written before the fields added since still read.
+    #[test]
+    fn the_committed_ledger_reads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../perf/ledger.jsonl");
+        let all = read(&path).unwrap();
+        assert!(all.len() >= 50 && all.iter().all(|e| e.base_rev.is_none()));
     }
 
     #[test]

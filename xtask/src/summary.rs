@@ -46,7 +46,8 @@ pub fn history_table(entries: &[Entry]) -> String {
                 geo.map_or("-".into(), |g| format!("{:+.2}%", g * 100.0)),
                 headline(e),
                 if torch.is_empty() {
-                    "-".into()
+                    // Why, where the run recorded it (no PyTorch, other timing methods).
+                    e.bench.iter().find_map(|b| b.vs_torch_note.as_deref()).map_or("-".into(), |_| "n/a".into())
                 } else {
                     format!(
                         "{:.2}x-{:.2}x",
@@ -67,9 +68,10 @@ pub fn markdown(entries: &[Entry]) -> String {
         let cases: Vec<String> = e
             .bench
             .iter()
-            .map(|b| match b.change {
-                Some(c) => format!("{} {:.1} ({:+.1}%)", b.case, b.cand_us, c * 100.0),
-                None => format!("{} {:.1}", b.case, b.cand_us),
+            .map(|b| {
+                let change = b.change.map_or(String::new(), |c| format!(" ({:+.1}%)", c * 100.0));
+                let torch = b.speedup_vs_torch.map_or(String::new(), |x| format!(", {x:.2}x torch"));
+                format!("{} {:.1}{change}{torch}", b.case, b.cand_us)
             })
             .collect();
         let _ = writeln!(
@@ -180,8 +182,11 @@ mod tests {
                 ci_high: None,
                 verdict: None,
                 speedup_vs_torch: Some(1.2),
+                vs_torch_note: None,
             }],
             patch: None,
+            base_rev: None,
+            tree: None,
         }
     }
 
@@ -195,7 +200,15 @@ mod tests {
         let t = history_table(&e);
         assert!(t.contains("reverted") && t.contains("+5.00%") && t.contains("1.20x"), "{t}");
         let md = markdown(&e);
-        assert!(md.contains("| 3 | accepted | step 3 | faster | f16-b4h16s2048d64 100.0 (-24.0%) |"), "{md}");
+        assert!(
+            md.contains("| 3 | accepted | step 3 | faster | f16-b4h16s2048d64 100.0 (-24.0%), 1.20x torch |"),
+            "{md}"
+        );
+        let mut absent = entry(4, "accepted", 250.0, None);
+        absent.bench[0].speedup_vs_torch = None;
+        absent.bench[0].vs_torch_note = Some("PyTorch not timed: no torch".into());
+        let t = history_table(&[absent]);
+        assert!(t.lines().nth(2).is_some_and(|row| row.trim_end().ends_with("n/a")), "{t}");
         let svg = chart(&e);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches("<circle").count(), 3);
