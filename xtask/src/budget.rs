@@ -86,6 +86,38 @@ pub fn check(res: &KernelResources, kernel: &Kernel, arch: &Arch, static_smem_li
     out
 }
 
+/// How a record's local memory (spills, stack frame, LDL/STL in its SASS) stands
+/// against its entry's budget on its arch, by the rules of [`check`] and [`check_sass`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalMemory {
+    Unused,
+    /// Used, and the manifest allows it here: the switch that does.
+    Allowed(&'static str),
+    /// Used without leave: a breach.
+    OverBudget,
+}
+
+pub fn local_memory(res: &KernelResources, kernel: &Kernel, local_instructions: u32) -> LocalMemory {
+    let arch = res.arch.as_str();
+    let (spills, stack, sass) = (res.spill_bytes() > 0, res.stack_frame > 0, local_instructions > 0);
+    if !(spills || stack || sass) {
+        return LocalMemory::Unused;
+    }
+    let (may_spill, may_stack) = (kernel.may_spill(arch), kernel.may_use_stack(arch));
+    if (spills && !may_spill) || (stack && !may_stack) || (sass && !may_spill && !may_stack) {
+        return LocalMemory::OverBudget;
+    }
+    LocalMemory::Allowed(if kernel.local_memory_on.iter().any(|a| a == arch) {
+        "local_memory_on"
+    } else if spills && stack {
+        "allow_spills + allow_stack"
+    } else if spills || (!stack && kernel.allow_spills) {
+        "allow_spills"
+    } else {
+        "allow_stack"
+    })
+}
+
 /// Checks every record, and that the report and the manifest name the same
 /// entries: an entry without a budget, or a budgeted entry ptxas never compiled,
 /// is a breach too.
@@ -224,6 +256,35 @@ mod tests {
         // The fixture's stack frame stays a breach on sm_89 only.
         assert_eq!(b.len(), 1, "{b:#?}");
         assert_eq!((b[0].arch.as_str(), b[0].what.as_str()), ("sm_89", "stack frame bytes"));
+    }
+
+    #[test]
+    fn local_memory_names_the_switch_that_allows_it() {
+        let mut m = manifest();
+        let spilly = |m: &Manifest| m.sources[0].kernels[2].clone();
+        let on = |arch: &str| fixture().into_iter().find(|r| r.name == "spilly" && r.arch == arch).unwrap();
+        // The fixture's `spilly` has a 1024-byte stack frame and no spills on every arch.
+        assert_eq!(local_memory(&on("sm_89"), &spilly(&m), 0), LocalMemory::OverBudget);
+        m.sources[0].kernels[2].local_memory_on = vec!["sm_90".into()];
+        assert_eq!(local_memory(&on("sm_90"), &spilly(&m), 4), LocalMemory::Allowed("local_memory_on"));
+        assert_eq!(local_memory(&on("sm_90a"), &spilly(&m), 0), LocalMemory::OverBudget);
+        m.sources[0].kernels[2].allow_stack = true;
+        assert_eq!(local_memory(&on("sm_90a"), &spilly(&m), 4), LocalMemory::Allowed("allow_stack"));
+        let spilled = KernelResources { spill_stores: 8, ..on("sm_89") };
+        assert_eq!(local_memory(&spilled, &spilly(&m), 0), LocalMemory::OverBudget);
+        m.sources[0].kernels[2].allow_spills = true;
+        assert_eq!(local_memory(&spilled, &spilly(&m), 0), LocalMemory::Allowed("allow_spills + allow_stack"));
+        let clean = KernelResources { stack_frame: 0, ..on("sm_89") };
+        assert_eq!(local_memory(&clean, &spilly(&m), 0), LocalMemory::Unused);
+        assert_eq!(local_memory(&clean, &spilly(&m), 2), LocalMemory::Allowed("allow_spills"));
+        // Every row the table calls over budget is a breach, and no row it calls allowed is.
+        let mut m = manifest();
+        m.sources[0].kernels[2].local_memory_on = vec!["sm_90".into()];
+        let breached: Vec<String> = check_all(&m, &fixture()).into_iter().map(|b| b.arch).collect();
+        for r in fixture().iter().filter(|r| r.name == "spilly") {
+            let over = local_memory(r, &spilly(&m), 0) == LocalMemory::OverBudget;
+            assert_eq!(over, breached.contains(&r.arch), "{}", r.arch);
+        }
     }
 
     #[test]
