@@ -14,6 +14,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use crate::device::Gpu;
 use crate::error::{CudaContext, Error, Result, invalid};
 use crate::manifest::{Launch, Manifest, is_hopper_entry};
 use crate::params::{CombineParams, FastDiv, FlashParams, HopperParams, HopperSched, ReferenceParams, TmaDesc};
@@ -198,11 +199,11 @@ pub fn default_kernel_dir() -> PathBuf {
 }
 
 impl Attention {
-    pub fn new(ordinal: usize) -> Result<Attention> {
-        Attention::with_kernel_dir(ordinal, &default_kernel_dir())
+    pub fn new(gpu: &Gpu) -> Result<Attention> {
+        Attention::with_kernel_dir(gpu, &default_kernel_dir())
     }
 
-    pub fn with_kernel_dir(ordinal: usize, dir: &Path) -> Result<Attention> {
+    pub fn with_kernel_dir(gpu: &Gpu, dir: &Path) -> Result<Attention> {
         let manifest_path = dir.join("manifest.json");
         if !manifest_path.is_file() {
             return Err(Error::MissingKernels(format!(
@@ -217,7 +218,8 @@ impl Attention {
                 "no NVIDIA driver here (libcuda.so cannot be loaded); run on a machine with a GPU".into(),
             ));
         }
-        let ctx = Ctx::new(ordinal).cuda(format!("creating a context on GPU {ordinal}"))?;
+        let ordinal = gpu.ordinal()?;
+        let ctx = Ctx::new(ordinal).cuda(format!("creating a context on GPU {gpu}"))?;
         // One stream, launches in order: per-buffer event tracking is pure overhead.
         // SAFETY: every buffer is used on `stream` only, so stream order is the only order needed.
         unsafe { ctx.disable_event_tracking() };

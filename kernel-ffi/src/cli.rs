@@ -13,3 +13,6 @@ pub fn finish(result: anyhow::Result<()>) -> ExitCode {
         }
     }
 }
+
+/// `--version`: the crate version, the git revision and rustc it was built from.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FA_GIT_REV"), ", ", env!("FA_RUSTC"), ")");

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod bench;
 pub mod check;
 pub mod cli;
+pub mod device;
 pub mod error;
 pub mod io;
 pub mod manifest;
@@ -18,5 +19,6 @@ pub mod schema;
 pub mod tensor;
 
 pub use attention::{Attention, Entry, Launched, Options, Splits, Tensor, Variant};
+pub use device::Gpu;
 pub use error::{Error, Result};
 pub use tensor::{Desc, Dtype, Layout, Problem};

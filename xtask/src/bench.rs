@@ -1,21 +1,21 @@
 //! `cargo xtask bench`: timings from kernel-ffi's `fa-bench`, and the no >2%
 //! regression gate (`gate`): base and candidate paired quad by quad on one GPU,
 //! against a revision or a prebuilt base. `--self-test` runs the gate base
-//! against base and against a planted slowdown. A stored per-GPU baseline and
-//! PyTorch SDPA are compared by plain medians: information, not a verdict.
+//! against base and against a planted slowdown. A saved baseline (`compare`)
+//! and PyTorch SDPA are compared by plain medians: information, not a verdict.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::compare::{self, Comparison};
+use crate::gate::monitor::ClockSampler;
 use crate::gate::sequence::{Verdict, median};
 use crate::gate::{self, GateRun, Side, verdict_word};
-use crate::paths::{Paths, slug};
+use crate::paths::Paths;
 use crate::process::{Cmd, write_file};
 use crate::report::{Device, Envelope, Toolchain, read_json};
 use crate::schema::{BenchCase, BenchRun};
@@ -38,7 +38,10 @@ pub struct Options {
     pub seed: Option<u64>,
     /// fa-bench's --variant (auto, portable, hopper).
     pub variant: String,
-    pub save_baseline: bool,
+    /// Save this run as a named baseline (`compare::locate`).
+    pub save_baseline: Option<String>,
+    /// Compare this run with a saved one (plain differences, not a verdict).
+    pub baseline: Option<String>,
     pub vs_torch: bool,
     /// Run the gate A/A and against a planted slowdown of this fraction.
     pub self_test: Option<f64>,
@@ -66,25 +69,6 @@ pub struct ProcessRun {
     pub side: String,
     pub run: BenchRun,
     pub sm_clock_mhz: Option<f64>,
-}
-
-/// A stored per-GPU baseline: per-process medians per shape.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Baseline {
-    pub device: String,
-    pub git_rev: String,
-    pub medians_us: BTreeMap<String, Vec<f64>>,
-    pub sm_clock_mhz: Option<f64>,
-}
-
-/// This run against a stored baseline, median to median: runs taken at other
-/// times cannot be paired, so this is information, never a verdict.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BaselineDiff {
-    pub name: String,
-    pub baseline_us: f64,
-    pub now_us: f64,
-    pub change: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -138,9 +122,9 @@ pub struct BenchPayload {
     pub gate: Option<GateRun>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub self_test: Option<SelfTest>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub baseline: Vec<BaselineDiff>,
-    pub clock_warning: Option<String>,
+    /// `--baseline NAME`: this run against a saved one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Comparison>,
     pub torch: Vec<TorchRatio>,
 }
 
@@ -166,16 +150,6 @@ pub fn side_methods(runs: &[ProcessRun], side: &str) -> BTreeMap<String, String>
     out.into_iter().map(|(k, m)| (k, m.into_iter().collect::<Vec<_>>().join("+"))).collect()
 }
 
-/// Baseline and current medians of the cases both have.
-pub fn baseline_diff(base: &BTreeMap<String, Vec<f64>>, now: &BTreeMap<String, Vec<f64>>) -> Vec<BaselineDiff> {
-    now.iter()
-        .filter_map(|(name, n)| {
-            let (b, n) = (median(base.get(name)?), median(n));
-            Some(BaselineDiff { name: name.clone(), baseline_us: b, now_us: n, change: n / b - 1.0 })
-        })
-        .collect()
-}
-
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     crate::gpu::require("bench")?;
     let cand = Side::new(tools::binary(paths, "fa-bench")?, paths.kernels_out());
@@ -193,8 +167,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         runs: Vec::new(),
         gate: None,
         self_test: None,
-        baseline: Vec::new(),
-        clock_warning: None,
+        baseline: None,
         torch: Vec::new(),
     };
     if let Some(plant) = opts.self_test {
@@ -205,7 +178,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         payload.gate = Some(gate::run(base, &cand, &opts.gate(), &dir)?);
     }
     if (base.is_none() && opts.self_test.is_none()) || opts.vs_torch {
-        plain_runs(paths, &cand, opts, &dir, &mut payload)?;
+        plain_runs(&cand, opts, &dir, &mut payload)?;
     }
     if let Some(g) = &payload.gate {
         println!("\n{}", gate_table(g));
@@ -213,21 +186,31 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     if let Some(t) = &payload.self_test {
         println!("\n{}", self_test_table(t));
     }
-    if let Some(w) = &payload.clock_warning {
-        println!("WARNING: {w}");
-    }
     if opts.vs_torch {
         payload.torch = vs_torch(paths, &payload.runs, opts)?;
     }
     let device = device_of(&payload);
     let report = paths.report("bench");
     let driver = device.as_ref().and_then(|d| d.driver.clone());
-    let device =
-        device.map(|d| Device { name: d.name, compute_capability: d.compute_capability, sm_count: d.sm_count });
-    Envelope::new("bench", Toolchain { driver, ..Toolchain::default() }, device, &payload).write(&report)?;
-    write_file(&paths.reports().join("bench.md"), markdown(&payload))?;
-    println!("report: {} (and bench.md)", report.display());
-    verdict(&payload)
+    let device = device.as_ref().map(Device::from);
+    let mut envelope =
+        Envelope::new("bench", Toolchain { driver, ..Toolchain::default() }, device, payload).kernels(&paths.kernels);
+    if let Some(name) = &opts.baseline {
+        let saved = compare::load(paths, name)?;
+        let c = compare::compare(compare::Run::of(name, &saved), compare::Run::of("this run", &envelope));
+        println!("\n{}", compare::render(&c));
+        envelope.payload.baseline = Some(c);
+    }
+    envelope.write(&report)?;
+    write_file(&paths.reports().join("bench.md"), markdown(&envelope.payload))?;
+    write_file(&paths.reports().join("bench.csv"), csv(&envelope.payload))?;
+    println!("report: {} (and bench.md, bench.csv)", report.display());
+    if let Some(name) = &opts.save_baseline {
+        let path = compare::locate(paths, name);
+        envelope.write(&path)?;
+        println!("saved as baseline `{name}`: {}", path.display());
+    }
+    verdict(&envelope.payload)
 }
 
 fn device_of(p: &BenchPayload) -> Option<crate::schema::DeviceInfo> {
@@ -312,54 +295,22 @@ pub fn self_test_shapes(aa: &GateRun, planted: &GateRun) -> Vec<SelfTestShape> {
         .collect()
 }
 
-/// Plain timing processes of the candidate: for a stored baseline, a new one, or `--vs-torch`.
-fn plain_runs(paths: &Paths, cand: &Side, opts: &Options, dir: &Path, payload: &mut BenchPayload) -> Result<()> {
-    let first = run_process(cand, "candidate", 0, dir, opts)?;
-    let device = first.run.device.name.clone();
-    let baseline_path = paths.root.join("ci/baselines").join(format!("{}.json", slug(&device)));
-    payload.runs.push(first);
-    let baseline = if opts.save_baseline || opts.vs_torch { None } else { read_baseline(&baseline_path)? };
-    let more = opts.save_baseline || opts.vs_torch || baseline.is_some();
-    for i in 1..if more { opts.processes } else { 1 } {
+/// Plain timing processes of the candidate: `--processes` of them for a
+/// baseline (saved or compared) or `--vs-torch`, else one.
+fn plain_runs(cand: &Side, opts: &Options, dir: &Path, payload: &mut BenchPayload) -> Result<()> {
+    let more = opts.save_baseline.is_some() || opts.baseline.is_some() || opts.vs_torch;
+    for i in 0..if more { opts.processes } else { 1 } {
         payload.runs.push(run_process(cand, "candidate", i, dir, opts)?);
     }
     print_runs(&payload.runs);
-    if opts.save_baseline {
-        payload.mode = "save-baseline".into();
-        let b = Baseline {
-            device: device.clone(),
-            git_rev: crate::report::git_state().0,
-            medians_us: side_medians(&payload.runs, "candidate"),
-            sm_clock_mhz: median_clock(&payload.runs),
+    if payload.mode.is_empty() {
+        payload.mode = match (&opts.save_baseline, &opts.baseline) {
+            (Some(name), _) => format!("save-baseline {name}"),
+            (None, Some(name)) => format!("baseline {name}"),
+            (None, None) => "single".into(),
         };
-        write_file(&baseline_path, serde_json::to_string_pretty(&b)? + "\n")?;
-        println!("baseline for {device}: {}", baseline_path.display());
-    } else if let Some(b) = baseline {
-        payload.mode = format!("baseline {}", baseline_path.display());
-        payload.baseline = baseline_diff(&b.medians_us, &side_medians(&payload.runs, "candidate"));
-        let now = median_clock(&payload.runs);
-        payload.clock_warning = match (b.sm_clock_mhz, now) {
-            (Some(b), Some(c)) if (c / b - 1.0).abs() > 0.02 => {
-                Some(format!("SM clock differed: baseline {b:.0} MHz, now {c:.0} MHz"))
-            }
-            _ => None,
-        };
-        println!("\n{}", baseline_table(&payload.baseline));
-        eprintln!(
-            "bench: against a stored baseline, medians taken at other times: not a verdict; \
-             gate with --against REV or --base-dir DIR"
-        );
-    } else if payload.mode.is_empty() {
-        payload.mode = "single".into();
     }
     Ok(())
-}
-
-fn read_baseline(path: &Path) -> Result<Option<Baseline>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?)),
-        Err(_) => Ok(None),
-    }
 }
 
 pub fn run_process(side: &Side, label: &str, i: usize, dir: &Path, opts: &Options) -> Result<ProcessRun> {
@@ -382,62 +333,21 @@ pub fn run_process(side: &Side, label: &str, i: usize, dir: &Path, opts: &Option
     }
     let sampler = ClockSampler::start();
     let out = cmd.run()?;
-    let sm_clock_mhz = sampler.stop();
+    let clocks = sampler.stop();
     if !out.success() {
         return Err(CannotRun(format!("{} failed ({}): {}", side.bench.display(), out.status, out.tail())).into());
     }
     let run: BenchRun = read_json(&json)?;
+    let sm_clock_mhz = run.device.uuid.as_deref().and_then(|u| clocks.get(u)).and_then(|s| busy_median(s));
     Ok(ProcessRun { side: label.into(), run, sm_clock_mhz })
 }
 
-/// Samples the SM clock with nvidia-smi every 250 ms while a bench process runs.
-struct ClockSampler {
-    stop: Arc<AtomicBool>,
-    handle: std::thread::JoinHandle<Vec<f64>>,
-}
-
-impl ClockSampler {
-    fn start() -> ClockSampler {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let handle = std::thread::spawn(move || {
-            let mut samples = Vec::new();
-            while !flag.load(Ordering::Relaxed) {
-                let out = Cmd::new("nvidia-smi")
-                    .args(["--query-gpu=clocks.sm", "--format=csv,noheader,nounits"])
-                    .quiet()
-                    .timeout(Duration::from_secs(10))
-                    .run();
-                match out {
-                    Ok(o) if o.success() => {
-                        samples.extend(o.stdout.lines().next().and_then(|l| l.trim().parse::<f64>().ok()))
-                    }
-                    _ => break, // no nvidia-smi: no clock record
-                }
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            samples
-        });
-        ClockSampler { stop, handle }
-    }
-
-    /// Median SM clock over the samples taken while the GPU was busy (the top
-    /// three quarters; idle gaps between cases read low).
-    fn stop(self) -> Option<f64> {
-        self.stop.store(true, Ordering::Relaxed);
-        let mut s = self.handle.join().ok()?;
-        if s.is_empty() {
-            return None;
-        }
-        s.sort_by(f64::total_cmp);
-        let busy = &s[s.len() / 4..];
-        Some(median(busy))
-    }
-}
-
-fn median_clock(runs: &[ProcessRun]) -> Option<f64> {
-    let clocks: Vec<f64> = runs.iter().filter_map(|r| r.sm_clock_mhz).collect();
-    (!clocks.is_empty()).then(|| median(&clocks))
+/// Median SM clock over the samples taken while the GPU was busy (the top
+/// three quarters; idle gaps between cases read low).
+fn busy_median(samples: &[f64]) -> Option<f64> {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    (!s.is_empty()).then(|| median(&s[s.len() / 4..]))
 }
 
 /// Builds `rev` in a git worktree under target/ (never touching the working tree):
@@ -489,7 +399,7 @@ fn build_revision(paths: &Paths, rev: &str) -> Result<Side> {
 
 /// PyTorch SDPA timed by `ci/bench_torch.py` in as many processes as our side ran,
 /// compared median to median where both sides timed a case the same way.
-fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<TorchRatio>> {
+pub fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<TorchRatio>> {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     // The shapes fa-bench ran, so both sides time the same cases.
     let mut shapes = Vec::new();
@@ -673,12 +583,18 @@ fn self_test_table(t: &SelfTest) -> String {
     table::render(&["case", "A/A interval", "A/A", &planted, "verdict", "power"], &rows)
 }
 
-fn baseline_table(diffs: &[BaselineDiff]) -> String {
-    let rows: Vec<Vec<String>> = diffs
-        .iter()
-        .map(|d| vec![d.name.clone(), format!("{:.2}", d.baseline_us), format!("{:.2}", d.now_us), pct(d.change)])
-        .collect();
-    table::render(&["case", "baseline us", "now us", "difference (not a verdict)"], &rows)
+/// The plain timings, one row per process and case, for spreadsheets.
+pub fn csv(p: &BenchPayload) -> String {
+    let mut out = String::from("side,process,case,method,samples,median_us,q1_us,q3_us,min_us,tflops\n");
+    for (i, r) in p.runs.iter().enumerate() {
+        for c in &r.run.cases {
+            out.push_str(&format!(
+                "{},{i},{},{},{},{},{},{},{},{}\n",
+                r.side, c.name, c.method, c.samples, c.median_us, c.q1_us, c.q3_us, c.min_us, c.tflops
+            ));
+        }
+    }
+    out
 }
 
 pub fn markdown(p: &BenchPayload) -> String {
@@ -730,14 +646,8 @@ pub fn markdown(p: &BenchPayload) -> String {
             ));
         }
     }
-    if !p.baseline.is_empty() {
-        md.push_str("| case | baseline µs | now µs | difference (not a verdict) |\n|---|---:|---:|---:|\n");
-        for d in &p.baseline {
-            md.push_str(&format!("| {} | {:.2} | {:.2} | {} |\n", d.name, d.baseline_us, d.now_us, pct(d.change)));
-        }
-    }
-    if let Some(w) = &p.clock_warning {
-        md.push_str(&format!("\n> ⚠️ {w}\n"));
+    if let Some(c) = &p.baseline {
+        md.push_str(&compare::markdown(c));
     }
     if !p.torch.is_empty() {
         md.push_str("\n| case | fa µs | vs PyTorch SDPA (speedup) |\n|---|---:|---|\n");
@@ -758,13 +668,6 @@ pub fn markdown(p: &BenchPayload) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slugs() {
-        assert_eq!(slug("NVIDIA H200"), "nvidia-h200");
-        assert_eq!(slug("NVIDIA H100 80GB HBM3"), "nvidia-h100-80gb-hbm3");
-        assert_eq!(slug("NVIDIA L4"), "nvidia-l4");
-    }
 
     #[test]
     fn torch_ratios_compare_medians_over_processes() {
@@ -876,8 +779,7 @@ mod tests {
             runs: vec![],
             gate: g,
             self_test: t,
-            baseline: vec![],
-            clock_warning: None,
+            baseline: None,
             torch: vec![],
         };
         let t = SelfTest { planted: 0.03, shapes, aa: aa.clone(), planted_run: planted.clone() };

@@ -6,9 +6,11 @@ mod budget;
 mod build;
 mod check;
 mod ci;
+mod compare;
 mod gate;
 mod gpu;
 mod iterate;
+mod kernels;
 mod ledger;
 #[path = "../../kernel-ffi/src/manifest.rs"]
 mod manifest;
@@ -60,9 +62,22 @@ impl std::fmt::Display for CannotRun {
 }
 impl std::error::Error for CannotRun {}
 
+/// `--version`: the crate version, the git revision and rustc it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FA_GIT_REV"), ", ", env!("FA_RUSTC"), ")");
+
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "Build, check and measure the FlashAttention kernels")]
+#[command(name = "cargo xtask", about = "Build, check and measure the FlashAttention kernels", version = VERSION)]
 struct Cli {
+    /// Say less: no command lines or child output, only results and errors.
+    #[arg(long, short, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Say more: every command with its environment, and every child's output.
+    #[arg(long, short, global = true)]
+    verbose: bool,
+    /// The GPU every stage and binary uses: a CUDA ordinal among the visible
+    /// devices or a UUID as `nvidia-smi -L` prints it (default: the first visible).
+    #[arg(long, global = true, value_name = "N|UUID")]
+    device: Option<String>,
     #[command(subcommand)]
     task: Task,
 }
@@ -99,7 +114,11 @@ enum Task {
         defects: bool,
     },
     /// Time the kernels; gate against a revision, a prebuilt base or the stored baseline.
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
+        /// `compare A B`: two saved runs side by side.
+        #[command(subcommand)]
+        action: Option<BenchAction>,
         #[command(flatten)]
         build: BuildArgs,
         #[command(flatten)]
@@ -113,16 +132,21 @@ enum Task {
         /// Compare with a prebuilt base: DIR/kernels (and DIR/fa-bench).
         #[arg(long)]
         base_dir: Option<PathBuf>,
-        /// Write ci/baselines/<gpu>.json from this run.
-        #[arg(long)]
-        save_baseline: bool,
+        /// Save this run (plain timings in --processes processes) as baseline NAME:
+        /// target/xtask/baselines/NAME.json.
+        #[arg(long, value_name = "NAME", value_parser = baseline_name)]
+        save_baseline: Option<String>,
+        /// Compare this run with a saved baseline (a NAME or a bench.json path): plain
+        /// differences, not a verdict.
+        #[arg(long, value_name = "NAME|PATH", conflicts_with_all = ["against", "base_dir"])]
+        baseline: Option<String>,
         /// Also time PyTorch SDPA (ci/bench_torch.py) and print the speedup table.
         #[arg(long)]
         vs_torch: bool,
         /// Check the gate on this GPU: this build against itself (A/A) and against
         /// itself slowed by FRACTION of every timed half (default 0.03).
         #[arg(long, value_name = "FRACTION", num_args = 0..=1, default_missing_value = "0.03",
-              conflicts_with_all = ["against", "base_dir", "save_baseline"])]
+              conflicts_with_all = ["against", "base_dir", "save_baseline", "baseline"])]
         self_test: Option<f64>,
     },
     /// What CI runs: fmt, clippy, tests, static check, workflow lint; with --gpu the GPU gate.
@@ -143,8 +167,9 @@ enum Task {
         #[command(flatten)]
         gate: GateArgs,
     },
-    /// One optimisation iteration: build, test, sanitize when due, bench vs the last
-    /// accepted state, ledger entry; reverts the kernels on a rejection.
+    /// One optimisation iteration over the whole tree: build, test, sanitize when due,
+    /// gate against the last accepted tree, ledger entry; a rejection reverts every
+    /// file the attempt changed and keeps it as perf/rejected/NNN-…/attempt.patch.
     Iterate {
         /// What you changed and why it should help.
         hypothesis: String,
@@ -218,9 +243,13 @@ struct BuildArgs {
     /// Extra -D define for every kernel unit (experiments, planted defects); repeatable.
     #[arg(long = "define")]
     defines: Vec<String>,
-    /// Write fatbins here instead of target/kernels.
-    #[arg(long)]
+    /// Build fatbins into DIR instead of target/kernels; every stage of the run loads them from there.
+    #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
+    /// Load this prebuilt kernel set instead of building (test, bench, sanitize); refused
+    /// unless it was built from this checkout's kernel sources.
+    #[arg(long, value_name = "DIR", conflicts_with = "out_dir")]
+    kernels: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -268,7 +297,8 @@ impl GateArgs {
             gate_secs: self.gate_secs,
             seed: self.seed,
             variant: self.variant.clone(),
-            save_baseline: false,
+            save_baseline: None,
+            baseline: None,
             vs_torch: false,
             self_test: None,
             timeout: Duration::from_secs(3600),
@@ -296,6 +326,16 @@ impl TestArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    process::set_verbosity(match (cli.quiet, cli.verbose) {
+        (true, _) => process::Verbosity::Quiet,
+        (_, true) => process::Verbosity::Verbose,
+        _ => process::Verbosity::Normal,
+    });
+    if let Some(device) = &cli.device {
+        // SAFETY: no other thread exists yet. The kernel-ffi binaries read FA_DEVICE,
+        // so every child of every stage opens the GPU the user named.
+        unsafe { std::env::set_var("FA_DEVICE", device) };
+    }
     match dispatch(cli.task) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -310,16 +350,74 @@ fn main() -> ExitCode {
     }
 }
 
+#[derive(Subcommand)]
+enum BenchAction {
+    /// Two saved runs (baseline NAMEs or bench.json paths), case by case: a table and
+    /// target/xtask/bench-compare.{json,md,csv}.
+    Compare { a: String, b: String },
+}
+
+fn baseline_name(name: &str) -> Result<String, String> {
+    compare::check_name(name).map(|()| name.to_string()).map_err(|e| e.to_string())
+}
+
+/// The build flags of a task that builds kernels.
+fn build_args(task: &Task) -> Option<&BuildArgs> {
+    match task {
+        Task::Build(b) => Some(b),
+        Task::Check { build, .. }
+        | Task::Sanitize { build, .. }
+        | Task::Bench { build, .. }
+        | Task::Ci { build, .. }
+        | Task::Iterate { build, .. }
+        | Task::Tune { build, .. }
+        | Task::Test { build, .. } => Some(build),
+        Task::Summary | Task::Preflight | Task::Profile { .. } => None,
+    }
+}
+
+/// Paths for `task`: its kernels are built into and loaded from `--out-dir` where given.
+fn task_paths(task: &Task) -> anyhow::Result<paths::Paths> {
+    let mut paths = paths::Paths::discover()?;
+    let b = build_args(task);
+    if let Some(dir) = b.and_then(|b| b.kernels.as_ref().or(b.out_dir.as_ref())) {
+        paths.kernels = std::path::absolute(dir)?;
+    }
+    if b.is_some_and(|b| b.kernels.is_some())
+        && !matches!(task, Task::Test { .. } | Task::Bench { .. } | Task::Sanitize { .. })
+    {
+        return Err(CannotRun(
+            "--kernels (a prebuilt set) is for test, bench and sanitize; this task builds its kernels: \
+             use --out-dir DIR to build into DIR"
+                .into(),
+        )
+        .into());
+    }
+    Ok(paths)
+}
+
+/// The task's kernel set: the prebuilt one it was given, checked against the
+/// checkout's sources, or a fresh build.
+fn prepare_kernels(paths: &paths::Paths, build: &BuildArgs) -> anyhow::Result<()> {
+    if build.kernels.is_some() {
+        let set = kernels::verify(paths)?;
+        eprintln!("xtask: kernels from {} (sources {})", set.dir.display(), &set.sources[..12.min(set.sources.len())]);
+        Ok(())
+    } else {
+        build::run(paths, &build.options())
+    }
+}
+
 fn dispatch(task: Task) -> anyhow::Result<()> {
-    let paths = paths::Paths::discover()?;
+    let paths = task_paths(&task)?;
     match task {
         Task::Build(b) => build::run(&paths, &b.options()),
         Task::Check { build, require_gpu, sanitize, test } => {
             check::run(&paths, &check::Options { build: build.options(), require_gpu, sanitize, test: test.options() })
         }
         Task::Sanitize { build, tool, tool_timeout, defects } => {
+            prepare_kernels(&paths, &build)?;
             let b = build.options();
-            build::run(&paths, &b)?;
             let tools = if tool.is_empty() { sanitize::Tool::ALL.to_vec() } else { tool };
             sanitize::run(
                 &paths,
@@ -371,14 +469,34 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             };
             iterate::run(&paths, &opts)
         }
-        Task::Bench { build, gate, dtype, against, base_dir, save_baseline, vs_torch, self_test } => {
+        Task::Bench { action: Some(BenchAction::Compare { a, b }), .. } => compare::run(&paths, &a, &b),
+        Task::Bench {
+            action: None,
+            build,
+            gate,
+            dtype,
+            against,
+            base_dir,
+            save_baseline,
+            baseline,
+            vs_torch,
+            self_test,
+        } => {
             if let Some(f) = self_test.filter(|f| !(0.005..0.5).contains(f)) {
                 return Err(
                     CannotRun(format!("--self-test {f}: the planted slowdown is a fraction, 0.005 to 0.5")).into()
                 );
             }
-            build::run(&paths, &build.options())?;
-            let opts = bench::Options { against, base_dir, save_baseline, vs_torch, self_test, ..gate.options(&dtype) };
+            prepare_kernels(&paths, &build)?;
+            let opts = bench::Options {
+                against,
+                base_dir,
+                save_baseline,
+                baseline,
+                vs_torch,
+                self_test,
+                ..gate.options(&dtype)
+            };
             bench::run(&paths, &opts)
         }
         Task::Profile { shapes, base_clocks, profile_timeout } => {
@@ -393,8 +511,36 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             )
         }
         Task::Test { build, test } => {
-            build::run(&paths, &build.options())?;
+            prepare_kernels(&paths, &build)?;
             test::run(&paths, &test.options())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_dir_is_the_kernel_set_of_every_stage_that_builds() {
+        for task in ["test", "check", "sanitize", "bench", "tune", "build"] {
+            let cli = Cli::try_parse_from(["xtask", task, "--out-dir", "/tmp/ks", "--device", "1"]).unwrap();
+            assert_eq!(task_paths(&cli.task).unwrap().kernels, PathBuf::from("/tmp/ks"), "{task}");
+            assert_eq!(cli.device.as_deref(), Some("1"));
+        }
+        let cli = Cli::try_parse_from(["xtask", "test"]).unwrap();
+        assert!(task_paths(&cli.task).unwrap().kernels.ends_with("target/kernels"));
+        for task in ["test", "bench", "sanitize"] {
+            let cli = Cli::try_parse_from(["xtask", task, "--kernels", "/tmp/pre"]).unwrap();
+            assert_eq!(task_paths(&cli.task).unwrap().kernels, PathBuf::from("/tmp/pre"), "{task}");
+        }
+        for task in ["check", "build", "iterate x", "tune"] {
+            let mut args = vec!["xtask"];
+            args.extend(task.split(' '));
+            args.extend(["--kernels", "/tmp/pre"]);
+            let err = task_paths(&Cli::try_parse_from(args).unwrap().task).unwrap_err().to_string();
+            assert!(err.contains("--out-dir"), "{task}: {err}");
+        }
+        assert!(Cli::try_parse_from(["xtask", "test", "--kernels", "a", "--out-dir", "b"]).is_err());
     }
 }

@@ -11,6 +11,9 @@ pub struct Paths {
     pub target: PathBuf,
     /// The pip `--target` folder for the CUDA wheels.
     pub cuda_wheels: PathBuf,
+    /// The kernel set every stage builds into and loads: `target/kernels`, or
+    /// the `--out-dir` the user named.
+    pub kernels: PathBuf,
 }
 
 impl Paths {
@@ -36,16 +39,17 @@ impl Paths {
             .map(|t| if t.is_absolute() { t } else { root.join(t) })
             .unwrap_or_else(|| root.join("target"));
         let cuda_wheels = target.join("cuda");
-        Ok(Paths { root, target, cuda_wheels })
+        let kernels = target.join("kernels");
+        Ok(Paths { root, target, cuda_wheels, kernels })
     }
 
     pub fn manifest(&self) -> PathBuf {
         self.root.join("kernels/manifest.json")
     }
 
-    /// Compiled kernels: `target/kernels/<stem>.<arch>.fatbin`.
+    /// Compiled kernels: `<kernels>/<stem>.<arch>.fatbin`.
     pub fn kernels_out(&self) -> PathBuf {
-        self.target.join("kernels")
+        self.kernels.clone()
     }
 
     /// Reports and raw tool logs.
@@ -69,4 +73,14 @@ pub fn slug(text: &str) -> String {
 pub fn stem(file: &str) -> &str {
     let name = Path::new(file).file_name().and_then(|n| n.to_str()).unwrap_or(file);
     name.split('.').next().unwrap_or(name)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn slugs() {
+        assert_eq!(super::slug("NVIDIA H200"), "nvidia-h200");
+        assert_eq!(super::slug("NVIDIA H100 80GB HBM3"), "nvidia-h100-80gb-hbm3");
+        assert_eq!(super::slug("NVIDIA L4"), "nvidia-l4");
+    }
 }

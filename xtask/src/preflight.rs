@@ -154,9 +154,20 @@ pub fn run(paths: &Paths) -> Result<()> {
     if !smi_out.success() {
         return Err(CannotRun(format!("nvidia-smi -q -x failed: {}", smi_out.tail())).into());
     }
-    let smi = smi::parse(&smi_out.stdout)?;
+    // The GPU CUDA opens (FA_DEVICE, CUDA_VISIBLE_DEVICES) is the one every reading describes.
+    let driver = tools::binary(paths, "fa-test");
+    let info = driver
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .and_then(|d| sanitize::device_info(d, &paths.kernels_out()));
+    let mut smi = smi::parse(&smi_out.stdout)?;
+    let uuid = info.as_ref().ok().and_then(|d| d.uuid.clone());
+    if let Some(uuid) = &uuid {
+        smi = smi.only(uuid)?;
+    }
     let cc = Cmd::new("nvidia-smi")
         .args(["--query-gpu=compute_cap", "--format=csv,noheader"])
+        .args(uuid.iter().map(|u| format!("--id={u}")))
         .quiet()
         .timeout(Duration::from_secs(60))
         .run()
@@ -169,18 +180,15 @@ pub fn run(paths: &Paths) -> Result<()> {
 
     // Dynamic checks: the fatbins load, ncu reads counters, compute-sanitizer runs.
     // ncu only matters to `profile`, so a problem there warns rather than fails.
-    let driver = tools::binary(paths, "fa-test");
     let mut add = |name: &str, status, detail: String| checks.push(Check { name: name.into(), status, detail });
-    match &driver {
-        Ok(driver) => match sanitize::device_info(driver, &paths.kernels_out()) {
-            Ok(d) => add(
-                "kernels load",
-                Status::Ok,
-                format!("{} SMs, fatbins from {}", d.sm_count, paths.kernels_out().display()),
-            ),
-            Err(e) => add("kernels load", Status::Fail, format!("{e:#}; run `cargo xtask build`")),
-        },
-        Err(e) => add("kernels load", Status::Fail, format!("{e:#}")),
+    match (&driver, &info) {
+        (Ok(_), Ok(d)) => add(
+            "kernels load",
+            Status::Ok,
+            format!("{} SMs, fatbins from {}", d.sm_count, paths.kernels_out().display()),
+        ),
+        (Ok(_), Err(e)) => add("kernels load", Status::Fail, format!("{e:#}; run `cargo xtask build`")),
+        (Err(e), _) => add("kernels load", Status::Fail, format!("{e:#}")),
     }
     let smoke = |tool: &std::path::Path, pre: &[&str]| {
         let d = driver.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
@@ -228,9 +236,7 @@ pub fn run(paths: &Paths) -> Result<()> {
         .map(|c| vec![c.name.clone(), format!("{:?}", c.status).to_uppercase(), c.detail.clone()])
         .collect();
     println!("{}", table::render(&["check", "status", "detail"], &rows));
-    let gpu = smi.gpus.first();
-    let device =
-        gpu.map(|g| Device { name: g.name.clone(), compute_capability: cc.clone().unwrap_or_default(), sm_count: 0 });
+    let device = info.as_ref().ok().map(Device::from);
     let toolchain = Toolchain {
         nvcc: nvcc.as_ref().map(|n| n.version.clone()),
         nvcc_path: nvcc.as_ref().map(|n| n.path.display().to_string()),
@@ -239,6 +245,7 @@ pub fn run(paths: &Paths) -> Result<()> {
     let failed: Vec<String> = checks.iter().filter(|c| c.status == Status::Fail).map(|c| c.name.clone()).collect();
     let report = paths.report("preflight");
     Envelope::new("preflight", toolchain, device, &PreflightPayload { smi, compute_capability: cc, checks })
+        .kernels(&paths.kernels)
         .write(&report)?;
     println!("report: {}", report.display());
     if !failed.is_empty() {

@@ -44,7 +44,7 @@ impl Output {
 }
 
 pub fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
+    let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
@@ -109,6 +109,12 @@ impl Cmd {
         self
     }
 
+    /// The value this command sets for `key`, if it sets one.
+    #[cfg(test)]
+    pub fn env_value(&self, key: &str) -> Option<&str> {
+        self.env.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
     pub fn display(&self) -> String {
         let mut s = self.program.display().to_string();
         for a in &self.args {
@@ -122,13 +128,34 @@ impl Cmd {
         s
     }
 
+    /// The command line, with the environment it sets under `-v`.
+    fn announce(&self, shown: &str, suffix: &str) {
+        match verbosity() {
+            Verbosity::Quiet => {}
+            Verbosity::Normal if self.quiet => {}
+            Verbosity::Normal => eprintln!("$ {shown}{suffix}"),
+            Verbosity::Verbose => {
+                let env: String = self.env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+                let cwd = self.cwd.as_ref().map(|d| format!(" (in {})", d.display())).unwrap_or_default();
+                eprintln!("$ {env}{shown}{suffix}{cwd}");
+            }
+        }
+    }
+
+    /// Whether the child's output is echoed as it runs.
+    fn echoes(&self) -> bool {
+        match verbosity() {
+            Verbosity::Quiet => false,
+            Verbosity::Normal => self.echo,
+            Verbosity::Verbose => true,
+        }
+    }
+
     /// Runs to completion and returns the output whatever the exit status;
     /// errors only when the process cannot be started or times out.
     pub fn run(self) -> Result<Output> {
         let shown = self.display();
-        if !self.quiet {
-            eprintln!("$ {shown}");
-        }
+        self.announce(&shown, "");
         let mut command = Command::new(&self.program);
         command
             .args(&self.args)
@@ -147,10 +174,9 @@ impl Cmd {
         let start = Instant::now();
         let mut child = command.spawn().with_context(|| format!("could not start `{shown}`"))?;
         let pgid = child.id() as libc::pid_t;
-        let stdout =
-            drain(child.stdout.take(), self.echo.then(|| Box::new(std::io::stdout()) as Box<dyn Write + Send>));
-        let stderr =
-            drain(child.stderr.take(), self.echo.then(|| Box::new(std::io::stderr()) as Box<dyn Write + Send>));
+        let echo = self.echoes();
+        let stdout = drain(child.stdout.take(), echo.then(|| Box::new(std::io::stdout()) as Box<dyn Write + Send>));
+        let stderr = drain(child.stderr.take(), echo.then(|| Box::new(std::io::stderr()) as Box<dyn Write + Send>));
         let waited = child.wait_timeout(self.timeout).with_context(|| format!("waiting for `{shown}`"))?;
         let status = match waited {
             Some(status) => {
@@ -206,9 +232,7 @@ impl Cmd {
     /// Starts the command as a [`Session`].
     pub fn session(self) -> Result<Session> {
         let shown = self.display();
-        if !self.quiet {
-            eprintln!("$ {shown} (session)");
-        }
+        self.announce(&shown, " (session)");
         let stderr = match &self.log {
             Some(path) => {
                 write_file(path, format!("$ {shown}\n"))?;
@@ -288,12 +312,43 @@ impl Drop for Session {
     }
 }
 
-/// Writes a file, creating its parent directories; the error names the path.
-pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+/// How much xtask says about the commands it runs, set once from `-q`/`-v`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verbosity {
+    Quiet,
+    Normal,
+    Verbose,
+}
+
+static VERBOSITY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
+
+pub fn set_verbosity(v: Verbosity) {
+    VERBOSITY.store(v as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn verbosity() -> Verbosity {
+    match VERBOSITY.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => Verbosity::Quiet,
+        1 => Verbosity::Normal,
+        _ => Verbosity::Verbose,
     }
-    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Replaces a file atomically (a temporary file in the same folder, then a
+/// rename), creating its parent directories: a reader, or a run killed half-way,
+/// never sees half a file. The error names the path.
+pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map(|f| f.to_string_lossy()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}-{n}.tmp", std::process::id()));
+    std::fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        anyhow::anyhow!("renaming {} to {}: {e}", tmp.display(), path.display())
+    })
 }
 
 fn kill_group(pgid: libc::pid_t) {
@@ -331,6 +386,18 @@ fn join(reader: Option<Reader>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn write_file_replaces_whole_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/baseline.json");
+        write_file(&path, "old").unwrap();
+        write_file(&path, "new").unwrap();
+        let sub = dir.path().join("sub");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        let names: Vec<_> = std::fs::read_dir(&sub).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["baseline.json"]);
+    }
 
     #[test]
     fn captures_output_and_status() {

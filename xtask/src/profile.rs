@@ -228,13 +228,9 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         }
     }
     let report = paths.report("profile");
-    let device = Device {
-        name: info.name.clone(),
-        compute_capability: info.compute_capability.clone(),
-        sm_count: info.sm_count,
-    };
+    let device = Device::from(&info);
     let toolchain = Toolchain { driver: info.driver.clone(), ..Toolchain::default() };
-    Envelope::new("profile", toolchain, Some(device), &shapes).write(&report)?;
+    Envelope::new("profile", toolchain, Some(device), &shapes).kernels(&paths.kernels).write(&report)?;
     println!("report: {} ({:.1} s under ncu)", report.display(), out.elapsed.as_secs_f64());
     Ok(())
 }

@@ -25,7 +25,20 @@ pub struct Envelope<T> {
     pub toolchain: Toolchain,
     /// The GPU used, where one was.
     pub device: Option<Device>,
+    /// The kernels the run loaded, where it loaded any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_set: Option<KernelSetRecord>,
     pub payload: T,
+}
+
+/// Which kernel set a report judged: its folder and the sources it was built from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelSetRecord {
+    pub dir: String,
+    /// `kernels::sources_hash`; absent for a folder without `kernel-set.json`.
+    pub sources: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub defines: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -40,6 +53,20 @@ pub struct Device {
     pub name: String,
     pub compute_capability: String,
     pub sm_count: u32,
+    /// CUDA's device UUID, `GPU-…`: the GPU the run used, whichever ordinal it had.
+    #[serde(default)]
+    pub uuid: Option<String>,
+}
+
+impl From<&crate::schema::DeviceInfo> for Device {
+    fn from(d: &crate::schema::DeviceInfo) -> Device {
+        Device {
+            name: d.name.clone(),
+            compute_capability: d.compute_capability.clone(),
+            sm_count: d.sm_count,
+            uuid: d.uuid.clone(),
+        }
+    }
 }
 
 impl<T: Serialize> Envelope<T> {
@@ -56,16 +83,25 @@ impl<T: Serialize> Envelope<T> {
                 .unwrap_or_else(|_| "unknown".into()),
             toolchain,
             device,
+            kernel_set: None,
             payload,
         }
     }
 
+    /// Records the kernel set in `dir` as the one this report judged.
+    pub fn kernels(mut self, dir: &Path) -> Self {
+        let set = crate::kernels::load(dir);
+        self.kernel_set = Some(KernelSetRecord {
+            dir: dir.display().to_string(),
+            sources: set.as_ref().map(|s| s.sources.clone()),
+            defines: set.map(|s| s.defines).unwrap_or_default(),
+        });
+        self
+    }
+
     /// Writes pretty JSON atomically (temp file + rename), so a reader never sees half a report.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let tmp = path.with_extension("json.tmp");
-        write_file(&tmp, serde_json::to_string_pretty(self)? + "\n")?;
-        std::fs::rename(&tmp, path)
-            .map_err(|e| anyhow::anyhow!("renaming {} to {}: {e}", tmp.display(), path.display()))
+        write_file(path, serde_json::to_string_pretty(self)? + "\n")
     }
 }
 

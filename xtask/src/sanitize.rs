@@ -204,13 +204,9 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     }
     let payload = SanitizePayload { runs, defects };
     let report = paths.report("sanitize");
-    let dev = Device {
-        name: device.name.clone(),
-        compute_capability: device.compute_capability.clone(),
-        sm_count: device.sm_count,
-    };
+    let dev = Device::from(&device);
     let toolchain = Toolchain { driver: device.driver.clone(), ..Toolchain::default() };
-    Envelope::new("sanitize", toolchain, Some(dev), &payload).write(&report)?;
+    Envelope::new("sanitize", toolchain, Some(dev), &payload).kernels(&paths.kernels).write(&report)?;
     println!("report: {}", report.display());
 
     let mut problems: Vec<String> = payload.runs.iter().flat_map(ToolRun::problems).collect();

@@ -18,6 +18,7 @@ struct RawLog {
 struct RawGpu {
     #[serde(rename = "@id")]
     id: Option<String>,
+    uuid: Option<String>,
     product_name: Option<String>,
     product_architecture: Option<String>,
     persistence_mode: Option<String>,
@@ -64,6 +65,8 @@ pub struct Smi {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Gpu {
     pub bus_id: String,
+    /// `GPU-…`, as CUDA's device UUID reads in kernel-ffi's DeviceInfo.
+    pub uuid: Option<String>,
     pub name: String,
     pub architecture: Option<String>,
     pub persistence_mode: Option<bool>,
@@ -106,6 +109,7 @@ pub fn parse(xml: &str) -> Result<Smi> {
                 .collect();
             Gpu {
                 bus_id: g.id.unwrap_or_default(),
+                uuid: g.uuid.map(|u| u.trim().to_ascii_lowercase().replacen("gpu-", "GPU-", 1)),
                 name: g.product_name.unwrap_or_default(),
                 architecture: g.product_architecture,
                 persistence_mode: g.persistence_mode.map(|m| m.trim() == "Enabled"),
@@ -130,6 +134,20 @@ pub fn parse(xml: &str) -> Result<Smi> {
         })
         .collect();
     Ok(Smi { driver_version: raw.driver_version, cuda_version: raw.cuda_version, gpus })
+}
+
+impl Smi {
+    /// Only the GPU with `uuid`: the one CUDA opened, whatever order nvidia-smi
+    /// lists GPUs in (it ignores `CUDA_VISIBLE_DEVICES`).
+    pub fn only(mut self, uuid: &str) -> Result<Smi> {
+        let listed: Vec<String> =
+            self.gpus.iter().map(|g| g.uuid.clone().unwrap_or_else(|| g.bus_id.clone())).collect();
+        self.gpus.retain(|g| g.uuid.as_deref() == Some(uuid));
+        if self.gpus.is_empty() {
+            anyhow::bail!("nvidia-smi does not list the GPU CUDA opened ({uuid}); it lists [{}]", listed.join(", "));
+        }
+        Ok(self)
+    }
 }
 
 #[cfg(test)]
@@ -173,6 +191,22 @@ mod tests {
             g.processes,
             vec![Process { pid: Some(4242), name: "python3".into(), used_memory_mib: Some(1024.0) }]
         );
+    }
+
+    #[test]
+    fn only_keeps_the_gpu_cuda_opened() {
+        let two = H200.replacen(
+            "<gpu id=",
+            "<gpu id=\"00000000:1B:00.0\"><uuid>GPU-11111111-2222-3333-4444-555555555555</uuid></gpu>\n<gpu id=",
+            1,
+        );
+        let smi = parse(&two).unwrap();
+        assert_eq!(smi.gpus.len(), 2);
+        let cuda = "GPU-00000000-0000-0000-0000-000000000000";
+        let only = smi.clone().only(cuda).unwrap();
+        assert_eq!((only.gpus.len(), only.gpus[0].name.as_str()), (1, "NVIDIA H200"));
+        let err = smi.only("GPU-99999999-0000-0000-0000-000000000000").unwrap_err().to_string();
+        assert!(err.contains("GPU-11111111-2222-3333-4444-555555555555") && err.contains(cuda), "{err}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the correctness matrix on the GPU, run by kernel-ffi's
 //! `fa-test` driver, reported as `target/xtask/test.json` and a table.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -19,20 +20,9 @@ pub struct Options {
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     crate::gpu::require("test")?;
-    let driver = tools::binary(paths, "fa-test")?;
     let raw = paths.reports().join("fa-test.json");
     let _ = std::fs::remove_file(&raw);
-    let mut cmd = Cmd::new(&driver)
-        .arg("--json")
-        .arg(raw.display().to_string())
-        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
-        .timeout(opts.timeout)
-        .log(paths.reports().join("test.log"))
-        .echo();
-    if let Some(f) = &opts.filter {
-        cmd = cmd.arg("--filter").arg(f.clone());
-    }
-    let out = cmd.run()?;
+    let out = command(tools::binary(paths, "fa-test")?, paths, opts, &raw).run()?;
     let text = match std::fs::read_to_string(&raw) {
         Ok(text) if out.success() => text,
         _ => {
@@ -47,14 +37,10 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let run: TestRun = serde_json::from_str(&text).with_context(|| format!("parsing {}", raw.display()))?;
     println!("{}", case_table(&run.cases));
     let failed: Vec<&TestCase> = run.cases.iter().filter(|c| !c.passed).collect();
-    let device = Device {
-        name: run.device.name.clone(),
-        compute_capability: run.device.compute_capability.clone(),
-        sm_count: run.device.sm_count,
-    };
+    let device = Device::from(&run.device);
     let toolchain = Toolchain { driver: run.device.driver.clone(), ..Toolchain::default() };
     let report = paths.report("test");
-    Envelope::new("test", toolchain, Some(device), &run).write(&report)?;
+    Envelope::new("test", toolchain, Some(device), &run).kernels(&paths.kernels).write(&report)?;
     println!("{} cases, {} failed, seed {}; report: {}", run.cases.len(), failed.len(), run.seed, report.display());
     if run.cases.is_empty() {
         return Err(CheckFailed("no test case ran (filter matched nothing?)".into()).into());
@@ -64,6 +50,21 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         return Err(CheckFailed(format!("{} case(s) failed: {}", failed.len(), names.join(", "))).into());
     }
     Ok(())
+}
+
+/// fa-test over the run's kernel set, writing its results to `raw`.
+fn command(driver: PathBuf, paths: &Paths, opts: &Options, raw: &Path) -> Cmd {
+    let mut cmd = Cmd::new(driver)
+        .arg("--json")
+        .arg(raw.display().to_string())
+        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
+        .timeout(opts.timeout)
+        .log(paths.reports().join("test.log"))
+        .echo();
+    if let Some(f) = &opts.filter {
+        cmd = cmd.arg("--filter").arg(f.clone());
+    }
+    cmd
 }
 
 fn case_table(cases: &[TestCase]) -> String {
@@ -82,4 +83,18 @@ fn case_table(cases: &[TestCase]) -> String {
         })
         .collect();
     table::render(&["case", "splits", "reference", "rel L2", "max abs", "tol", "result"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fa_test_loads_the_kernel_set_the_user_named() {
+        let mut paths = Paths::discover().unwrap();
+        paths.kernels = PathBuf::from("/elsewhere/kernels");
+        let opts = Options { filter: None, timeout: Duration::from_secs(1) };
+        let cmd = command(PathBuf::from("fa-test"), &paths, &opts, Path::new("raw.json"));
+        assert_eq!(cmd.env_value("FA_KERNEL_DIR"), Some("/elsewhere/kernels"));
+    }
 }

@@ -184,13 +184,10 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         println!("wrote the winners into {}", paths.manifest().display());
     }
     let payload = TunePayload { variants: results, winners, applied: opts.apply };
-    let device = Device {
-        name: info.name.clone(),
-        compute_capability: info.compute_capability.clone(),
-        sm_count: info.sm_count,
-    };
+    let device = Device::from(&info);
     let report = paths.report("tune");
     Envelope::new("tune", Toolchain { driver: info.driver.clone(), ..Toolchain::default() }, Some(device), &payload)
+        .kernels(&paths.kernels)
         .write(&report)?;
     println!("report: {}", report.display());
     if payload.winners.is_empty() {
@@ -237,7 +234,7 @@ fn evaluate(
         },
     );
     if let Err(e) = built {
-        let status = if e.downcast_ref::<CheckFailed>().is_some() { "over budget" } else { "build failed" };
+        let status = if build::over_budget(&e) { "over budget" } else { "build failed" };
         return fail(result, status, e);
     }
     // Correctness on the covering set, this head dim only.

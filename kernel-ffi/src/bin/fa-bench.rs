@@ -26,8 +26,12 @@ use kernel_ffi::schema::{BenchCase, BenchRun, SERVE_PROTOCOL, ServeReply, ServeR
 use kernel_ffi::{Attention, Desc, Dtype, Entry, Launched, Layout, Options, Splits, Tensor};
 
 #[derive(Parser)]
-#[command(about = "Time the FlashAttention kernels")]
+#[command(about = "Time the FlashAttention kernels", version = kernel_ffi::cli::VERSION)]
 struct Args {
+    /// GPU to run on: a CUDA ordinal among the visible devices, or a UUID as
+    /// `nvidia-smi -L` prints it.
+    #[arg(long, env = "FA_DEVICE", default_value = "0")]
+    device: kernel_ffi::Gpu,
     /// Shapes B,H,S,D[,causal]; repeatable. Default: the default set.
     #[arg(long = "shape", value_parser = Shape::parse)]
     shapes: Vec<Shape>,
@@ -85,7 +89,7 @@ fn run() -> Result<()> {
     }
     let shapes = if args.shapes.is_empty() { bench::default_shapes() } else { args.shapes.clone() };
     let dtypes: Vec<Dtype> = args.dtype.iter().map(|d| parse_dtype(d)).collect::<Result<_>>()?;
-    let att = Attention::new(0).context("setting up the kernels")?;
+    let att = Attention::new(&args.device).context("setting up the kernels")?;
     // 256 MiB: several times any L2 (50-60 MB on H100/H200, 48 MB on L4).
     let mut flush = att.stream().alloc_zeros::<u8>(256 << 20)?;
     if args.serve {

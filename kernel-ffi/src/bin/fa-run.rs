@@ -12,8 +12,12 @@ use kernel_ffi::io::{HostTensor16, read_qkv, write_outputs};
 use kernel_ffi::{Attention, Entry, Layout, Options, Splits};
 
 #[derive(Parser)]
-#[command(about = "Run the FlashAttention forward kernel on tensors from a safetensors file")]
+#[command(about = "Run the FlashAttention forward kernel on tensors from a safetensors file", version = kernel_ffi::cli::VERSION)]
 struct Args {
+    /// GPU to run on: a CUDA ordinal among the visible devices, or a UUID as
+    /// `nvidia-smi -L` prints it.
+    #[arg(long, env = "FA_DEVICE", default_value = "0")]
+    device: kernel_ffi::Gpu,
     /// safetensors file holding `q`, `k`, `v` (f16 or bf16, rank 4).
     #[arg(long)]
     input: PathBuf,
@@ -55,7 +59,7 @@ fn run() -> Result<()> {
     let args = Args::parse();
     let bytes = std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
     let [q, k, v] = read_qkv(&bytes, args.layout)?;
-    let att = Attention::new(0).context("setting up the kernels")?;
+    let att = Attention::new(&args.device).context("setting up the kernels")?;
     let (qd, kd, vd) = (
         att.upload(q.dtype, q.desc, &q.bits)?,
         att.upload(k.dtype, k.desc, &k.bits)?,

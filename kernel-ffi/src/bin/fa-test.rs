@@ -326,8 +326,12 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
 }
 
 #[derive(clap::Parser)]
-#[command(about = "Correctness matrix of the attention kernels against f64 CPU / fp32 GPU references")]
+#[command(about = "Correctness matrix of the attention kernels against f64 CPU / fp32 GPU references", version = kernel_ffi::cli::VERSION)]
 struct Args {
+    /// GPU to run on: a CUDA ordinal among the visible devices, or a UUID as
+    /// `nvidia-smi -L` prints it.
+    #[arg(long, env = "FA_DEVICE", default_value = "0")]
+    device: kernel_ffi::Gpu,
     /// Write the results here as JSON (else to stdout).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -357,7 +361,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    let Args { json, filter, seed, set, list, info, variant } = clap::Parser::parse();
+    let Args { json, filter, seed, set, list, info, variant, device } = clap::Parser::parse();
     if variant == Some(Variant::Auto) {
         anyhow::bail!("--variant takes portable or hopper (cases name their kernel)");
     }
@@ -378,7 +382,7 @@ fn run() -> Result<()> {
     }
     let seed = seed
         .unwrap_or_else(|| SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64));
-    let att = Attention::new(0).context("setting up the kernels")?;
+    let att = Attention::new(&device).context("setting up the kernels")?;
     if info {
         println!("{}", serde_json::to_string(att.device())?);
         return Ok(());

@@ -1,9 +1,17 @@
-//! NVML readings of the GPU being timed, looked up by the UUID the bench
-//! server reports. NVML is loaded at run time, so a machine without a driver
-//! builds and tests xtask; there the monitor is simply absent.
+//! NVML readings of the GPU being timed, looked up by the UUID CUDA reports
+//! for it (nvidia-smi's and NVML's indices ignore `CUDA_VISIBLE_DEVICES`).
+//! NVML is loaded at run time, so a machine without a driver builds and tests
+//! xtask; there the readings are simply absent.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::Clock;
 
 pub struct Monitor {
     nvml: Nvml,
@@ -28,6 +36,43 @@ impl Monitor {
     pub fn reasons(&self) -> Vec<&'static str> {
         let bits = self.nvml.device_by_uuid(self.uuid.as_str()).and_then(|d| d.current_throttle_reasons());
         bits.map(|b| reason_names(b.bits())).unwrap_or_default()
+    }
+}
+
+/// The SM clock of every GPU NVML sees, by UUID, every 250 ms on one thread
+/// with one NVML handle, while a bench process runs; the process's report then
+/// names which GPU it used.
+pub struct ClockSampler {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<BTreeMap<String, Vec<f64>>>,
+}
+
+impl ClockSampler {
+    pub fn start() -> ClockSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+            let Ok(nvml) = Nvml::init() else { return samples };
+            let count = nvml.device_count().unwrap_or(0);
+            while !flag.load(Ordering::Relaxed) {
+                for i in 0..count {
+                    let Ok(dev) = nvml.device_by_index(i) else { continue };
+                    if let (Ok(uuid), Ok(mhz)) = (dev.uuid(), dev.clock_info(Clock::SM)) {
+                        samples.entry(uuid).or_default().push(f64::from(mhz));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            samples
+        });
+        ClockSampler { stop, handle }
+    }
+
+    /// SM clock samples (MHz) by GPU UUID; empty without NVML.
+    pub fn stop(self) -> BTreeMap<String, Vec<f64>> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap_or_default()
     }
 }
 
