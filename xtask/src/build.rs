@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::budget::{self, Breach, LocalMemory, SassRecord};
 use crate::manifest::Manifest;
 use crate::paths::{Paths, stem};
-use crate::process::{Cmd, write_file};
+use crate::process::{Cmd, Lock, write_file};
 use crate::ptxas::{self, KernelResources};
 use crate::report::{Envelope, Toolchain};
 use crate::sass::{self, OpcodeCounts};
@@ -169,6 +169,9 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         }
     }
 
+    // Builds into one folder take turns (checkouts sharing a target dir, parallel
+    // runs): the second finds the first's units cached.
+    let _lock = Lock::hold(&out_dir.join(".build.lock"), &format!("building {}", manifest_path.display()))?;
     // kernel-ffi launches from this copy, so fatbins and launch geometry travel together.
     write_file(&out_dir.join("manifest.json"), serde_json::to_string_pretty(&manifest)? + "\n")?;
     let total = jobs.len();
@@ -707,6 +710,49 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
         // No local memory, nothing marked: the last cell is the LDL+STL count.
         assert_eq!(last_cell("tiles", "sm_89"), "0", "{table}");
         assert!(table.ends_with("\n2 row(s) use local memory that the manifest allows for that entry on that arch (README: Resource budgets says why)"), "{table}");
+    }
+
+    #[test]
+    fn forty_concurrent_builds_into_one_target_all_succeed() {
+        let workspace = Paths::discover().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kernels = dir.path().join("kernels");
+        std::fs::create_dir_all(&kernels).unwrap();
+        std::fs::write(
+            kernels.join("one.cu"),
+            "extern \"C\" __global__ void one(float* x) { x[threadIdx.x] = 1.f; }\n",
+        )
+        .unwrap();
+        std::fs::write(
+            kernels.join("manifest.json"),
+            r#"{"static_smem_limit": 49152,
+                "archs": {"sm_89": {"gencode": "arch=compute_89,code=sm_89", "smem_optin_limit": 101376}},
+                "sources": [{"file": "one.cu", "archs": ["sm_89"], "kernels": [{"entry": "one", "max_registers": 255}]}]}"#,
+        )
+        .unwrap();
+        let paths = Paths {
+            root: dir.path().to_path_buf(),
+            target: dir.path().join("target"),
+            cuda_wheels: workspace.cuda_wheels.clone(),
+            kernels: dir.path().join("target/kernels"),
+        };
+        let opts =
+            Options { manifest: Some(kernels.join("manifest.json")), ..Options::new(Duration::from_secs(300), 1) };
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..40).map(|_| s.spawn(|| run(&paths, &opts))).collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let failed: Vec<String> = results.iter().filter_map(|r| r.as_ref().err()).map(|e| format!("{e:#}")).collect();
+        assert!(failed.is_empty(), "{} of 40 failed: {:?}", failed.len(), failed.first());
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(paths.report("build")).unwrap()).unwrap();
+        assert_eq!(report["payload"]["units"][0]["source"], "one.cu");
+        let leftovers: Vec<_> = std::fs::read_dir(paths.reports())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 
     #[test]

@@ -23,8 +23,6 @@ mod attempt;
 pub mod tree;
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -35,7 +33,7 @@ use crate::gate::sequence::Verdict;
 use crate::gate::{self, GateRun, Side};
 use crate::ledger::{self, BenchLine, Entry, KernelLine, TestLine};
 use crate::paths::Paths;
-use crate::process::Cmd;
+use crate::process::{Cmd, Lock, write_atomic};
 use crate::report::{Envelope, git_state, read_json, rfc3339};
 use crate::schema::TestRun;
 use crate::{CannotRun, CheckFailed, build, sanitize, test, tools};
@@ -81,12 +79,6 @@ impl Staged {
     }
 }
 
-/// Held while an iterate runs in a checkout (an advisory lock, released when
-/// the process ends however it ends).
-pub struct RunLock {
-    _file: std::fs::File,
-}
-
 impl State {
     pub fn new(dir: PathBuf) -> State {
         let store = Store::new(dir.join("objects"));
@@ -101,26 +93,14 @@ impl State {
         State::new(paths.reports().join("accepted").join(format!("{name}-{}", &key[..12])))
     }
 
-    pub fn lock(&self, what: &str) -> Result<RunLock> {
-        std::fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))?;
-        let path = self.dir.join("iterate.lock");
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let held = std::fs::read_to_string(&path).unwrap_or_default();
-            bail!(CannotRun(format!(
-                "another iterate is running in this checkout ({}); wait for it to finish",
-                held.trim()
-            )));
+    /// Held while an iterate runs in this checkout.
+    pub fn lock(&self, what: &str) -> Result<Lock> {
+        match Lock::try_hold(&self.dir.join("iterate.lock"), what)? {
+            Ok(lock) => Ok(lock),
+            Err(holder) => bail!(CannotRun(format!(
+                "another iterate is running in this checkout ({holder}); wait for it to finish"
+            ))),
         }
-        f.set_len(0).and_then(|()| write!(f, "pid {}: {what}", std::process::id())).ok();
-        Ok(RunLock { _file: f })
     }
 
     pub fn current(&self) -> Result<Option<Snapshot>> {
@@ -159,12 +139,12 @@ impl State {
     /// and every object the new tree does not use.
     pub fn promote(&self, staged: Staged, tree: &Tree) -> Result<Snapshot> {
         let old = self.current()?;
-        tree::write_atomic(&staged.0.0.join("tree.json"), serde_json::to_string(tree)?.as_bytes(), false)?;
+        write_atomic(&staged.0.0.join("tree.json"), serde_json::to_string(tree)?.as_bytes(), false)?;
         let name = format!("snap-{}", &tree.hash()[..16]);
         let name = staged.0.0.file_name().map_or(name.clone(), |s| format!("{name}-{}", s.to_string_lossy()));
         let dir = self.dir.join(&name);
         std::fs::rename(&staged.0.0, &dir).with_context(|| format!("renaming {}", staged.0.0.display()))?;
-        tree::write_atomic(&self.dir.join("current"), name.as_bytes(), false)?;
+        write_atomic(&self.dir.join("current"), name.as_bytes(), false)?;
         if let Some(old) = old {
             std::fs::remove_dir_all(&old.dir).with_context(|| format!("removing {}", old.dir.display()))?;
         }
@@ -283,12 +263,12 @@ pub fn conclude(c: &Conclusion, decision: &Decision, staged: Option<Staged>, mut
         return Err(e);
     }
     let entry = ledger::append(c.ledger, entry)?;
-    tree::write_atomic(&dir.join("record.json"), (serde_json::to_string_pretty(&entry)? + "\n").as_bytes(), false)?;
+    write_atomic(&dir.join("record.json"), (serde_json::to_string_pretty(&entry)? + "\n").as_bytes(), false)?;
     if !c.reports.is_empty() {
         std::fs::create_dir_all(dir.join("reports")).with_context(|| format!("creating {}/reports", dir.display()))?;
     }
     for (name, text) in &c.reports {
-        tree::write_atomic(&dir.join("reports").join(name), text.as_bytes(), false)?;
+        write_atomic(&dir.join("reports").join(name), text.as_bytes(), false)?;
     }
     eprintln!(
         "iterate: reverted {} path(s) to the accepted tree; the attempt is {} (`git apply` it to get it back)",
@@ -300,7 +280,7 @@ pub fn conclude(c: &Conclusion, decision: &Decision, staged: Option<Staged>, mut
 
 fn save_and_revert(c: &Conclusion, base: &Tree, changes: &[Change], patch: &Path, entry: &mut Entry) -> Result<()> {
     let text = attempt::patch(c.scratch, &c.state.store, base, c.measured, changes)?;
-    tree::write_atomic(patch, text.as_bytes(), false)?;
+    write_atomic(patch, text.as_bytes(), false)?;
     let paths: Vec<&str> = changes.iter().map(Change::path).collect();
     let staged = tree::staged(c.root, &paths)?;
     tree::revert(c.root, &c.state.store, base, c.measured, changes)?;

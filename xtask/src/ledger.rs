@@ -1,13 +1,12 @@
 //! The committed optimisation history, `perf/ledger.jsonl`: one iteration a line,
 //! appended atomically (unique temp file + rename) under a lock file.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::iterate::tree::write_atomic;
+use crate::process::{Lock, write_atomic};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
@@ -104,37 +103,6 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Entry>> {
         .collect()
 }
 
-/// Holds `<path>.lock` (created exclusively) until dropped.
-pub struct Lock(PathBuf);
-
-impl Lock {
-    pub fn acquire(path: &Path, wait: Duration) -> Result<Lock> {
-        let lock = path.with_extension("lock");
-        if let Some(dir) = lock.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let start = Instant::now();
-        loop {
-            match std::fs::OpenOptions::new().write(true).create_new(true).open(&lock) {
-                Ok(_) => return Ok(Lock(lock)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && start.elapsed() < wait => {
-                    std::thread::sleep(Duration::from_millis(100))
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    bail!("{} is held by another run; if none is running, delete the lock file", lock.display())
-                }
-                Err(e) => return Err(e).with_context(|| format!("creating {}", lock.display())),
-            }
-        }
-    }
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// Appends one entry under the lock; returns it with its iteration number set:
 /// the one after the last line's, or the entry's own where that is higher (a
 /// rejected attempt's folder number, which an earlier run that died may have
@@ -142,7 +110,7 @@ impl Drop for Lock {
 /// one): re-serialising them would rewrite history wherever a float does not
 /// survive the round trip.
 pub fn append(path: &Path, mut entry: Entry) -> Result<Entry> {
-    let _lock = Lock::acquire(path, Duration::from_secs(60))?;
+    let _lock = Lock::hold(&path.with_extension("lock"), "appending to the ledger")?;
     let mut text = read_text(path)?;
     entry.iteration = following(&parse(path, &text)?).max(entry.iteration);
     if !text.is_empty() && !text.ends_with('\n') {
@@ -187,7 +155,8 @@ mod tests {
         assert_eq!(append(&path, entry("b")).unwrap().iteration, 2);
         let all = read(&path).unwrap();
         assert_eq!(all.iter().map(|e| e.hypothesis.as_str()).collect::<Vec<_>>(), ["a", "b"]);
-        assert!(!path.with_extension("lock").exists(), "lock released");
+        let held = crate::process::Lock::try_hold(&path.with_extension("lock"), "test").unwrap();
+        assert!(held.is_ok(), "lock released");
     }
 
     #[test]
@@ -246,11 +215,13 @@ mod tests {
     }
 
     #[test]
-    fn held_lock_times_out_with_advice() {
+    fn a_held_lock_names_its_holder_and_dies_with_it() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ledger.jsonl");
-        let _held = Lock::acquire(&path, Duration::ZERO).unwrap();
-        let err = Lock::acquire(&path, Duration::from_millis(200)).err().unwrap().to_string();
-        assert!(err.contains("held by another run"), "{err}");
+        let path = dir.path().join("ledger.lock");
+        let held = Lock::try_hold(&path, "appending to the ledger").unwrap().unwrap();
+        let holder = Lock::try_hold(&path, "another").unwrap().err().unwrap();
+        assert_eq!(holder, format!("pid {}: appending to the ledger", std::process::id()));
+        drop(held);
+        assert!(Lock::try_hold(&path, "another").unwrap().is_ok(), "released with its holder");
     }
 }

@@ -334,21 +334,87 @@ pub fn verbosity() -> Verbosity {
     }
 }
 
-/// Replaces a file atomically (a temporary file in the same folder, then a
-/// rename), creating its parent directories: a reader, or a run killed half-way,
-/// never sees half a file. The error names the path.
+/// Replaces a file atomically, creating its parent directories: a reader, or a
+/// run killed half-way, sees the old file or the new one, never half of either.
+/// The error names the path.
 pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = path.file_name().map(|f| f.to_string_lossy()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}-{n}.tmp", std::process::id()));
-    std::fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
+    write_atomic(path, contents.as_ref(), false)
+}
+
+/// Writes `bytes` to `path` through a uniquely named file in the same folder,
+/// synced, then renamed over it; a symlink at `path` is replaced, not followed.
+pub fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}-{n}.tmp", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.set_permissions(std::fs::Permissions::from_mode(if executable { 0o755 } else { 0o644 })))
+        .and_then(|()| f.sync_all());
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
         let _ = std::fs::remove_file(&tmp);
-        anyhow::anyhow!("renaming {} to {}: {e}", tmp.display(), path.display())
-    })
+        return Err(e).with_context(|| format!("writing {}", path.display()));
+    }
+    Ok(())
+}
+
+/// An advisory lock on a file (flock), released when dropped or when the process
+/// ends however it ends; the file names its holder for anyone who waits.
+pub struct Lock {
+    _file: std::fs::File,
+}
+
+impl Lock {
+    fn open(path: &Path) -> Result<std::fs::File> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))
+    }
+
+    fn held(mut file: std::fs::File, what: &str) -> Lock {
+        let _ = file.set_len(0).and_then(|()| write!(file, "pid {}: {what}", std::process::id()));
+        Lock { _file: file }
+    }
+
+    /// The lock, or `Ok(Err(holder))` naming who holds it.
+    pub fn try_hold(path: &Path, what: &str) -> Result<Result<Lock, String>> {
+        let file = Lock::open(path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Ok(Lock::held(file, what))),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                Ok(Err(std::fs::read_to_string(path).unwrap_or_default().trim().to_string()))
+            }
+            Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+        }
+    }
+
+    /// The lock, waiting for its holder (named once on stderr) to let go.
+    pub fn hold(path: &Path, what: &str) -> Result<Lock> {
+        if let Ok(lock) = Lock::try_hold(path, what)? {
+            return Ok(lock);
+        }
+        let file = Lock::open(path)?;
+        let holder = std::fs::read_to_string(path).unwrap_or_default();
+        eprintln!("xtask: waiting for {} ({})", path.display(), holder.trim());
+        file.lock().with_context(|| format!("locking {}", path.display()))?;
+        Ok(Lock::held(file, what))
+    }
 }
 
 fn kill_group(pgid: libc::pid_t) {
@@ -386,6 +452,19 @@ fn join(reader: Option<Reader>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replaced_file_is_never_written_in_place() {
+        // A second name for the old file: an in-place write (truncate, write) would
+        // show through it, as a killed `--save-baseline` would leave half a file.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("baseline.json");
+        write_file(&path, "old").unwrap();
+        std::fs::hard_link(&path, dir.path().join("witness")).unwrap();
+        write_file(&path, "new").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        assert_eq!(std::fs::read_to_string(dir.path().join("witness")).unwrap(), "old");
+    }
 
     #[test]
     fn write_file_replaces_whole_and_leaves_no_temporary() {

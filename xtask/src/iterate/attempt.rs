@@ -4,13 +4,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
 use super::tree::{self, Change, Store, Tree};
-use crate::ledger::Lock;
 use crate::process::Cmd;
+use crate::process::Lock;
 
 /// A short folder name for an attempt: the first six words of the hypothesis.
 pub fn slug(text: &str) -> String {
@@ -31,7 +30,7 @@ fn number(name: &str) -> Option<u32> {
 /// half-written ones included, so no attempt is ever written over.
 pub fn reserve(rejected: &Path, floor: u32, slug: &str) -> Result<(u32, PathBuf)> {
     std::fs::create_dir_all(rejected).with_context(|| format!("creating {}", rejected.display()))?;
-    let _lock = Lock::acquire(&rejected.join(".reserve"), Duration::from_secs(60))?;
+    let _lock = Lock::hold(&rejected.join(".reserve.lock"), "reserving an attempt number")?;
     let mut n = floor;
     for e in std::fs::read_dir(rejected).with_context(|| format!("listing {}", rejected.display()))? {
         let e = e.with_context(|| format!("listing {}", rejected.display()))?;

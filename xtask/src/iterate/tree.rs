@@ -6,16 +6,14 @@
 //! through one.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::process::Cmd;
+use crate::process::{Cmd, write_atomic};
 
 /// Folders of the tree that are the loop's own record, not part of what it measures.
 pub const EXCLUDED: &[&str] = &["perf/"];
@@ -248,29 +246,6 @@ fn check_inside(root: &Path, rel: &str) -> Result<PathBuf> {
         }
     }
     Ok(root.join(p))
-}
-
-/// Writes `bytes` to `path` through a uniquely named file in the same folder,
-/// synced, then renamed over it: a reader sees the old file or the new one, and
-/// a symlink at `path` is replaced, not followed.
-pub fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> Result<()> {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}-{}.tmp", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    let written = f
-        .write_all(bytes)
-        .and_then(|()| f.set_permissions(std::fs::Permissions::from_mode(if executable { 0o755 } else { 0o644 })))
-        .and_then(|()| f.sync_all());
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("writing {}", path.display()));
-    }
-    Ok(())
 }
 
 /// Puts `base`'s entry back at every changed path (a path the base lacks is
