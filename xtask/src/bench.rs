@@ -377,7 +377,7 @@ fn build_revision(paths: &Paths, rev: &str) -> Result<Side> {
     let target = wt.join("target");
     let nvcc = toolchain::nvcc(&paths.cuda_wheels)?;
     Cmd::new(&cargo)
-        .args(["build", "--release", "--quiet", "-p", "kernel-ffi", "--bins"])
+        .args(["build", "--locked", "--release", "--quiet", "-p", "kernel-ffi", "--bins"])
         .cwd(&wt)
         .env("CARGO_TARGET_DIR", target.display().to_string())
         .timeout(Duration::from_secs(1800))
@@ -385,7 +385,7 @@ fn build_revision(paths: &Paths, rev: &str) -> Result<Side> {
         .run_checked()
         .with_context(|| format!("building {rev} ({sha}) in {}", wt.display()))?;
     Cmd::new(&cargo)
-        .args(["run", "--release", "--quiet", "-p", "xtask", "--", "build"])
+        .args(["run", "--locked", "--release", "--quiet", "-p", "xtask", "--", "build"])
         .cwd(&wt)
         .env("CARGO_TARGET_DIR", target.display().to_string())
         .env("XTASK_ROOT", wt.display().to_string())

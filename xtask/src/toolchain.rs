@@ -9,17 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::process::{Cmd, write_file};
 
-/// The CUDA 13.0 compiler wheels. nvvm must match nvcc exactly or ptxas rejects
-/// the PTX cicc writes; cuobjdump/nvdisasm only exist as newer wheels and only read SASS.
-pub const WHEELS: &[&str] = &[
-    "nvidia-cuda-nvcc==13.0.88",
-    "nvidia-cuda-crt==13.0.88",
-    "nvidia-nvvm==13.0.88",
-    "nvidia-cuda-cccl==13.0.85",
-    "nvidia-cuda-runtime==13.0.96",
-    "nvidia-cuda-cuobjdump==13.5.37",
-    "nvidia-cuda-nvdisasm==13.5.37",
-];
+/// The CUDA 13.0 compiler wheels, pinned with the hash of every wheel of each release
+/// (pip `--require-hashes`). Compiled in, so a prebuilt xtask carries its pins.
+pub const REQUIREMENTS: &str = include_str!("../../ci/requirements-cuda.txt");
 
 /// Where the wheels put their binaries, relative to the pip `--target` folder.
 const WHEEL_BIN: &str = "nvidia/cu13/bin";
@@ -123,29 +115,100 @@ pub fn nvcc(wheel_dir: &Path) -> Result<Nvcc> {
     Ok(Nvcc { path, origin, version })
 }
 
+/// One requirement of a hash-pinned requirements file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    pub name: String,
+    pub version: String,
+    /// The environment marker after `;`, if any.
+    pub marker: Option<String>,
+    pub sha256: Vec<String>,
+}
+
+impl Pin {
+    /// `name==version [; marker] (N hashes)`.
+    pub fn describe(&self) -> String {
+        let marker = self.marker.as_ref().map(|m| format!(" ; {m}")).unwrap_or_default();
+        format!("{}=={}{marker} ({} hashes)", self.name, self.version, self.sha256.len())
+    }
+}
+
+/// A requirements file as `pip --require-hashes` needs it: every requirement
+/// `name==version` with at least one sha256. Comments, continuation lines and
+/// markers are read; anything else (a range, an option, a hash-less pin) is an error.
+pub fn parse_requirements(text: &str) -> Result<Vec<Pin>> {
+    let joined = text
+        .lines()
+        .map(|l| l.split_once(" #").map_or(l, |(code, _)| code))
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("\\\n", " ");
+    let mut pins = Vec::new();
+    for line in joined.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let mut words = line.split_whitespace().peekable();
+        let mut spec = String::new();
+        while let Some(w) = words.next_if(|w| !w.starts_with("--hash=")) {
+            spec.push_str(w);
+            spec.push(' ');
+        }
+        let (req, marker) = match spec.split_once(';') {
+            Some((r, m)) => (r.trim(), Some(m.trim().to_string())),
+            None => (spec.trim(), None),
+        };
+        let (name, version) = req.split_once("==").with_context(|| format!("`{req}` is not pinned with `==`"))?;
+        if name.is_empty() || version.is_empty() || version.contains(['*', ',', '<', '>', '=']) {
+            bail!("`{req}` is not one exact version");
+        }
+        let sha256 = words
+            .map(|w| {
+                w.strip_prefix("--hash=sha256:")
+                    .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .map(str::to_string)
+                    .with_context(|| format!("`{w}` in `{req}` is not --hash=sha256:<64 hex digits>"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if sha256.is_empty() {
+            bail!("`{req}` has no --hash");
+        }
+        pins.push(Pin { name: name.to_string(), version: version.to_string(), marker, sha256 });
+    }
+    if pins.is_empty() {
+        bail!("no requirements");
+    }
+    Ok(pins)
+}
+
 fn pins_file(wheel_dir: &Path) -> PathBuf {
     wheel_dir.join("PINS")
 }
 
 fn wheels_current(wheel_dir: &Path) -> bool {
-    std::fs::read_to_string(pins_file(wheel_dir)).is_ok_and(|s| s == WHEELS.join("\n"))
+    std::fs::read_to_string(pins_file(wheel_dir)).is_ok_and(|s| s == REQUIREMENTS)
 }
 
 fn install_wheels(wheel_dir: &Path) -> Result<()> {
+    let pins = parse_requirements(REQUIREMENTS).context("ci/requirements-cuda.txt")?;
+    let pins: Vec<String> = pins.iter().map(Pin::describe).collect();
     eprintln!(
         "xtask: no CUDA toolkit found (NVCC, CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda); \
-         installing the pinned CUDA 13.0 compiler wheels from PyPI into {}",
-        wheel_dir.display()
+         installing the pinned CUDA 13.0 compiler wheels from PyPI into {}: {}",
+        wheel_dir.display(),
+        pins.join(", ")
     );
     if wheel_dir.exists() {
         std::fs::remove_dir_all(wheel_dir).with_context(|| format!("removing stale {}", wheel_dir.display()))?;
     }
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    // pip reads the requirements from a file; it lives beside the wheels' folder.
+    let requirements = wheel_dir.with_extension("requirements.txt");
+    write_file(&requirements, REQUIREMENTS)?;
     Cmd::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"])
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--require-hashes"])
         .arg("--target")
         .arg(wheel_dir.display().to_string())
-        .args(WHEELS.iter().copied())
+        .arg("-r")
+        .arg(requirements.display().to_string())
         .timeout(Duration::from_secs(900))
         .log(wheel_dir.with_extension("pip.log"))
         .run_checked()
@@ -157,7 +220,7 @@ fn install_wheels(wheel_dir: &Path) -> Result<()> {
     if !nvcc.is_file() {
         bail!("the wheels installed, but {} is missing", nvcc.display());
     }
-    write_file(&pins_file(wheel_dir), WHEELS.join("\n"))
+    write_file(&pins_file(wheel_dir), REQUIREMENTS)
 }
 
 #[cfg(test)]
@@ -194,6 +257,44 @@ mod tests {
     fn env_pointing_nowhere_falls_through() {
         let got = find(&[("NVCC", "/missing/nvcc"), ("CUDA_HOME", "")], &["/usr/local/cuda/bin/nvcc"]);
         assert_eq!(got.unwrap().1, Origin::UsrLocalCuda);
+    }
+
+    #[test]
+    fn cuda_wheels_are_pinned_by_hash_with_matching_nvvm() {
+        let pins = parse_requirements(REQUIREMENTS).unwrap();
+        let version = |n: &str| pins.iter().find(|p| p.name == n).map(|p| p.version.as_str());
+        assert_eq!(pins.len(), 7);
+        // ptxas rejects the PTX of an nvvm other than nvcc's own.
+        assert_eq!(version("nvidia-nvvm"), version("nvidia-cuda-nvcc"));
+        assert!(version("nvidia-cuda-nvcc").unwrap().starts_with("13.0."));
+    }
+
+    #[test]
+    fn every_requirements_file_is_hash_pinned() {
+        for text in [include_str!("../../ci/requirements-lint.txt"), include_str!("../../ci/requirements-torch.txt")] {
+            let pins = parse_requirements(text).unwrap();
+            assert!(pins.iter().all(|p| !p.sha256.is_empty()));
+        }
+        let torch = parse_requirements(include_str!("../../ci/requirements-torch.txt")).unwrap();
+        assert!(torch.iter().any(|p| p.name == "torch" && p.version.starts_with("2.11.")));
+        assert!(torch.iter().any(|p| p.name == "safetensors"));
+    }
+
+    #[test]
+    fn unpinned_or_hashless_requirements_are_errors() {
+        let h = "--hash=sha256:".to_string() + &"a".repeat(64);
+        let ok = parse_requirements(&format!("# c\nx==1.0 ; sys_platform == 'linux' \\\n    {h}\n")).unwrap();
+        assert_eq!(ok[0].marker.as_deref(), Some("sys_platform == 'linux'"));
+        for bad in [
+            String::new(),
+            "x==1.0\n".into(),
+            format!("x>=1.0 {h}\n"),
+            format!("x==1.* {h}\n"),
+            "x==1.0 --hash=sha256:abc\n".into(),
+            format!("--index-url https://example.invalid {h}\n"),
+        ] {
+            assert!(parse_requirements(&bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::process::Cmd;
 pub fn binary(paths: &Paths, name: &str) -> Result<PathBuf> {
     let dir = if let Some(cargo) = std::env::var_os("CARGO") {
         Cmd::new(cargo)
-            .args(["build", "--release", "--quiet", "-p", "kernel-ffi", "--bins"])
+            .args(["build", "--locked", "--release", "--quiet", "-p", "kernel-ffi", "--bins"])
             .cwd(&paths.root)
             .timeout(Duration::from_secs(1800))
             .run_checked()
