@@ -99,6 +99,18 @@ __device__ __forceinline__ int swizzle(int row, int col) {
   return row * COLS + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
+// -------------------------------------------------------- named barriers --
+// THREADS threads meet at the compile-time barrier ID (1…15; 0 is
+// __syncthreads): a kernel whose ids are all immediates gets only the barriers
+// it names from ptxas, not all sixteen. Each kernel names its ids in an enum.
+template <auto ID, int THREADS>
+__device__ __forceinline__ void named_bar_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(static_cast<int>(ID)), "n"(THREADS) : "memory");
+}
+
+// The portable kernel's two key groups: each group's warps meet at their own.
+enum class KeyGroupBarrier : int { Group0 = 1, Group1 = 2 };
+
 // ------------------------------------------------------------ reductions --
 // Max / sum across the 4 lanes of a quad (the lanes sharing one accumulator row).
 __device__ __forceinline__ float quad_max(float x) {

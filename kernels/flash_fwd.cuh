@@ -156,15 +156,15 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   T* sQ = reinterpret_cast<T*>(group_smem);
   T* sK = sQ + BM * D;       // ST tiles
   T* sV = sK + ST * BN * D;  // ST tiles
-  // The group's warps meet at their own barrier (ids 1, 2; compile-time ids, so
-  // ptxas reserves three barriers, not all sixteen), not the CTA's.
+  // The group's warps meet at their own barrier, not the CTA's (compile-time ids,
+  // so ptxas reserves three barriers, not all sixteen).
   auto group_sync = [&] {
     if constexpr (KG == 1) {
       __syncthreads();
     } else if (group == 0) {
-      asm volatile("bar.sync 1, %0;\n" ::"n"(GT) : "memory");
+      named_bar_sync<KeyGroupBarrier::Group0, GT>();
     } else {
-      asm volatile("bar.sync 2, %0;\n" ::"n"(GT) : "memory");
+      named_bar_sync<KeyGroupBarrier::Group1, GT>();
     }
   };
 

@@ -390,12 +390,12 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   // the warpgroup's last Q·Kᵀ has landed; the other warpgroup may still read its
   // own rows) except in persistent CTAs, whose producer may already be loading the
   // next item's Q: they stage in sO, after a barrier that orders this item's
-  // writes after the previous item's reads. Named barrier 3 + the consumer index.
+  // writes after the previous item's reads (the warpgroup's EpilogueWg barrier).
   auto wg_sync = [&] {
     if constexpr (Cfg::kConsumers == 1) {
-      asm volatile("bar.sync 3, 128;\n" ::: "memory");  // a constant id: ptxas reserves 4 barriers, not 16
+      named_bar_sync<NamedBarrier::EpilogueWg0, 128>();  // a constant id: ptxas reserves 4 barriers, not 16
     } else {
-      named_bar_sync(3 + cw, 128);
+      named_bar_sync(epilogue_of(cw), 128);
     }
   };
   auto store_staged = [&](const HopperItem& it) {
@@ -467,24 +467,25 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     };
     // Ping-pong turns: each wgmma issue point (exp turns: each tile's exponentials)
     // is one turn; warpgroup 0 goes first.
-    // Warpgroup c waits at barrier 1 + c and hands over at the other's. Turns run
+    // Warpgroup c waits at turn_of(c) and hands over at the other's. Turns run
     // on across a persistent CTA's consecutive items: warpgroup 1's hand-over
     // after an item's last P·V gives warpgroup 0 the next item's first turn, so
     // that one warpgroup's epilogue runs under the other's products. Where no item
     // with turns follows, that hand-over would be consumed by no one, and the next
     // item with turns (if any) starts a new run, warpgroup 1 giving warpgroup 0 its
     // first turn: the arrivals without a counterpart (warpgroup 0's at a run's
-    // start, warpgroup 1's at its end) go to barrier 5, which no one waits on (256
+    // start, warpgroup 1's at its end) go to TurnSink, which no one waits on (256
     // per run: it simply completes). Branch-free on cw and without a turn counter:
     // either, in a persistent CTA's item loop, moved the main loop's descriptor
     // arithmetic off the uniform datapath (ARCHITECTURE.md).
     auto take_turn = [&] {
-      if constexpr (kPingPong) named_bar_sync(1 + cw, 256);
+      if constexpr (kPingPong) named_bar_sync(turn_of(cw), 256);
     };
     auto pass_turn = [&] {
-      if constexpr (kPingPong) named_bar_arrive(1 + (cw ^ 1), 256);
+      if constexpr (kPingPong) named_bar_arrive(turn_of(cw ^ 1), 256);
     };
-    if (kPingPong && live > 0 && !chained) named_bar_arrive(cw == 1 ? 1 : 5, 256);
+    if (kPingPong && live > 0 && !chained)
+      named_bar_arrive(cw == 1 ? NamedBarrier::TurnWg0 : NamedBarrier::TurnSink, 256);
     // Whether this CTA's next item takes turns (then this one's last hand-over is its first).
     const bool chain_next = [&] {
       if constexpr (!kPingPong || !kPersistent) {
@@ -521,7 +522,10 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         softmax_exp_pack<T>(s, row_max, row_sum, correction, turn_scale, pf);
         rescale(o, correction);
         // Warpgroup 1's last hand-over of an item goes on to the next one (see above).
-        named_bar_arrive(j < live - 1 || cw == 0 ? 1 + (cw ^ 1) : (chain_next ? 1 : 5), 256);
+        named_bar_arrive(j < live - 1 || cw == 0 ? turn_of(cw ^ 1)
+                         : chain_next            ? NamedBarrier::TurnWg0
+                                                 : NamedBarrier::TurnSink,
+                         256);
         mbar_wait(slot_full_v(cur), cur.phase);
         issue_pv(cur);
         pv_landed(cur);
@@ -568,7 +572,9 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
         mbar_wait(slot_full_v(cur), cur.phase);
         take_turn();
         issue_pv(cur);
-        if constexpr (kPingPong) named_bar_arrive(cw == 0 ? 2 : (chain_next ? 1 : 5), 256);
+        if constexpr (kPingPong)
+          named_bar_arrive(cw == 0 ? NamedBarrier::TurnWg1 : chain_next ? NamedBarrier::TurnWg0 : NamedBarrier::TurnSink,
+                           256);
         pv_landed(cur);
       }
     }

@@ -57,13 +57,30 @@ __device__ __forceinline__ int fast_div(const FastDiv& d, int n) {
 }
 
 // ------------------------------------------------------- named barriers --
-// `threads` threads meet at barrier `id` (1…15; 0 is __syncthreads): sync waits,
-// arrive only counts itself in. Used to take turns between consumer warpgroups.
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+// The Hopper kernel's named barriers (bar.sync / bar.arrive ids; 0 is
+// __syncthreads). Consumer warpgroup c (0 or 1) uses TurnWg0 + c and EpilogueWg0 + c.
+enum class NamedBarrier : int {
+  TurnWg0 = 1,      // 256 threads: warpgroup 1 arrives to hand warpgroup 0 its turn; 0 waits
+  TurnWg1 = 2,      // 256 threads: warpgroup 0 arrives to hand warpgroup 1 its turn; 1 waits
+  EpilogueWg0 = 3,  // 128 threads: consumer warpgroup 0 around its O staging tile
+  EpilogueWg1 = 4,  // 128 threads: consumer warpgroup 1 around its O staging tile
+  TurnSink = 5,     // 256 threads: hand-overs no warpgroup takes (a run's first and last); never waited on
+};
+
+// Warpgroup cw's turn, and its epilogue barrier.
+__device__ __forceinline__ NamedBarrier turn_of(int cw) {
+  return static_cast<NamedBarrier>(static_cast<int>(NamedBarrier::TurnWg0) + cw);
 }
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+__device__ __forceinline__ NamedBarrier epilogue_of(int cw) {
+  return static_cast<NamedBarrier>(static_cast<int>(NamedBarrier::EpilogueWg0) + cw);
+}
+
+// `threads` threads meet at barrier `id`: sync waits, arrive only counts itself in.
+__device__ __forceinline__ void named_bar_sync(NamedBarrier id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(NamedBarrier id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
 }
 
 // ------------------------------------------------------------------ TMA --
