@@ -187,15 +187,10 @@ pub struct Attention {
     _modules: Vec<Arc<CudaModule>>,
 }
 
-/// `FA_KERNEL_DIR`, else `<exe dir>/../kernels` (target/release → target/kernels).
+/// The kernel folder `kernel_dir::find` picks (`FA_KERNEL_DIR`, the checkout's
+/// `target/kernels`, beside the executable), else the first place it looked.
 pub fn default_kernel_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("FA_KERNEL_DIR") {
-        return dir.into();
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().and_then(Path::parent).map(|d| d.join("kernels")))
-        .unwrap_or_else(|| PathBuf::from("target/kernels"))
+    crate::kernel_dir::find().unwrap_or_else(|e| e.fallback())
 }
 
 impl Attention {

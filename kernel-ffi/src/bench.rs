@@ -1,6 +1,7 @@
 //! Pure pieces of the bench: the shape sets, FLOP counting and sample statistics.
 
-use crate::tensor::Dtype;
+use crate::error::Error;
+use crate::tensor::{self, Arg, Desc, Dtype, Layout};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
@@ -35,7 +36,9 @@ impl Shape {
         crate::planner::attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
     }
 
-    /// `B,H,S,D` or `B,H,S,D,causal`.
+    /// `B,H,S,D` or `B,H,S,D,causal`, each count at least 1, within the launch
+    /// API's rules (`tensor::validate`), so that a bad shape is refused before
+    /// any CUDA call.
     pub fn parse(s: &str) -> Result<Shape, String> {
         let parts: Vec<&str> = s.split(',').map(str::trim).collect();
         let causal = match parts.get(4) {
@@ -48,7 +51,17 @@ impl Shape {
         }
         let n =
             |i: usize| parts[i].parse::<usize>().map_err(|_| format!("`{}` in shape `{s}` is not a number", parts[i]));
-        Ok(Shape { batch: n(0)?, heads: n(1)?, seqlen: n(2)?, head_dim: n(3)?, causal })
+        let shape = Shape { batch: n(0)?, heads: n(1)?, seqlen: n(2)?, head_dim: n(3)?, causal };
+        if [shape.batch, shape.heads, shape.seqlen].contains(&0) {
+            return Err(format!("shape `{s}`: batch, heads and sequence length must be at least 1"));
+        }
+        let desc = Desc::new([shape.batch, shape.heads, shape.seqlen, shape.head_dim], Layout::Bhsd);
+        let arg = |name| Arg { name, dtype: Dtype::F16, desc, len: desc.span() };
+        tensor::validate(arg("q"), arg("k"), arg("v"), arg("out"), None).map_err(|e| match e {
+            Error::Invalid(rule) => format!("shape `{s}`: {rule}"),
+            other => format!("shape `{s}`: {other}"),
+        })?;
+        Ok(shape)
     }
 }
 
@@ -137,6 +150,16 @@ mod tests {
         assert!(Shape::parse("2,16,8192").unwrap_err().contains("B,H,S,D"));
         assert!(Shape::parse("2,16,x,128").unwrap_err().contains("`x`"));
         assert!(Shape::parse("2,16,8,128,sideways").unwrap_err().contains("causal"));
+    }
+
+    #[test]
+    fn shapes_the_kernels_cannot_run_are_refused_at_parse_time() {
+        let e = Shape::parse("1,1,128,96").unwrap_err();
+        assert!(e.contains("shape `1,1,128,96`: q head dim is 96; the kernels support head dims [64, 128]"), "{e}");
+        assert!(Shape::parse("1,0,128,64").unwrap_err().contains("at least 1"));
+        let e = Shape::parse("4294967296,4294967296,1,64").unwrap_err();
+        assert!(e.contains("exceeds 65535"), "{e}");
+        assert!(Shape::parse("1,1,4294967296,64").unwrap_err().contains("sequence length 4294967296 exceeds"));
         for s in default_shapes() {
             assert_eq!(Shape::parse(&s.spec()), Ok(s));
         }

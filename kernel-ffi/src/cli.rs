@@ -1,18 +1,202 @@
-//! Shared ending for the command-line tools: one error line, no backtrace.
+//! What the command-line tools share: exit codes (0 passed, 1 a check failed,
+//! 2 could not run) with one error line and no backtrace, stdout that a closed
+//! pipe ends quietly, atomic output files, and the entry-flag check that runs
+//! against the kernel manifest before any CUDA call.
 
+use std::io::Write;
+use std::path::Path;
 use std::process::ExitCode;
 
-/// Exit 0 on success; otherwise print the error chain on one line and exit 2
-/// (the tool could not do its job: bad input, missing kernels, CUDA failure).
-pub fn finish(result: anyhow::Result<()>) -> ExitCode {
+use anyhow::{Context, Result, bail};
+
+use crate::attention::{Entry, Variant};
+use crate::manifest::Manifest;
+use crate::tensor::Dtype;
+
+/// A check the tool ran failed (exit 1): a wrong result, as opposed to a tool
+/// that could not do its job (exit 2: bad input, missing kernels, no GPU).
+#[derive(Debug)]
+pub struct CheckFailed(pub String);
+
+impl std::fmt::Display for CheckFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CheckFailed {}
+
+/// 0 passed, 1 a check failed (`CheckFailed` anywhere in the chain), 2 could not run.
+pub fn exit_code(result: &Result<()>) -> u8 {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
+        Ok(()) => 0,
+        Err(e) if e.chain().any(|c| c.is::<CheckFailed>()) => 1,
+        Err(_) => 2,
+    }
+}
+
+/// Prints the error chain on one line and exits with `exit_code`.
+pub fn finish(result: Result<()>) -> ExitCode {
+    let code = exit_code(&result);
+    if let Err(e) = &result {
+        let what = if code == 1 { "failed" } else { "error" };
+        eprintln!("{what}: {e:#}");
+    }
+    ExitCode::from(code)
+}
+
+/// Writes `text` to stdout. A reader that went away (`fa-test --list | head -1`)
+/// is not an error: the tool ends as if it had printed everything.
+pub fn print(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing to stdout"),
+    }
+}
+
+/// Replaces `path` with `bytes`: written to a temporary file in the same folder,
+/// then renamed over it, so that a reader never sees half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path.file_name().with_context(|| format!("{} names no file", path.display()))?;
+    let tmp = path.with_file_name(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let written = std::fs::write(&tmp, bytes)
+        .with_context(|| format!("writing {}", tmp.display()))
+        .and_then(|()| std::fs::rename(&tmp, path).with_context(|| format!("renaming it to {}", path.display())));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Refuses entry flags (`--variant`, `--block-m`, `--key-groups`, `--persistent`)
+/// that no forward entry of the manifest for (dtype, head dim, causal) has, on
+/// any arch: such a flag is wrong whatever the GPU. What the device in hand
+/// loads is checked again at the launch. Entry names follow `Attention`'s:
+/// `flash_fwd[_hopper]_<dtype>_d<D>[_causal]` with `_m64` or `_kg2`, and a
+/// `_persistent` twin.
+pub fn check_entry(manifest: &Manifest, entry: &Entry, dtype: Dtype, head_dim: usize, causal: bool) -> Result<()> {
+    let free = Entry { variant: Variant::Auto, block_m: None, key_groups: None, persistent: None };
+    if *entry == free {
+        return Ok(());
+    }
+    let geometries = entry_geometries(manifest, entry.variant, dtype, head_dim, causal);
+    let fits = |&(_, m, g, p): &(Variant, u32, u32, bool)| {
+        entry.block_m.is_none_or(|want| want == m)
+            && entry.key_groups.is_none_or(|want| want == g)
+            && entry.persistent.is_none_or(|want| want == p)
+    };
+    if geometries.iter().any(fits) {
+        return Ok(());
+    }
+    let asked = [
+        (entry.variant != Variant::Auto).then(|| format!("--variant {}", entry.variant.name())),
+        entry.block_m.map(|m| format!("--block-m {m}")),
+        entry.key_groups.map(|g| format!("--key-groups {g}")),
+        entry.persistent.map(|p| format!("--persistent {p}")),
+    ];
+    let asked: Vec<String> = asked.into_iter().flatten().collect();
+    let problem = format!("{} D={head_dim}{}", dtype.name(), if causal { " causal" } else { "" });
+    if geometries.is_empty() {
+        bail!("{}: the kernel manifest has no such forward entry for {problem}", asked.join(" "));
+    }
+    let have: Vec<String> = geometries
+        .iter()
+        .map(|(v, m, g, p)| format!("{} {m} rows {g} key group(s){}", v.name(), if *p { " persistent" } else { "" }))
+        .collect();
+    bail!(
+        "{}: no forward entry for {problem} has that; the kernel manifest has {}; pick one of those or leave the choice to the planner",
+        asked.join(" "),
+        have.join(", ")
+    )
+}
+
+/// (kernel, query rows, key groups, persistent) of the manifest's forward entries
+/// of `variant` (`Auto`: both kernels) for (dtype, head dim, causal).
+fn entry_geometries(
+    manifest: &Manifest,
+    variant: Variant,
+    dtype: Dtype,
+    head_dim: usize,
+    causal: bool,
+) -> Vec<(Variant, u32, u32, bool)> {
+    let kernels = match variant {
+        Variant::Auto => vec![Variant::Portable, Variant::Hopper],
+        v => vec![v],
+    };
+    let mut out = Vec::new();
+    for v in kernels {
+        let family = if v == Variant::Hopper { "flash_fwd_hopper" } else { "flash_fwd" };
+        let base = format!("{family}_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" });
+        for name in [format!("{base}_m64"), base.clone(), format!("{base}_kg2")] {
+            for name in [name.clone(), format!("{name}_persistent")] {
+                if let Some(l) = manifest.kernel(&name).and_then(|k| k.launch) {
+                    out.push((v, l.block_m, l.key_groups, l.persistent));
+                }
+            }
         }
     }
+    out
 }
 
 /// `--version`: the crate version, the git revision and rustc it was built from.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FA_GIT_REV"), ", ", env!("FA_RUSTC"), ")");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest() -> Manifest {
+        Manifest::parse(include_str!("../../kernels/manifest.json")).unwrap()
+    }
+
+    fn entry(variant: Variant, block_m: Option<u32>, key_groups: Option<u32>, persistent: Option<bool>) -> Entry {
+        Entry { variant, block_m, key_groups, persistent }
+    }
+
+    #[test]
+    fn a_check_that_failed_exits_1_and_anything_else_that_stops_the_tool_2() {
+        assert_eq!(exit_code(&Ok(())), 0);
+        assert_eq!(exit_code(&Err(CheckFailed("2 of 9 cases failed".into()).into())), 1);
+        let wrapped = Err(anyhow::Error::new(CheckFailed("x".into())).context("writing"));
+        assert_eq!(exit_code(&wrapped), 1);
+        assert_eq!(exit_code(&Err(anyhow::anyhow!("no NVIDIA driver here"))), 2);
+    }
+
+    #[test]
+    fn entry_flags_no_compiled_entry_has_are_refused_before_the_gpu() {
+        let m = manifest();
+        let check = |e: Entry, causal| check_entry(&m, &e, Dtype::F16, 64, causal).map_err(|e| format!("{e:#}"));
+        assert!(check(Entry::default(), false).is_ok());
+        assert!(check(entry(Variant::Portable, Some(64), Some(2), None), false).is_ok());
+        assert!(check(entry(Variant::Hopper, Some(64), None, Some(true)), false).is_ok());
+        assert!(check(entry(Variant::Auto, Some(128), None, None), true).is_ok());
+        let e = check(entry(Variant::Auto, Some(96), None, None), false).unwrap_err();
+        assert!(e.starts_with("--block-m 96: no forward entry for f16 D=64 has that"), "{e}");
+        assert!(
+            e.contains("portable 64 rows 2 key group(s)") && e.contains("hopper 64 rows 1 key group(s) persistent")
+        );
+        let e = check(entry(Variant::Hopper, None, Some(2), None), false).unwrap_err();
+        assert!(e.starts_with("--variant hopper --key-groups 2: no forward entry"), "{e}");
+        assert!(!e.contains("portable"), "only the Hopper kernel's entries are offered: {e}");
+        let e = check(entry(Variant::Portable, Some(128), Some(2), None), false).unwrap_err();
+        assert!(e.contains("--block-m 128 --key-groups 2"), "{e}");
+        // The portable kernel's entries are not persistent.
+        assert!(check(entry(Variant::Portable, None, None, Some(true)), true).is_err());
+    }
+
+    #[test]
+    fn output_files_are_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("fa-cli-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.json");
+        std::fs::write(&path, "old").unwrap();
+        write_atomic(&path, b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, ["out.json"], "no temporary file left behind");
+        let e = write_atomic(&dir.join("missing/out.json"), b"x").unwrap_err();
+        assert!(format!("{e:#}").contains("missing"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,10 +1,60 @@
 //! safetensors in and out for the `fa-run` tool: q, k, v as PyTorch saves them
-//! (`safetensors.torch.save_file`), out and lse back. Pure functions of bytes.
+//! (`safetensors.torch.save_file`), out and lse back. Pure functions of bytes;
+//! `header_len` and `check_header` let the reader bound what it reads by the
+//! file's size before reading the tensors.
+
+use std::collections::BTreeMap;
 
 use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
 
 use crate::error::{Error, Result, invalid};
-use crate::tensor::{Desc, Dtype, Layout};
+use crate::tensor::{Arg, Desc, Dtype, Layout};
+
+/// The largest header safetensors reads (its `MAX_HEADER_SIZE`).
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// The header length a safetensors file of `file_len` bytes declares in its first
+/// 8 bytes (`prefix`, little-endian), checked against the file before the header
+/// is read: it must be non-empty, within safetensors' limit and inside the file.
+pub fn header_len(prefix: [u8; 8], file_len: u64) -> Result<u64> {
+    if file_len < 8 {
+        invalid!("not a safetensors file: {file_len} bytes, fewer than the 8 of the header length");
+    }
+    let n = u64::from_le_bytes(prefix);
+    if n == 0 || n > MAX_HEADER_BYTES {
+        invalid!(
+            "not a safetensors file: its first 8 bytes declare a header of {n} bytes (at most {MAX_HEADER_BYTES})"
+        );
+    }
+    if n > file_len - 8 {
+        invalid!(
+            "not a safetensors file, or a truncated one: the header claims {n} bytes but the file holds {} after the length",
+            file_len - 8
+        );
+    }
+    Ok(n)
+}
+
+/// Checks that every tensor the JSON `header` lists lies within the `data_len`
+/// bytes after it, so that nothing past the file is read or trusted.
+pub fn check_header(header: &[u8], data_len: u64) -> Result<()> {
+    #[derive(serde::Deserialize)]
+    struct Info {
+        data_offsets: (u64, u64),
+    }
+    let entries: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header)
+        .map_err(|e| Error::Invalid(format!("not a safetensors file: its header is not a JSON object ({e})")))?;
+    for (name, value) in entries.into_iter().filter(|(name, _)| name != "__metadata__") {
+        let Info { data_offsets: (begin, end) } = serde_json::from_value(value)
+            .map_err(|e| Error::Invalid(format!("not a safetensors file: tensor `{name}` in the header: {e}")))?;
+        if begin > end || end > data_len {
+            invalid!(
+                "truncated or corrupt safetensors file: `{name}` claims data bytes {begin}..{end}, but the file holds {data_len} after its header"
+            );
+        }
+    }
+    Ok(())
+}
 
 /// One contiguous 16-bit tensor on the host.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,6 +62,13 @@ pub struct HostTensor16 {
     pub dtype: Dtype,
     pub desc: Desc,
     pub bits: Vec<u16>,
+}
+
+impl HostTensor16 {
+    /// This tensor as `tensor::validate` takes it.
+    pub fn arg<'a>(&self, name: &'a str) -> Arg<'a> {
+        Arg { name, dtype: self.dtype, desc: self.desc, len: self.bits.len() }
+    }
 }
 
 /// Reads tensors `q`, `k`, `v`: rank 4, f16 or bf16, in `layout` order
@@ -109,6 +166,34 @@ mod tests {
         let e = err(&file(&[("q", StDtype::F16, vec![1, 8, 64])]));
         assert!(e.contains("shape [1, 8, 64]; expected rank 4"), "{e}");
         assert!(err(b"garbage").contains("not a safetensors file"));
+    }
+
+    #[test]
+    fn header_length_is_checked_against_the_file() {
+        let len = |n: u64| n.to_le_bytes();
+        assert_eq!(header_len(len(64), 72).unwrap(), 64);
+        let e = header_len(len(1 << 40), 1000).unwrap_err().to_string();
+        assert!(e.contains("header of 1099511627776 bytes"), "{e}");
+        let e = header_len(len(500), 100).unwrap_err().to_string();
+        assert!(e.contains("the header claims 500 bytes but the file holds 92"), "{e}");
+        // /dev/zero's first bytes, and a file too short to hold a length.
+        assert!(header_len([0; 8], 1 << 20).unwrap_err().to_string().contains("a header of 0 bytes"));
+        assert!(header_len([0; 8], 3).unwrap_err().to_string().contains("3 bytes, fewer than the 8"));
+    }
+
+    #[test]
+    fn each_tensor_must_lie_inside_the_file() {
+        let f = file(&[("q", StDtype::F16, vec![1, 1, 2, 64]), ("k", StDtype::F16, vec![1, 1, 2, 64])]);
+        let n = header_len(f[..8].try_into().unwrap(), f.len() as u64).unwrap() as usize;
+        let (header, data) = (&f[8..8 + n], (f.len() - 8 - n) as u64);
+        assert!(check_header(header, data).is_ok());
+        let e = check_header(header, data - 1).unwrap_err().to_string();
+        assert!(e.contains("claims data bytes 256..512, but the file holds 511 after its header"), "{e}");
+        let meta = br#"{"__metadata__":{"format":"pt"},"q":{"dtype":"F16","shape":[1],"data_offsets":[4,2]}}"#;
+        assert!(check_header(meta, 10).unwrap_err().to_string().contains("`q` claims data bytes 4..2"));
+        let e = check_header(br#"{"q":{"dtype":"F16"}}"#, 10).unwrap_err().to_string();
+        assert!(e.contains("tensor `q` in the header") && e.contains("data_offsets"), "{e}");
+        assert!(check_header(b"[1, 2]", 10).unwrap_err().to_string().contains("not a JSON object"));
     }
 
     #[test]

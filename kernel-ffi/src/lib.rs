@@ -9,6 +9,7 @@ pub mod cli;
 pub mod device;
 pub mod error;
 pub mod io;
+pub mod kernel_dir;
 pub mod manifest;
 pub mod params;
 pub mod planner;

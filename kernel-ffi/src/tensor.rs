@@ -61,26 +61,31 @@ pub struct Desc {
 }
 
 impl Desc {
+    /// Strides saturate at `usize::MAX`, so that dims read from a file or a flag
+    /// reach `validate` (which refuses them) instead of overflowing here.
     pub fn new(dims: [usize; 4], layout: Layout) -> Desc {
         let [_, h, s, d] = dims;
         let strides = match layout {
-            Layout::Bshd => [s * h * d, d, h * d],
-            Layout::Bhsd => [h * s * d, s * d, d],
+            Layout::Bshd => [s.saturating_mul(h).saturating_mul(d), d, h.saturating_mul(d)],
+            Layout::Bhsd => [h.saturating_mul(s).saturating_mul(d), s.saturating_mul(d), d],
         };
         Desc { dims, strides }
     }
 
+    /// Saturates at `usize::MAX`.
     pub fn numel(&self) -> usize {
-        self.dims.iter().product()
+        self.dims.iter().fold(1, |n, &x| n.saturating_mul(x))
     }
 
-    /// Elements a buffer needs: the largest offset plus one.
+    /// Elements a buffer needs: the largest offset plus one (saturating at `usize::MAX`).
     pub fn span(&self) -> usize {
         if self.numel() == 0 {
             return 0;
         }
         let [b, h, s, d] = self.dims;
-        (b - 1) * self.strides[0] + (h - 1) * self.strides[1] + (s - 1) * self.strides[2] + d
+        [(b - 1, self.strides[0]), (h - 1, self.strides[1]), (s - 1, self.strides[2])]
+            .into_iter()
+            .fold(d, |n, (i, stride)| n.saturating_add(i.saturating_mul(stride)))
     }
 
     /// Offset of element (b, h, s, 0).
@@ -146,8 +151,11 @@ pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Pr
     if kv_heads > 0 && heads % kv_heads != 0 {
         invalid!("q heads ({heads}) must be a multiple of k/v heads ({kv_heads}) for GQA");
     }
-    if batch * heads > MAX_BATCH_HEADS {
-        invalid!("batch × heads = {} exceeds {MAX_BATCH_HEADS} (the grid's y dimension)", batch * heads);
+    if batch.saturating_mul(heads) > MAX_BATCH_HEADS {
+        invalid!(
+            "batch × heads = {} exceeds {MAX_BATCH_HEADS} (the grid's y dimension)",
+            batch as u128 * heads as u128
+        );
     }
     for (what, n) in [("q sequence length", seqlen_q), ("k/v sequence length", seqlen_k)] {
         if n > i32::MAX as usize / 2 {
@@ -269,5 +277,23 @@ mod tests {
         let empty = arg("q", [1, 2, 0, 64]);
         assert!(validate(empty, empty, empty, empty, None).is_ok());
         assert_eq!(empty.desc.span(), 0);
+    }
+
+    #[test]
+    fn dims_that_overflow_are_refused_not_wrapped() {
+        let huge = 1usize << 40;
+        let e = check(
+            arg("q", [huge, huge, 1, 64]),
+            arg("k", [huge, huge, 1, 64]),
+            arg("v", [huge, huge, 1, 64]),
+            arg("out", [huge, huge, 1, 64]),
+        );
+        assert!(e.contains("batch × heads = 1208925819614629174706176 exceeds 65535"), "{e}");
+        // No elements, but strides past usize: what a safetensors header may declare.
+        let zero = arg("q", [0, huge, huge, 64]);
+        assert_eq!((zero.desc.span(), zero.desc.strides[0]), (0, usize::MAX));
+        let e = validate(zero, zero, zero, zero, None).unwrap_err().to_string();
+        assert!(e.contains("sequence length 1099511627776 exceeds"), "{e}");
+        assert_eq!(Desc::new([2, huge, huge, huge], Layout::Bhsd).span(), usize::MAX);
     }
 }

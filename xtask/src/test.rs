@@ -24,7 +24,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let _ = std::fs::remove_file(&raw);
     let out = command(tools::binary(paths, "fa-test")?, paths, opts, &raw).run()?;
     let text = match std::fs::read_to_string(&raw) {
-        Ok(text) if out.success() => text,
+        Ok(text) if out.success() || out.status.code() == Some(1) => text, // 1: cases failed
         _ => {
             return Err(CannotRun(format!(
                 "fa-test exited with {} and wrote no results; last output:\n{}",

@@ -20,10 +20,12 @@ use clap::Parser;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 use kernel_ffi::bench::{self, Shape};
+use kernel_ffi::manifest::Manifest;
 use kernel_ffi::probe::Probes;
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{BenchCase, BenchRun, SERVE_PROTOCOL, ServeReply, ServeRequest, ShapeRecord};
-use kernel_ffi::{Attention, Desc, Dtype, Entry, Launched, Layout, Options, Splits, Tensor};
+use kernel_ffi::tensor::HEAD_DIMS;
+use kernel_ffi::{Attention, Desc, Dtype, Entry, Launched, Layout, Options, Splits, Tensor, cli, kernel_dir};
 
 #[derive(Parser)]
 #[command(about = "Time the FlashAttention kernels", version = kernel_ffi::cli::VERSION)]
@@ -33,63 +35,116 @@ struct Args {
     #[arg(long, env = "FA_DEVICE", default_value = "0")]
     device: kernel_ffi::Gpu,
     /// Shapes B,H,S,D[,causal]; repeatable. Default: the default set.
-    #[arg(long = "shape", value_parser = Shape::parse)]
+    #[arg(long = "shape", value_parser = Shape::parse, conflicts_with = "serve")]
     shapes: Vec<Shape>,
     /// f16, bf16 or both (comma-separated).
-    #[arg(long, default_value = "f16", value_delimiter = ',')]
-    dtype: Vec<String>,
+    #[arg(long, default_value = "f16", value_delimiter = ',', value_parser = parse_dtype)]
+    dtype: Vec<Dtype>,
     /// Key splits: auto or a count (1 = unsplit).
     #[arg(long, default_value = "auto")]
     splits: Splits,
     #[command(flatten)]
     entry: Entry,
-    /// Time budget per case in milliseconds.
-    #[arg(long, default_value_t = 3000)]
+    /// Time budget per case in milliseconds (at least 1).
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..))]
     budget_ms: u64,
-    /// Stop when IQR/median/√n falls under this.
-    #[arg(long, default_value_t = 0.001)]
+    /// Stop when IQR/median/√n falls under this (a positive fraction).
+    #[arg(long, default_value_t = 0.001, value_parser = positive)]
     target_spread: f64,
     /// Fewest samples per case before the spread may stop it.
     #[arg(long, default_value_t = 30)]
     min_samples: usize,
-    /// Calls shorter than this are timed by CUDA-graph replay.
-    #[arg(long, default_value_t = 30.0)]
+    /// Calls shorter than this many µs are timed by CUDA-graph replay (0: never).
+    #[arg(long, default_value_t = 30.0, value_parser = non_negative)]
     graph_below_us: f64,
     /// Run each case only this many times, untimed (for ncu: one profiled launch per case).
-    #[arg(long)]
-    launches_only: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with_all = ["serve", "json"])]
+    launches_only: Option<u64>,
     /// Write JSON here (else stdout).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "serve")]
     json: Option<std::path::PathBuf>,
     /// Answer the paired gate's requests on stdin/stdout instead of timing a set.
     #[arg(long)]
     serve: bool,
     /// With --serve: make every timed half this fraction slower (a spin kernel
     /// inside the half): the planted slowdown of `cargo xtask bench --self-test`.
-    #[arg(long, default_value_t = 0.0, requires = "serve")]
+    #[arg(long, default_value_t = 0.0, requires = "serve", value_parser = fraction)]
     plant_slowdown: f64,
 }
 
 fn main() -> std::process::ExitCode {
-    kernel_ffi::cli::finish(run())
+    cli::finish(run())
 }
 
-fn parse_dtype(d: &str) -> Result<Dtype> {
+fn parse_dtype(d: &str) -> Result<Dtype, String> {
     match d {
         "f16" => Ok(Dtype::F16),
         "bf16" => Ok(Dtype::Bf16),
-        other => bail!("unknown dtype `{other}`; use f16 or bf16"),
+        other => Err(format!("unknown dtype `{other}`; use f16 or bf16")),
+    }
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!("`{s}` is not a positive number")),
+    }
+}
+
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!("`{s}` is not a number ≥ 0")),
+    }
+}
+
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..1.0).contains(&x) => Ok(x),
+        _ => Err(format!("`{s}`: expected a fraction in [0, 1)")),
+    }
+}
+
+/// Refuses entry flags that no compiled entry has, before any CUDA call: for every
+/// shape and dtype to time, or, serving (shapes come later), for at least one.
+fn check_entry(manifest: &Manifest, args: &Args, shapes: &[Shape]) -> Result<()> {
+    if !args.serve {
+        for &dtype in &args.dtype {
+            for s in shapes {
+                cli::check_entry(manifest, &args.entry, dtype, s.head_dim, s.causal)
+                    .with_context(|| format!("--shape {}", s.spec()))?;
+            }
+        }
+        return Ok(());
+    }
+    let mut first_err = None;
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        for head_dim in HEAD_DIMS {
+            for causal in [false, true] {
+                match cli::check_entry(manifest, &args.entry, dtype, head_dim, causal) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => first_err = first_err.or(Some(e)),
+                }
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e.context("--serve: no shape could run with these entry flags")),
+        None => Ok(()),
     }
 }
 
 fn run() -> Result<()> {
     let args = Args::parse();
-    if !(0.0..1.0).contains(&args.plant_slowdown) {
-        bail!("--plant-slowdown {}: expected a fraction in [0, 1)", args.plant_slowdown);
-    }
     let shapes = if args.shapes.is_empty() { bench::default_shapes() } else { args.shapes.clone() };
-    let dtypes: Vec<Dtype> = args.dtype.iter().map(|d| parse_dtype(d)).collect::<Result<_>>()?;
-    let att = Attention::new(&args.device).context("setting up the kernels")?;
+    let dtypes = args.dtype.clone();
+    // Flags and shapes are checked (clap, and here against the manifest) before
+    // the first CUDA call, `Attention::with_kernel_dir`.
+    let kernels = kernel_dir::find()?;
+    let manifest_path = kernels.join("manifest.json");
+    check_entry(&Manifest::load(&manifest_path)?, &args, &shapes)
+        .with_context(|| format!("checking the flags against {}", manifest_path.display()))?;
+    let att = Attention::with_kernel_dir(&args.device, &kernels).context("setting up the kernels")?;
     // 256 MiB: several times any L2 (50-60 MB on H100/H200, 48 MB on L4).
     let mut flush = att.stream().alloc_zeros::<u8>(256 << 20)?;
     if args.serve {
@@ -128,10 +183,9 @@ fn run() -> Result<()> {
     let run = BenchRun { device: att.device().clone(), implementation: "fa".into(), cases };
     let text = serde_json::to_string_pretty(&run)?;
     match &args.json {
-        Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
-        None => println!("{text}"),
+        Some(p) => cli::write_atomic(p, text.as_bytes()),
+        None => cli::print(&format!("{text}\n")),
     }
-    Ok(())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -414,7 +468,7 @@ fn setup<'a>(
     method: Option<&str>,
 ) -> Result<Served<'a>> {
     let shape = Shape::parse(shape).map_err(anyhow::Error::msg)?;
-    let mut case = Case::new(att, parse_dtype(dtype)?, shape, args.splits, args.entry)?;
+    let mut case = Case::new(att, parse_dtype(dtype).map_err(anyhow::Error::msg)?, shape, args.splits, args.entry)?;
     let estimate = case.estimate_us(flush)?;
     let l2_bytes = att
         .context()
@@ -545,7 +599,56 @@ fn plant_spin_ns(
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::*;
+
+    #[test]
+    fn every_flag_is_described() {
+        Args::command().debug_assert();
+        for arg in Args::command().get_arguments() {
+            assert!(arg.get_help().is_some(), "--{} has no description", arg.get_id());
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_refused_when_parsed() {
+        let parse = |args: &[&str]| Args::try_parse_from([&["fa-bench"], args].concat()).map(|_| ());
+        let e = parse(&["--shape", "1,1,128,96"]).unwrap_err().to_string();
+        assert!(e.contains("q head dim is 96"), "{e}");
+        for bad in [
+            &["--dtype", "f16,f32"][..],
+            &["--serve", "--shape", "1,1,128,64"],
+            &["--serve", "--launches-only", "1"],
+            &["--launches-only", "0"],
+            &["--launches-only", "1", "--json", "x.json"],
+            &["--budget-ms", "0"],
+            &["--target-spread", "NaN"],
+            &["--graph-below-us", "-1"],
+            &["--plant-slowdown", "0.1"],
+            &["--serve", "--plant-slowdown", "1.5"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} parsed");
+        }
+        assert!(parse(&["--serve", "--plant-slowdown", "0.03", "--variant", "portable"]).is_ok());
+        assert!(parse(&["--launches-only", "1", "--shape", "1,1,128,64", "--dtype", "f16,bf16"]).is_ok());
+    }
+
+    #[test]
+    fn serving_needs_entry_flags_some_shape_can_run() {
+        let m = Manifest::parse(include_str!("../../../kernels/manifest.json")).unwrap();
+        let args = |extra: &[&str]| Args::try_parse_from([&["fa-bench", "--serve"], extra].concat()).unwrap();
+        assert!(check_entry(&m, &args(&["--variant", "hopper", "--block-m", "128"]), &[]).is_ok());
+        let e = check_entry(&m, &args(&["--variant", "hopper", "--key-groups", "2"]), &[]).unwrap_err();
+        assert!(format!("{e:#}").starts_with("--serve: no shape could run"), "{e:#}");
+        let timed =
+            |extra: &[&str]| Args::try_parse_from([&["fa-bench", "--dtype", "f16,bf16"], extra].concat()).unwrap();
+        let shapes = [Shape::parse("1,1,128,128").unwrap(), Shape::parse("1,1,128,64,causal").unwrap()];
+        assert!(check_entry(&m, &timed(&["--block-m", "128"]), &shapes).is_ok());
+        let e = check_entry(&m, &timed(&["--variant", "portable", "--block-m", "128"]), &shapes).unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.starts_with("--shape 1,1,128,64,causal: --variant portable --block-m 128"), "{e}");
+    }
 
     #[test]
     fn the_gate_times_shapes_whose_data_fits_a_quarter_of_l2_warm() {

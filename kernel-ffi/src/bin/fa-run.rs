@@ -4,12 +4,14 @@
 //!   fa-run --input qkv.safetensors --output out.safetensors [--layout bhsd|bshd]
 //!          [--causal] [--scale S] [--splits auto|N] [--lse]
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Parser;
-use kernel_ffi::io::{HostTensor16, read_qkv, write_outputs};
-use kernel_ffi::{Attention, Entry, Layout, Options, Splits};
+use kernel_ffi::io::{self, HostTensor16, read_qkv, write_outputs};
+use kernel_ffi::manifest::Manifest;
+use kernel_ffi::{Attention, Entry, Layout, Options, Splits, cli, kernel_dir, tensor};
 
 #[derive(Parser)]
 #[command(about = "Run the FlashAttention forward kernel on tensors from a safetensors file", version = kernel_ffi::cli::VERSION)]
@@ -52,14 +54,61 @@ fn parse_layout(s: &str) -> Result<Layout, String> {
 }
 
 fn main() -> std::process::ExitCode {
-    kernel_ffi::cli::finish(run())
+    cli::finish(run())
+}
+
+/// The input file, read no further than its header says and its size allows:
+/// the header length is checked against the file before the header is read, and
+/// each tensor's bytes against the file before the data is.
+fn read_input(path: &Path) -> Result<Vec<u8>> {
+    let what = || format!("reading {}", path.display());
+    let mut file = std::fs::File::open(path).with_context(what)?;
+    let meta = file.metadata().with_context(what)?;
+    if !meta.is_file() {
+        bail!(
+            "{} is not a regular file, so its size cannot bound the read; save q, k and v to a file \
+             (safetensors.torch.save_file) and pass that",
+            path.display()
+        );
+    }
+    let len = meta.len();
+    let mut prefix = [0u8; 8];
+    if len >= 8 {
+        file.read_exact(&mut prefix).with_context(what)?;
+    }
+    let header_len = io::header_len(prefix, len).with_context(|| format!("in {}", path.display()))?;
+    let mut bytes = prefix.to_vec();
+    (&mut file).take(header_len).read_to_end(&mut bytes).with_context(what)?;
+    let data_len = len - 8 - header_len;
+    io::check_header(&bytes[8..], data_len).with_context(|| format!("in {}", path.display()))?;
+    bytes
+        .try_reserve_exact(data_len as usize)
+        .with_context(|| format!("{}: {len} bytes do not fit in memory", path.display()))?;
+    file.take(data_len).read_to_end(&mut bytes).with_context(what)?;
+    if bytes.len() as u64 != len {
+        bail!("{} changed size while it was read ({len} bytes, then {}); read it again", path.display(), bytes.len());
+    }
+    Ok(bytes)
 }
 
 fn run() -> Result<()> {
     let args = Args::parse();
-    let bytes = std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
-    let [q, k, v] = read_qkv(&bytes, args.layout)?;
-    let att = Attention::new(&args.device).context("setting up the kernels")?;
+    // Everything that can be wrong with the input and flags is refused here,
+    // before the first CUDA call (`Attention::with_kernel_dir`).
+    let bytes = read_input(&args.input)?;
+    let [q, k, v] = read_qkv(&bytes, args.layout).with_context(|| format!("in {}", args.input.display()))?;
+    let out_arg = tensor::Arg { name: "out", dtype: q.dtype, desc: q.desc, len: q.desc.span() };
+    let problem = tensor::validate(q.arg("q"), k.arg("k"), v.arg("v"), out_arg, args.scale)
+        .with_context(|| format!("in {}", args.input.display()))?;
+    let out_dir = args.output.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !out_dir.is_dir() {
+        bail!("--output {}: folder {} does not exist", args.output.display(), out_dir.display());
+    }
+    let kernels = kernel_dir::find()?;
+    let manifest_path = kernels.join("manifest.json");
+    cli::check_entry(&Manifest::load(&manifest_path)?, &args.entry, q.dtype, problem.head_dim, args.causal)
+        .with_context(|| format!("checking the flags against {}", manifest_path.display()))?;
+    let att = Attention::with_kernel_dir(&args.device, &kernels).context("setting up the kernels")?;
     let (qd, kd, vd) = (
         att.upload(q.dtype, q.desc, &q.bits)?,
         att.upload(k.dtype, k.desc, &k.bits)?,
@@ -77,7 +126,7 @@ fn run() -> Result<()> {
         None => None,
     };
     let bytes = write_outputs(&out, args.layout, lse.as_deref())?;
-    std::fs::write(&args.output, bytes).with_context(|| format!("writing {}", args.output.display()))?;
+    cli::write_atomic(&args.output, &bytes)?;
     eprintln!(
         "fa-run: {} {:?} on {}, {} kernel, {} split(s), {} CTAs → {}",
         q.dtype.name(),
@@ -89,4 +138,19 @@ fn run() -> Result<()> {
         args.output.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn every_flag_is_described() {
+        Args::command().debug_assert();
+        for arg in Args::command().get_arguments() {
+            assert!(arg.get_help().is_some(), "--{} has no description", arg.get_id());
+        }
+    }
 }

@@ -6,6 +6,7 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use kernel_ffi::check::{compare, compare_lse, tolerances};
+use kernel_ffi::cli::{self, CheckFailed};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ShapeRecord, TestCase, TestRun};
@@ -325,6 +326,35 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     })
 }
 
+/// The record of a case that could not run: `error` says why.
+fn not_run(case: &Case, e: &anyhow::Error) -> TestCase {
+    TestCase {
+        name: case.name(),
+        dtype: case.dtype.name().into(),
+        shape: case.shape(),
+        layout: case.layout_label().into(),
+        entry: EntryRecord {
+            variant: case.entry.variant.name().into(),
+            block_m: case.entry.block_m.unwrap_or(0),
+            key_groups: case.entry.key_groups.unwrap_or(0),
+            persistent: case.entry.persistent.unwrap_or(false),
+        },
+        splits: case.splits.to_string(),
+        num_splits: 0,
+        lse: case.lse,
+        reference: String::new(),
+        rel_l2: f64::NAN,
+        max_abs: f64::NAN,
+        lse_max_abs: f64::NAN,
+        tol_rel_l2: 0.0,
+        tol_max_abs: 0.0,
+        tol_lse: 0.0,
+        non_finite: 0,
+        passed: false,
+        error: Some(format!("{e:#}")),
+    }
+}
+
 #[derive(clap::Parser)]
 #[command(about = "Correctness matrix of the attention kernels against f64 CPU / fp32 GPU references", version = kernel_ffi::cli::VERSION)]
 struct Args {
@@ -341,35 +371,69 @@ struct Args {
     /// Seed for the random inputs (default: from the clock, printed and recorded).
     #[arg(long)]
     seed: Option<u64>,
-    /// Which cases: `full` (the correctness matrix), `sanitize` (small, covering)
-    /// or `smoke` (one case).
-    #[arg(long, default_value = "full")]
-    set: String,
+    /// Which cases.
+    #[arg(long, value_enum, default_value_t = Set::Full)]
+    set: Set,
     /// List the case names and exit.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "info")]
     list: bool,
     /// Print the device (JSON) and exit: proves the driver loads the fatbins.
     #[arg(long)]
     info: bool,
     /// Only this kernel's cases: portable or hopper (default: both, Hopper where loaded).
-    #[arg(long)]
+    #[arg(long, value_parser = case_variant)]
     variant: Option<Variant>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Set {
+    /// The correctness matrix.
+    Full,
+    /// Small shapes that reach every entry and code path (what compute-sanitizer runs).
+    Sanitize,
+    /// One case.
+    Smoke,
+}
+
+/// `--variant`: a case names its kernel, so `auto` selects nothing.
+fn case_variant(s: &str) -> Result<Variant, String> {
+    match s.parse::<Variant>()? {
+        Variant::Auto => {
+            Err("cases name their kernel: use portable or hopper (or leave --variant out for both)".into())
+        }
+        v => Ok(v),
+    }
+}
+
 fn main() -> std::process::ExitCode {
-    kernel_ffi::cli::finish(run())
+    cli::finish(run())
+}
+
+/// Exit 1 unless some case ran and every case passed.
+fn verdict(cases: &[TestCase]) -> Result<()> {
+    if cases.is_empty() {
+        return Err(CheckFailed("no test case ran (does --filter match any name in --list?)".into()).into());
+    }
+    let failed: Vec<&str> = cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let more = if failed.len() > 10 { ", …" } else { "" };
+    Err(CheckFailed(format!(
+        "{} of {} cases failed: {}{more}",
+        failed.len(),
+        cases.len(),
+        failed[..failed.len().min(10)].join(", ")
+    ))
+    .into())
 }
 
 fn run() -> Result<()> {
     let Args { json, filter, seed, set, list, info, variant, device } = clap::Parser::parse();
-    if variant == Some(Variant::Auto) {
-        anyhow::bail!("--variant takes portable or hopper (cases name their kernel)");
-    }
-    let all = match set.as_str() {
-        "full" => matrix(),
-        "sanitize" => sanitize_set(),
-        "smoke" => vec![sanitize_set_ref(Dtype::F16)],
-        other => anyhow::bail!("unknown case set `{other}`; use full, sanitize or smoke"),
+    let all = match set {
+        Set::Full => matrix(),
+        Set::Sanitize => sanitize_set(),
+        Set::Smoke => vec![sanitize_set_ref(Dtype::F16)],
     };
     let mut cases: Vec<Case> = all
         .into_iter()
@@ -377,15 +441,14 @@ fn run() -> Result<()> {
         .filter(|c| variant.is_none_or(|v| v == c.entry.variant))
         .collect();
     if list {
-        cases.iter().for_each(|c| println!("{}", c.name()));
-        return Ok(());
+        return cli::print(&cases.iter().map(|c| c.name() + "\n").collect::<String>());
     }
     let seed = seed
         .unwrap_or_else(|| SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64));
-    let att = Attention::new(&device).context("setting up the kernels")?;
+    let kernels = kernel_ffi::kernel_dir::find()?;
+    let att = Attention::with_kernel_dir(&device, &kernels).context("setting up the kernels")?;
     if info {
-        println!("{}", serde_json::to_string(att.device())?);
-        return Ok(());
+        return cli::print(&format!("{}\n", serde_json::to_string(att.device())?));
     }
     if !att.has_hopper() {
         if variant == Some(Variant::Hopper) {
@@ -414,34 +477,10 @@ fn run() -> Result<()> {
     let mut results = Vec::new();
     let start = Instant::now();
     for (i, case) in cases.iter().enumerate() {
-        let result = run_case(&att, case, &mut rng).unwrap_or_else(|e| TestCase {
-            name: case.name(),
-            dtype: case.dtype.name().into(),
-            shape: case.shape(),
-            layout: case.layout_label().into(),
-            entry: EntryRecord {
-                variant: case.entry.variant.name().into(),
-                block_m: case.entry.block_m.unwrap_or(0),
-                key_groups: case.entry.key_groups.unwrap_or(0),
-                persistent: case.entry.persistent.unwrap_or(false),
-            },
-            splits: case.splits.to_string(),
-            num_splits: 0,
-            lse: case.lse,
-            reference: String::new(),
-            rel_l2: f64::NAN,
-            max_abs: f64::NAN,
-            lse_max_abs: f64::NAN,
-            tol_rel_l2: 0.0,
-            tol_max_abs: 0.0,
-            tol_lse: 0.0,
-            non_finite: 0,
-            passed: false,
-            error: Some(format!("{e:#}")),
-        });
-        let verdict = if result.passed { "ok" } else { "FAIL" };
+        let result = run_case(&att, case, &mut rng).unwrap_or_else(|e| not_run(case, &e));
+        let mark = if result.passed { "ok" } else { "FAIL" };
         eprintln!(
-            "[{}/{}] {verdict} {} rel_l2 {:.2e} max_abs {:.2e}{}",
+            "[{}/{}] {mark} {} rel_l2 {:.2e} max_abs {:.2e}{}",
             i + 1,
             cases.len(),
             result.name,
@@ -461,8 +500,51 @@ fn run() -> Result<()> {
     let run = TestRun { device: att.device().clone(), seed, cases: results };
     let text = serde_json::to_string_pretty(&run)?;
     match json {
-        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
-        None => println!("{text}"),
+        Some(path) => cli::write_atomic(&path, text.as_bytes())?,
+        None => cli::print(&format!("{text}\n"))?,
     }
-    Ok(())
+    verdict(&run.cases)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    fn case(name: &str, passed: bool) -> TestCase {
+        TestCase { name: name.into(), passed, ..not_run(&sanitize_set_ref(Dtype::F16), &anyhow::anyhow!("test")) }
+    }
+
+    #[test]
+    fn a_failed_case_is_a_failed_check() {
+        assert!(verdict(&[case("a", true), case("b", true)]).is_ok());
+        let e = verdict(&[case("a", true), case("b", false)]).unwrap_err();
+        assert_eq!(cli::exit_code(&Err(e)), 1);
+        let e = verdict(&[case("a", true), case("b", false)]).unwrap_err().to_string();
+        assert_eq!(e, "1 of 2 cases failed: b");
+        let many: Vec<TestCase> = (0..12).map(|i| case(&format!("c{i}"), false)).collect();
+        assert!(verdict(&many).unwrap_err().to_string().ends_with("c8, c9, …"));
+        let e = verdict(&[]).unwrap_err();
+        assert!(e.to_string().contains("no test case ran"));
+        assert_eq!(cli::exit_code(&Err(e)), 1);
+    }
+
+    #[test]
+    fn auto_is_refused_when_the_flags_are_parsed() {
+        let e = Args::try_parse_from(["fa-test", "--variant", "auto"]).err().expect("--variant auto parsed");
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(e.to_string().contains("cases name their kernel"), "{e}");
+        assert!(Args::try_parse_from(["fa-test", "--set", "huge"]).is_err());
+        let args = Args::try_parse_from(["fa-test", "--variant", "hopper", "--set", "smoke"]).unwrap();
+        assert_eq!((args.variant, args.set), (Some(Variant::Hopper), Set::Smoke));
+    }
+
+    #[test]
+    fn every_flag_is_described() {
+        Args::command().debug_assert();
+        for arg in Args::command().get_arguments() {
+            assert!(arg.get_help().is_some(), "--{} has no description", arg.get_id());
+        }
+    }
 }
