@@ -352,7 +352,8 @@ mod tests {
         let mut m = manifest();
         m.sources[0].kernels[1].sass_requires = vec!["HGMMA".into(), "UTMALDG".into()];
         m.sources[0].kernels[2].sass_requires = vec!["HMMA".into()];
-        let counts = crate::sass::opcode_counts(include_str!("../tests/data/sass/flash-fwd-sm90a-excerpt.sass"));
+        let counts =
+            crate::sass::opcode_counts(include_str!("../tests/data/sass/flash-fwd-sm90a-excerpt.sass")).unwrap();
         let record = |kernel: &str, from: &str| SassRecord {
             kernel: kernel.into(),
             arch: "sm_90a".into(),

@@ -410,7 +410,8 @@ fn compile(nvcc: &Nvcc, cuobjdump: &Path, job: &Job, timeout: Duration) -> Resul
         .log(job.output.with_extension("sass"))
         .quiet()
         .run_checked()?;
-    let sass = sass::opcode_counts(&dump.stdout);
+    let sass = sass::opcode_counts(&dump.stdout)
+        .with_context(|| format!("in {}", job.output.with_extension("sass").display()))?;
     let stamp = Stamp { hash: job.hash.clone(), ptxas: ptxas.clone(), sass: Some(sass.clone()) };
     write_file(&stamp_path, serde_json::to_vec(&stamp).context("serialising a unit stamp")?)?;
     Ok((unit(false, out.elapsed.as_secs_f64()), ptxas, sass))

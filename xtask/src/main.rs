@@ -15,6 +15,8 @@ mod ledger;
 #[path = "../../kernel-ffi/src/manifest.rs"]
 mod manifest;
 mod ncu;
+#[cfg(test)]
+mod parser_fuzz;
 mod paths;
 mod preflight;
 mod process;
@@ -33,6 +35,7 @@ mod test;
 mod toolchain;
 mod tools;
 mod tune;
+mod xml;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

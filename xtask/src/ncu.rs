@@ -1,6 +1,8 @@
 //! Parser for `ncu --csv --page raw`. Pure. Columns are found by header name;
 //! the second row holds units; values carry thousands separators or `n/a`;
-//! program output and `==PROF==` lines may surround the CSV.
+//! program output and `==PROF==` lines may surround the CSV. Every row is quoted
+//! field by field and as wide as the header, so a row cut short is an error, as
+//! is a header with no kernel row after it.
 
 use std::collections::BTreeMap;
 
@@ -40,8 +42,15 @@ pub fn parse(output: &str) -> Result<Table> {
     let Some(start) = lines.iter().position(|l| l.starts_with("\"ID\",")) else {
         bail!("no ncu CSV header (\"ID\",…) in the output: did ncu profile any kernel?");
     };
-    let csv_text: String = lines[start..].iter().filter(|l| l.starts_with('"')).map(|l| format!("{l}\n")).collect();
-    let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(csv_text.as_bytes());
+    let rows: Vec<&str> = lines[start..].iter().copied().filter(|l| l.starts_with('"')).collect();
+    // Outside a quoted field at the end (quotes balanced, doubled ones included)
+    // and the last one closed: the row ends where a field ends.
+    let whole = |l: &str| l.len() >= 2 && l.ends_with('"') && l.matches('"').count().is_multiple_of(2);
+    if let Some(cut) = rows.iter().position(|l| !whole(l)) {
+        bail!("ncu CSV row {} ends inside a field: the output was cut short", cut + 1);
+    }
+    let csv_text: String = rows.iter().map(|l| format!("{l}\n")).collect();
+    let mut reader = csv::ReaderBuilder::new().has_headers(true).from_reader(csv_text.as_bytes());
     let headers: Vec<String> =
         reader.headers().context("reading the ncu CSV header")?.iter().map(String::from).collect();
     let mut records = reader.records();
@@ -50,11 +59,14 @@ pub fn parse(output: &str) -> Result<Table> {
     let kernel_col = headers.iter().position(|h| h == "Kernel Name").context("no `Kernel Name` column")?;
     let mut rows = Vec::new();
     for rec in records {
-        let rec = rec.context("reading an ncu CSV row")?;
+        let rec = rec.context("reading an ncu CSV row (cut short?)")?;
         rows.push(Row {
             kernel: rec.get(kernel_col).unwrap_or_default().to_string(),
             values: headers.iter().cloned().zip(rec.iter().map(String::from)).collect(),
         });
+    }
+    if rows.is_empty() {
+        bail!("ncu CSV has a header but no kernel row: the output was cut short");
     }
     Ok(Table { units, rows })
 }
@@ -94,5 +106,23 @@ mod tests {
     #[test]
     fn no_csv_is_an_error() {
         assert!(parse("==PROF== Disconnected\nno kernels were profiled\n").is_err());
+    }
+
+    #[test]
+    fn a_csv_cut_short_is_an_error() {
+        for name in ["ncu-csv-page-raw.csv", "ncu-csv-page-raw-tensor-regex.csv"] {
+            let text = fixture(name);
+            let rows = parse(&text).unwrap().rows;
+            let header = text.find("\"ID\",").unwrap();
+            let last = text.trim_end().len();
+            for cut in (header..last).filter(|&c| text.is_char_boundary(c)) {
+                // A cut at a row's end may drop later rows, never part of a row.
+                if let Ok(t) = parse(&text[..cut]) {
+                    assert!(text[cut..].starts_with('\n'), "{name} cut at byte {cut} parsed");
+                    assert_eq!(t.rows[..], rows[..t.rows.len()], "{name} cut at byte {cut}");
+                    assert!(t.rows.len() < rows.len());
+                }
+            }
+        }
     }
 }

@@ -11,6 +11,11 @@
 //! reason are kept (C7510: a call inside the wgmma pipeline, C7511: too few
 //! registers, C7515: a non-wgmma write to an accumulator while a wgmma may be in
 //! flight, and any other).
+//!
+//! Output cut short never reads as an entry that uses nothing: a record counts
+//! only once its `Used …` line is read, and a last line without its newline (it
+//! may stop anywhere) is not read. The entry is then missing from the report,
+//! which fails the build.
 
 use serde::{Deserialize, Serialize};
 
@@ -64,8 +69,11 @@ pub fn parse(text: &str) -> Report {
     // Set after `Function properties for X`; the next line holds stack/spills.
     let mut properties_of: Option<String> = None;
     let mut serialized: Vec<(&str, WgmmaSerialized)> = Vec::new();
+    // Per record: its `Used …` line was read.
+    let mut used: Vec<bool> = Vec::new();
+    let whole = if text.ends_with('\n') { text } else { text.rsplit_once('\n').map_or("", |(w, _)| w) };
 
-    for raw in text.lines() {
+    for raw in whole.lines() {
         let line = raw.trim();
         if let Some(owner) = properties_of.take()
             && let Some(idx) = current.filter(|&i| report.kernels[i].name == owner)
@@ -90,6 +98,7 @@ pub fn parse(text: &str) -> Report {
                     arch: arch.to_string(),
                     ..KernelResources::default()
                 });
+                used.push(false);
                 current = Some(report.kernels.len() - 1);
             }
         } else if let Some(name) = msg.strip_prefix("Function properties for ") {
@@ -97,12 +106,15 @@ pub fn parse(text: &str) -> Report {
         } else if let Some(clauses) = msg.strip_prefix("Used ") {
             if let Some(idx) = current {
                 apply_clauses(&mut report.kernels[idx], clauses);
+                used[idx] = true;
             }
         } else if msg.starts_with("Compiling ") {
             // A non-entry function: its properties must not land on the last entry.
             current = None;
         }
     }
+    let mut complete = used.into_iter();
+    report.kernels.retain(|_| complete.next().unwrap_or(false));
     for k in &mut report.kernels {
         k.wgmma_serialized =
             serialized.iter().filter(|(name, _)| *name == k.name).map(|(_, notice)| notice.clone()).collect();
@@ -278,6 +290,23 @@ mod tests {
                 .reason
                 .starts_with("non wgmma instructions defining accumulator registers")
         );
+    }
+
+    #[test]
+    fn output_cut_short_leaves_the_entry_out() {
+        let full = parse(THREE_ARCHS).kernels;
+        for cut in (0..THREE_ARCHS.len()).filter(|&c| THREE_ARCHS.is_char_boundary(c)) {
+            // Whatever is read is read whole; the rest is missing, not zero.
+            let read = parse(&THREE_ARCHS[..cut]).kernels;
+            assert_eq!(read[..], full[..read.len()], "cut at byte {cut}");
+        }
+        let text = "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+            ptxas info    : Function properties for k\n\
+            \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+            ptxas info    : Used 168 registers, used 1 barriers, 49152 bytes smem\n";
+        assert_eq!(parse(text).kernels[0].smem_static, 49152);
+        assert!(parse(&text[..text.len() - 1]).kernels.is_empty(), "the Used line without its newline");
+        assert!(parse(&text[..text.find("ptxas info    : Used").unwrap()]).kernels.is_empty());
     }
 
     #[test]

@@ -88,6 +88,10 @@ pub struct ToolRun {
     /// From the text output; `None` means nothing was checked.
     pub summary: Option<Summary>,
     pub findings: Vec<Finding>,
+    /// Why the XML could not be read (missing, cut short, not the tool's); then
+    /// `findings` is empty for want of a report, not for want of findings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xml_error: Option<String>,
     /// What fa-test ran under the tool, from its JSON; `None`: it wrote none.
     #[serde(default)]
     pub tests: Option<Tally>,
@@ -125,6 +129,9 @@ impl ToolRun {
     fn problems(&self) -> Vec<String> {
         let tool = self.tool.name();
         let mut v = Vec::new();
+        if let Some(e) = &self.xml_error {
+            v.push(format!("{tool}: {e}"));
+        }
         match self.summary {
             None => v.push(format!("{tool} printed no summary: nothing was checked (see {})", self.log.display())),
             Some(s) if s.leaked_bytes > 0 => v.push(format!("memcheck found {} leaked bytes", s.leaked_bytes)),
@@ -210,8 +217,13 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     println!("report: {}", report.display());
 
     let mut problems: Vec<String> = payload.runs.iter().flat_map(ToolRun::problems).collect();
-    for d in payload.defects.iter().filter(|d| !d.caught) {
-        problems.push(format!("planted {} was not caught by {}", d.define, d.expected_tool.name()));
+    for d in &payload.defects {
+        if !d.caught {
+            problems.push(format!("planted {} was not caught by {}", d.define, d.expected_tool.name()));
+        }
+        if let Some(e) = &d.run.xml_error {
+            problems.push(format!("{} with {} planted: {e}", d.expected_tool.name(), d.define));
+        }
     }
     if !problems.is_empty() {
         return Err(CheckFailed(problems.join("; ")).into());
@@ -254,9 +266,9 @@ fn run_tool(
         .ok()
         .and_then(|t| serde_json::from_str::<TestRun>(&t).ok())
         .map(|r| Tally::of(&r));
-    let findings = match std::fs::read_to_string(&xml) {
-        Ok(x) => sanitizer::parse_xml(&x).with_context(|| format!("in {}", xml.display()))?,
-        Err(_) => Vec::new(),
+    let (findings, xml_error) = match read_findings(&xml) {
+        Ok(f) => (f, None),
+        Err(e) => (Vec::new(), Some(format!("{e:#}; see {}", log.display()))),
     };
     Ok(ToolRun {
         tool,
@@ -265,10 +277,20 @@ fn run_tool(
         seconds: out.elapsed.as_secs_f64(),
         summary: sanitizer::parse_summary(&text),
         findings,
+        xml_error,
         tests,
         xml,
         log,
     })
+}
+
+/// The findings in the XML a sanitizer run saved. A run that saved none (it died,
+/// timed out, or never started the driver) or saved it cut short is an error,
+/// never a run without findings.
+fn read_findings(xml: &Path) -> Result<Vec<Finding>> {
+    let text = std::fs::read_to_string(xml)
+        .with_context(|| format!("compute-sanitizer saved no readable XML at {}", xml.display()))?;
+    sanitizer::parse_xml(&text).with_context(|| format!("in {}", xml.display()))
 }
 
 /// Asks the driver which device it sees (and proves it can load the fatbins).
@@ -306,7 +328,11 @@ fn run_table(runs: &[ToolRun], defects: &[DefectRun]) -> String {
             d.run.summary.map_or("none".into(), |s| format!("{} err, {} warn", s.errors, s.warnings)),
             d.run.findings.len().to_string(),
             format!("{:.1}", d.run.seconds),
-            if d.caught { "caught".into() } else { "MISSED".into() },
+            match (d.caught, &d.run.xml_error) {
+                (_, Some(_)) => "FAIL".into(),
+                (true, None) => "caught".into(),
+                (false, None) => "MISSED".into(),
+            },
         ]
     }));
     table::render(&["tool", "kernels", "summary", "records", "s", "verdict"], &rows)
@@ -356,6 +382,7 @@ mod tests {
             seconds: 1.0,
             summary,
             findings: vec![],
+            xml_error: None,
             tests,
             xml: "r.xml".into(),
             log: "r.log".into(),
@@ -375,5 +402,29 @@ mod tests {
         assert!(run(None, ran, 0).problems()[0].contains("no summary"));
         let found = Some(Summary { errors: 5, warnings: 0, leaked_bytes: 0 });
         assert_eq!(run(found, ran, 0).problems(), ["racecheck reported 5 error(s)"]);
+    }
+
+    fn data(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    }
+
+    #[test]
+    fn missing_or_cut_short_xml_is_not_a_clean_run() {
+        assert_eq!(read_findings(&data("project/racecheck-FA_DEFECT_RACE.xml")).unwrap().len(), 32);
+        assert!(read_findings(&data("h200/compute-sanitizer-racecheck-clean.xml")).unwrap().is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("racecheck.xml");
+        let err = format!("{:#}", read_findings(&missing).unwrap_err());
+        assert!(err.contains("saved no readable XML") && err.contains("racecheck.xml"), "{err}");
+        let full = std::fs::read_to_string(data("project/racecheck-FA_DEFECT_RACE.xml")).unwrap();
+        let cut = dir.path().join("cut.xml");
+        std::fs::write(&cut, &full[..full.rfind("</record>").unwrap() + "</record>\n".len()]).unwrap();
+        assert!(read_findings(&cut).is_err(), "a copy cut after a whole record");
+
+        // With the XML unread, a quiet summary and passing cases still fail.
+        let quiet = Some(Summary { errors: 0, warnings: 0, leaked_bytes: 0 });
+        let unread = ToolRun { xml_error: Some(err), ..run(quiet, Some(Tally { cases: 40, failed: 0 }), 0) };
+        assert!(!unread.clean());
+        assert!(unread.problems()[0].starts_with("racecheck: compute-sanitizer saved no readable XML"));
     }
 }

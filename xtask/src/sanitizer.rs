@@ -2,9 +2,10 @@
 //!
 //! The XML (`--xml --save FILE`) holds one `<record>` per finding up to the print
 //! limit; the text output's `ERROR SUMMARY` / `RACECHECK SUMMARY` lines hold the
-//! true counts. Unknown elements are ignored, never fatal.
+//! true counts. Unknown elements are ignored, never fatal; output that is absent,
+//! cut short or not the tool's never reads as a clean run.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize, Default)]
@@ -146,7 +147,7 @@ fn short_path(p: &str) -> &str {
 
 /// Parses `--xml` output into findings.
 pub fn parse_xml(xml: &str) -> Result<Vec<Finding>> {
-    let raw: RawOutput = quick_xml::de::from_str(xml).context("compute-sanitizer XML does not parse")?;
+    let raw: RawOutput = crate::xml::from_str(xml, "ComputeSanitizerOutput", "compute-sanitizer XML")?;
     Ok(raw
         .records
         .into_iter()
@@ -211,46 +212,55 @@ pub struct Summary {
 }
 
 /// Reads `ERROR SUMMARY: N errors` (memcheck, initcheck, synccheck) or
-/// `RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)`. `None` when no
-/// summary line exists: the tool checked nothing (or died).
+/// `RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)`, and memcheck's
+/// `LEAK SUMMARY: N bytes leaked in M allocations`. `None` when no complete summary
+/// line exists, or a leak line does not read: the tool checked nothing, died, or
+/// its output was cut short.
 pub fn parse_summary(text: &str) -> Option<Summary> {
-    let leaked_bytes = text
-        .lines()
-        .find_map(|l| l.trim_start_matches('=').trim().strip_prefix("LEAK SUMMARY:"))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    counts(text).map(|s| Summary { leaked_bytes, ..s })
-}
-
-fn counts(text: &str) -> Option<Summary> {
+    let mut leaked_bytes = 0;
+    let mut found = None;
     for line in text.lines() {
         let line = line.trim_start_matches('=').trim();
-        if let Some(rest) = line.strip_prefix("ERROR SUMMARY:") {
-            let words: Vec<&str> = rest.split_whitespace().collect();
-            // The second line ("N errors were not printed") also starts this way.
-            if words.len() == 2
-                && words[1].starts_with("error")
-                && let Ok(n) = words[0].parse()
-            {
-                return Some(Summary { errors: n, warnings: 0, leaked_bytes: 0 });
-            }
-        } else if let Some(rest) = line.strip_prefix("RACECHECK SUMMARY:") {
-            // "1 hazard displayed (1 error, 0 warnings)"
-            let inner = rest.split_once('(')?.1.trim_end_matches(')');
-            let mut summary = Summary { errors: 0, warnings: 0, leaked_bytes: 0 };
-            for part in inner.split(',') {
-                let mut w = part.split_whitespace();
-                let n: u64 = w.next()?.parse().ok()?;
-                match w.next()? {
-                    u if u.starts_with("error") => summary.errors = n,
-                    u if u.starts_with("warning") => summary.warnings = n,
-                    _ => {}
-                }
-            }
-            return Some(summary);
+        if let Some(rest) = line.strip_prefix("LEAK SUMMARY:") {
+            leaked_bytes = leak(rest)?;
+        } else if found.is_none() {
+            found = error_summary(line).or_else(|| racecheck_summary(line));
         }
     }
-    None
+    found.map(|s| Summary { leaked_bytes, ..s })
+}
+
+/// `N bytes leaked in M allocations` → N.
+fn leak(rest: &str) -> Option<u64> {
+    match rest.split_whitespace().collect::<Vec<_>>()[..] {
+        [n, "byte" | "bytes", "leaked", ..] => n.parse().ok(),
+        _ => None,
+    }
+}
+
+/// `ERROR SUMMARY: N errors`. The line after it, `ERROR SUMMARY: N errors were
+/// not printed…`, has more words and is not a summary.
+fn error_summary(line: &str) -> Option<Summary> {
+    match line.strip_prefix("ERROR SUMMARY:")?.split_whitespace().collect::<Vec<_>>()[..] {
+        [n, "error" | "errors"] => Some(Summary { errors: n.parse().ok()?, warnings: 0, leaked_bytes: 0 }),
+        _ => None,
+    }
+}
+
+/// `RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)`, every word of it.
+fn racecheck_summary(line: &str) -> Option<Summary> {
+    let (head, inner) = line.strip_prefix("RACECHECK SUMMARY:")?.split_once('(')?;
+    let [hazards, "hazard" | "hazards", "displayed"] = head.split_whitespace().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    hazards.parse::<u64>().ok()?;
+    let words: Vec<&str> = inner.strip_suffix(')')?.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+    match words[..] {
+        [e, "error" | "errors", w, "warning" | "warnings"] => {
+            Some(Summary { errors: e.parse().ok()?, warnings: w.parse().ok()?, leaked_bytes: 0 })
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -346,6 +356,45 @@ mod tests {
         assert_eq!(f[0].location.kernel, "flash_fwd_f16_d64");
         let s = parse_summary(&project("memcheck-FA_DEFECT_OOB_TAIL.summary.txt")).unwrap();
         assert_eq!((s.errors, s.leaked_bytes), (121, 100_360));
+    }
+
+    #[test]
+    fn a_summary_cut_short_is_none_never_fewer_errors() {
+        for text in [
+            project("racecheck-FA_DEFECT_RACE.txt"),
+            fixture("compute-sanitizer-racecheck-hazard.txt"),
+            fixture("compute-sanitizer-memcheck-oob.txt"),
+            project("memcheck-FA_DEFECT_OOB_TAIL.summary.txt"),
+        ] {
+            let full = parse_summary(&text).unwrap();
+            let line = text.find("SUMMARY:").unwrap();
+            let line = text[..line].rfind('\n').map_or(0, |n| n + 1);
+            for cut in (line..text.len()).filter(|&c| text.is_char_boundary(c)) {
+                let read = parse_summary(&text[..cut]);
+                assert!(read.is_none() || read == Some(full), "{:?} read as {read:?}", &text[line..cut]);
+            }
+        }
+        // Every word of a racecheck summary is there, or it does not count.
+        let race = "========= RACECHECK SUMMARY: 32 hazards displayed (32 errors, 0 warnings)";
+        for cut in race.find("(3").unwrap()..race.len() {
+            assert_eq!(parse_summary(&race[..cut]), None, "{}", &race[..cut]);
+        }
+        let leak = "========= LEAK SUMMARY: lots\n========= ERROR SUMMARY: 0 errors\n";
+        assert_eq!(parse_summary(leak), None, "an unreadable leak line is not 0 bytes leaked");
+    }
+
+    #[test]
+    fn xml_that_is_absent_cut_short_or_foreign_is_an_error() {
+        for xml in ["", "========= ERROR SUMMARY: 0 errors\n", "<?xml version=\"1.0\"?>\n<nvidia_smi_log/>"] {
+            assert!(parse_xml(xml).is_err(), "{xml:?}");
+        }
+        for text in [project("racecheck-FA_DEFECT_RACE.xml"), fixture("compute-sanitizer-memcheck-oob.xml")] {
+            let end = text.find("</ComputeSanitizerOutput>").unwrap();
+            let cuts: Vec<usize> = text[..end].match_indices("</record>").map(|(i, _)| i + "</record>".len()).collect();
+            for &cut in cuts.iter().step_by(cuts.len().div_ceil(40)) {
+                assert!(parse_xml(&text[..cut]).is_err(), "cut after byte {cut} parsed");
+            }
+        }
     }
 
     #[test]

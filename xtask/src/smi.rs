@@ -1,9 +1,10 @@
 //! Parser for `nvidia-smi -q -x`. Pure. The DOCTYPE line names a DTD that is
-//! never fetched or resolved (quick-xml does not load external entities).
+//! never fetched or resolved (quick-xml does not load external entities). Output
+//! that is empty, cut short or not an `<nvidia_smi_log>` is an error.
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize)]
@@ -93,7 +94,7 @@ pub fn value(text: Option<&str>) -> Option<f64> {
 }
 
 pub fn parse(xml: &str) -> Result<Smi> {
-    let raw: RawLog = quick_xml::de::from_str(xml).context("nvidia-smi -q -x output does not parse")?;
+    let raw: RawLog = crate::xml::from_str(xml, "nvidia_smi_log", "nvidia-smi -q -x output")?;
     let gpus = raw
         .gpus
         .into_iter()
@@ -207,6 +208,30 @@ mod tests {
         assert_eq!((only.gpus.len(), only.gpus[0].name.as_str()), (1, "NVIDIA H200"));
         let err = smi.only("GPU-99999999-0000-0000-0000-000000000000").unwrap_err().to_string();
         assert!(err.contains("GPU-11111111-2222-3333-4444-555555555555") && err.contains(cuda), "{err}");
+    }
+
+    #[test]
+    fn doctype_inside_text_is_read_not_a_panic() {
+        // quick-xml 0.38 reached `unreachable!` here, and preflight exited 101.
+        let xml = H200.replacen("<driver_version>580", "<driver_version>5<!DOCTYPE x>80", 1);
+        assert_eq!(parse(&xml).unwrap().driver_version.as_deref(), Some("580.159.04"));
+    }
+
+    #[test]
+    fn absent_cut_short_or_foreign_output_is_an_error() {
+        for (xml, says) in [
+            ("", "no <nvidia_smi_log>"),
+            ("No devices were found\n", "no <nvidia_smi_log>"),
+            ("<?xml version=\"1.0\" ?>\n<ComputeSanitizerOutput/>", "root <ComputeSanitizerOutput>"),
+            ("<nvidia_smi_log><gpu id=\"0\"><uuid>GPU-1</uuid>", "does not parse"),
+        ] {
+            let err = format!("{:#}", parse(xml).unwrap_err());
+            assert!(err.contains("nvidia-smi -q -x output") && err.contains(says), "{xml:?}: {err}");
+        }
+        let end = H200.find("</nvidia_smi_log>").unwrap();
+        for (cut, _) in H200[..end].match_indices('\n') {
+            assert!(parse(&H200[..cut]).is_err(), "cut at byte {cut} parsed");
+        }
     }
 
     #[test]
