@@ -490,8 +490,8 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     return;
   }
   // Unsplit, O is staged in the warp's own rows of the Q tile (swizzled like Q, so
-  // the 4-byte writes are conflict-free; as the Hopper kernel's epilogue since
-  // ledger iteration 28). Two groups: the hand-over slots lie in these tiles, so
+  // the 4-byte writes are conflict-free; as the Hopper kernel's epilogue). Two
+  // groups: the hand-over slots lie in these tiles, so
   // group 0's warps first finish reading them.
   if constexpr (KG == 2) group_sync();
   stage([&](int row, int dt, float x, float y) { *reinterpret_cast<uint32_t*>(sQ + swizzle<D>(row, 8 * dt + 2 * t)) = Dtype<T>::pack(x, y); },

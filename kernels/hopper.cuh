@@ -22,7 +22,7 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 }
 // One arrival for the executing warp, by a lane elect.sync picks (no branch on
 // the lane index): barriers the consumers release count warps, not threads
-// (ledger iteration 39: a 32nd of the arrivals, time unchanged).
+// (a 32nd of the arrivals).
 __device__ __forceinline__ void mbar_arrive_warp(uint32_t bar) {
   asm volatile("{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar)
                : "memory");
@@ -121,7 +121,7 @@ __device__ __forceinline__ void regs_alloc() {
 // so the field never carries into the next), so the descriptor of base + offset
 // is the base's with offset / 16 added to its low word. Kernels build one per
 // buffer before their loops and advance it with `at`: one uniform add per wgmma,
-// where masking and shifting each address took four or five (ledger iteration 37).
+// where masking and shifting each address takes four or five.
 struct GmmaDesc {
   uint32_t lo, hi;
   static __device__ __forceinline__ GmmaDesc make(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {

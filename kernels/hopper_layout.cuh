@@ -1,0 +1,111 @@
+// The Hopper kernel's configuration per entry (tile sizes, ring depth, register
+// split, shared memory budget) and its shared-memory layout.
+#pragma once
+
+#include "hopper.cuh"
+
+namespace fa {
+
+// Compile-time defines from the manifest, each chosen by same-run A/B timings on
+// an H200 (the ledger, perf/ledger.jsonl, has them):
+// FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B;
+//   FA_HOPPER_STAGES_D64_CAUSAL: the 128-row D=64 entry's).
+#ifndef FA_HOPPER_STAGES_D128
+#define FA_HOPPER_STAGES_D128 2
+#endif
+#ifndef FA_HOPPER_STAGES_D128_CAUSAL
+#define FA_HOPPER_STAGES_D128_CAUSAL 2
+#endif
+#ifndef FA_HOPPER_STAGES_D64_M64
+#define FA_HOPPER_STAGES_D64_M64 2
+#endif
+#ifndef FA_HOPPER_STAGES_D128_M64
+#define FA_HOPPER_STAGES_D128_M64 2
+#endif
+// FA_HOPPER_PERSISTENT_CAUSAL: 1 = causal entries run persistent CTAs over pairs
+//   of query blocks or a host schedule (hopper_item), 0 = one CTA per query block.
+#ifndef FA_HOPPER_PERSISTENT_CAUSAL
+#define FA_HOPPER_PERSISTENT_CAUSAL 1
+#endif
+// FA_HOPPER_PERSISTENT_D128: 1 = the non-causal 128-row D=128 entry runs
+//   persistent CTAs over single query blocks, 0 = one CTA per query block. (The
+//   non-causal D=64 entry has a persistent twin instead, `_m64_persistent`,
+//   which kernel-ffi takes for grids over a wave: persistent code costs a grid of
+//   one CTA per SM about 4% in instruction-cache misses.)
+#ifndef FA_HOPPER_PERSISTENT_D128
+#define FA_HOPPER_PERSISTENT_D128 1
+#endif
+
+#ifndef FA_HOPPER_STAGES_D64_CAUSAL
+#define FA_HOPPER_STAGES_D64_CAUSAL 2
+#endif
+
+// PERSISTENT: the entry's CTAs loop over work units (hopper_item).
+template <int D, bool CAUSAL, int ROWS, bool PERSISTENT>
+struct HopperConfig {
+  static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
+  static_assert(ROWS == 64 || ROWS == 128, "64-row or 128-row CTAs");
+  static constexpr int kHeadDim = D;
+  static constexpr int kConsumers = ROWS / 64;
+  static constexpr bool kPingPong = kConsumers == 2;
+  static constexpr bool kExpTurns = kPingPong && D == 64;  // see "The consumer schedule" above
+  static constexpr int kCtasPerSm = kConsumers == 1 && D == 64 ? 2 : 1;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kBlockM = ROWS;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
+                                                 : D == 64 ? FA_HOPPER_STAGES_D64_CAUSAL
+                                                 : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
+  static constexpr bool kPersistent = PERSISTENT;  // units: causal pairs of query blocks, or single blocks
+  static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKVBytes = kBlockN * D * 2;
+  // Registers per thread after setmaxnreg, within 65536 per SM: 128 × 40 + 256 × 232
+  // for two consumers, 128 × 24 + 128 × 232 per CTA for one.
+  static constexpr int kProducerRegs = kConsumers == 1 ? 24 : 40, kConsumerRegs = 232;
+  static_assert((128 * kProducerRegs + 128 * kConsumers * kConsumerRegs) * kCtasPerSm <= 65536, "register file");
+  // Q, the K and V rings, persistent entries' O staging tile (Q-sized: their Q
+  // tile may already hold the next item's), 4 barriers per stage + Q's
+  // (persistent: full and empty), and slack to align the base to 1024.
+  static constexpr int kStageBytes = kPersistent ? kQBytes : 0;
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kStages * kKVBytes + kStageBytes + 8 * (4 * kStages + 1 + kPersistent + kExpTurns) + 1024;
+  // sm_90: 227 KB per CTA, 228 KB per SM with 1 KB reserved per CTA.
+  static_assert(kSmemBytes <= 232448 && (kSmemBytes + 1024) * kCtasPerSm <= 233472, "shared memory");
+  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
+  static_assert(kBlockM <= 256 && kBlockN <= 256, "a TMA box spans at most 256 rows");
+};
+
+// Shared memory of one CTA, from a 1024-byte aligned base (swizzle atoms need it;
+// the dynamic base only promises 16): Q, the K ring, the V ring, persistent
+// entries' O staging tile, then the mbarriers — full_k[S], full_v[S], empty_k[S],
+// empty_v[S], Q's full (and, persistent, empty) — and exp turns' scale slot.
+template <typename Cfg>
+struct HopperSmem {
+  static constexpr int S = Cfg::kStages;
+  uint32_t q, k, v, o, bars;
+
+  __device__ __forceinline__ static HopperSmem at(const unsigned char* raw) {
+    const uint32_t base = (smem_u32(raw) + 1023) & ~1023u;
+    HopperSmem m;
+    m.q = base;
+    m.k = m.q + Cfg::kQBytes;          // stage i at k + i × kKVBytes
+    m.v = m.k + S * Cfg::kKVBytes;
+    m.o = m.v + S * Cfg::kKVBytes;     // persistent only; else O is staged in q
+    m.bars = m.o + Cfg::kStageBytes;
+    return m;
+  }
+  // Producer's expect_tx arrival + TMA bytes complete a full barrier; every
+  // consumer warp arrives on an empty one once its wgmma has read the stage.
+  __device__ __forceinline__ uint32_t full_k(int i) const { return bars + 8 * i; }
+  __device__ __forceinline__ uint32_t full_v(int i) const { return bars + 8 * (S + i); }
+  __device__ __forceinline__ uint32_t empty_k(int i) const { return bars + 8 * (2 * S + i); }
+  __device__ __forceinline__ uint32_t empty_v(int i) const { return bars + 8 * (3 * S + i); }
+  __device__ __forceinline__ uint32_t full_q() const { return bars + 8 * 4 * S; }
+  __device__ __forceinline__ uint32_t empty_q() const { return full_q() + 8; }  // persistent only
+  __device__ __forceinline__ uint32_t scale_slot() const {                   // exp turns only: p.scale_log2
+    return empty_q() + 8 * Cfg::kPersistent;
+  }
+};
+
+}  // namespace fa

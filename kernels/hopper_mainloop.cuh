@@ -1,0 +1,272 @@
+// The Hopper kernel's consumer warpgroups: each owns 64 query rows end to end,
+// S = Q·Kᵀ (wgmma, both operands in shared memory), the shared online softmax on
+// the accumulators, O += P·V (wgmma, P from registers, V transposed on read), in
+// one of three schedules (flash_fwd_hopper.cuh), then the epilogue. One function
+// of local state and lambdas: held in a struct's members instead, the same code
+// moved the work-item decode and descriptor arithmetic off ptxas's uniform
+// datapath in every entry (SASS compared per entry).
+#pragma once
+
+#include "hopper.cuh"
+#include "hopper_epilogue.cuh"
+#include "hopper_layout.cuh"
+#include "hopper_scheduler.cuh"
+#include "softmax.cuh"
+
+namespace fa {
+
+// Consumer warpgroup wg (1 or 2) runs every item of this CTA (`item(k)`, the
+// scheduler's) in order; the K/V ring runs on across items (g0: ring position of
+// an item's first tile).
+template <typename T, typename Cfg, bool CAUSAL, typename Items>
+__device__ __forceinline__ void hopper_consumer(const FlashParams& p, const HopperSmem<Cfg>& sm, int wg,
+                                                const Items& item) {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
+  constexpr int NT = BN / 8, DT = D / 8;
+  constexpr bool kPersistent = Cfg::kPersistent;
+  const uint32_t bar_q = sm.full_q(), empty_q = sm.empty_q(), scale_slot = sm.scale_slot();
+  const int diag = p.seqlen_k - p.seqlen_q;  // bottom-right causal: row i sees keys j <= i + diag
+  // Consumer index: rows m0 + 64·cw …. A constant with one consumer, and the
+  // causal mask's branch below tests the item's first row, not the warp's: a
+  // value ptxas sees derived from threadIdx in the loop's control flow moved its
+  // descriptor and stage arithmetic off the uniform datapath (the causal m64 loop
+  // was 683 SASS instructions against the non-causal one's 582). Broadcast from
+  // lane 0, the index is warp-uniform to ptxas too: computed per thread, it put
+  // the Q descriptors in vector registers and an R2UR before each Q·Kᵀ wgmma.
+  const int cw = Cfg::kConsumers == 1 ? 0 : __shfl_sync(0xffffffffu, wg - 1, 0);
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const float scale_log2 = p.scale_log2;
+
+  // Descriptors (see GmmaDesc): Q rows of this warpgroup, K rows, V transposed.
+  // A k-step of 16 columns advances 32 bytes inside a 128-byte swizzled row;
+  // past 64 columns it moves to the next panel.
+  GmmaDesc q_base = GmmaDesc::make(sm.q + 64 * cw * 128, 0, 1024);
+  const GmmaDesc k_base = GmmaDesc::make(sm.k, 0, 1024);
+  // Through a shuffle, which ptxas cannot recompute. Left derivable from the
+  // shared window's special register, ptxas rebuilds the Q descriptor in every
+  // key tile, ten dependent uniform instructions ahead of the first Q·Kᵀ wgmma.
+  q_base.lo = __shfl_sync(0xffffffffu, q_base.lo, 0);
+  auto q_desc = [&](int kk) { return q_base.at(((kk / 4) * BM * 128 + (kk % 4) * 32) / 16); };
+
+  // A K/V ring slot as the consumers carry it from tile to tile: stage, parity,
+  // its full_k barrier (full_v, empty_k, empty_v lie 8·S bytes apart) and its K
+  // tile's descriptor. Derived from the ring position in every tile instead,
+  // ptxas recomputed the shared-memory base and the division there.
+  struct Slot {
+    int st;
+    uint32_t phase, bar;
+    GmmaDesc k;
+  };
+  constexpr uint32_t kStageUnits = Cfg::kKVBytes / 16;
+  auto slot_at = [&](int pos) {
+    const int st = pos % S;
+    return Slot{st, (uint32_t)(pos / S) & 1, sm.full_k(st), k_base.plus(st * kStageUnits)};
+  };
+  auto next_slot = [&](const Slot& x) {
+    const bool wrap = x.st == S - 1;
+    return Slot{wrap ? 0 : x.st + 1, x.phase ^ (uint32_t)wrap, wrap ? x.bar - 8 * (S - 1) : x.bar + 8,
+                x.k.plus(wrap ? 0u - (S - 1) * kStageUnits : kStageUnits)};
+  };
+  auto k_desc = [&](const Slot& x, int kk) { return x.k.at(((kk / 4) * BN * 128 + (kk % 4) * 32) / 16); };
+  // V transposed: its stage lies S·kKVBytes past K's, its head-dim panels BN·128
+  // apart (the leading offset, bits 16-29); keys 16kk…16kk+15 are 16 rows of 128 bytes.
+  constexpr uint32_t kVFromK = S * kStageUnits + ((BN * 128 / 16) << 16);
+  auto v_desc = [&](const Slot& x, int kk) { return x.k.at(kVFromK + kk * 16 * 128 / 16); };
+  auto slot_full_v = [](const Slot& x) { return x.bar + 8 * S; };
+  auto slot_empty_k = [](const Slot& x) { return x.bar + 16 * S; };
+  auto slot_empty_v = [](const Slot& x) { return x.bar + 24 * S; };
+
+  constexpr bool kPingPong = Cfg::kPingPong;
+  constexpr bool kExpTurns = Cfg::kExpTurns;
+  float o[DT][4];
+  float row_max[2], row_sum[2], correction[2];
+  float s[NT][4];
+  uint32_t pf[BN / 16][4];
+  // S = Q·K_j, asynchronous: committed as its own wgmma group.
+  auto issue_qk = [&](const Slot& st) {
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<T, BN>(s, q_desc(kk), k_desc(st, kk), kk > 0);
+    wgmma_commit();
+  };
+  // O += P·V_j, asynchronous, P from registers.
+  auto issue_pv = [&](const Slot& st) {
+    wgmma_fence_operands(o);
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
+    wgmma_commit();
+  };
+  // P·V from ring slot x has landed: O may be read, and the V stage is free.
+  auto pv_landed = [&](const Slot& x) {
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+    mbar_arrive_warp(slot_empty_v(x));
+  };
+  auto pack_p = [&] {
+    #pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
+  };
+
+  int g0 = 0, q_loads = 0;
+  bool chained = false;  // this item's first turn was handed over by the previous item's end
+  for (int k = 0; kPersistent || k == 0; ++k) {
+    const HopperItem it = item(k);
+    if (it.done) break;
+    if (it.skip) continue;
+    const int row_lo = it.m0 + 64 * cw + 16 * warp + g;  // this thread's rows: row_lo, row_lo + 8
+    const int wg_last_row = it.m0 + 64 * cw + 63;
+    #pragma unroll
+    for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+
+    // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
+    // they come last, and only the barrier protocol runs for them. Ping-pong needs
+    // both warpgroups to take the same number of turns, so it computes them (masked).
+    const int live = CAUSAL && !kPingPong
+                         ? max(0, min(it.tiles, (wg_last_row + diag + 1 - it.n_begin + BN - 1) / BN))
+                         : it.tiles;
+    auto mask = [&](int j) { mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, p.seqlen_k, diag); };
+    auto softmax = [&](int j) {
+      mask(j);
+      softmax_rows(s, row_max, row_sum, correction, scale_log2);
+    };
+    // Tile j's S has landed: its K stage is free, and after the item's last
+    // Q·Kᵀ (persistent) so is Q.
+    auto qk_landed = [&](const Slot& x, int j) {
+      wgmma_fence_operands(s);
+      mbar_arrive_warp(slot_empty_k(x));
+      if (kPersistent && j == live - 1) mbar_arrive_warp(empty_q);
+    };
+    // Ping-pong turns: each wgmma issue point (exp turns: each tile's exponentials)
+    // is one turn; warpgroup 0 goes first.
+    // Warpgroup c waits at turn_of(c) and hands over at the other's. Turns run
+    // on across a persistent CTA's consecutive items: warpgroup 1's hand-over
+    // after an item's last P·V gives warpgroup 0 the next item's first turn, so
+    // that one warpgroup's epilogue runs under the other's products. Where no item
+    // with turns follows, that hand-over would be consumed by no one, and the next
+    // item with turns (if any) starts a new run, warpgroup 1 giving warpgroup 0 its
+    // first turn: the arrivals without a counterpart (warpgroup 0's at a run's
+    // start, warpgroup 1's at its end) go to TurnSink, which no one waits on (256
+    // per run: it simply completes). Branch-free on cw and without a turn counter:
+    // either, in a persistent CTA's item loop, moved the main loop's descriptor
+    // arithmetic off the uniform datapath (ARCHITECTURE.md).
+    auto take_turn = [&] {
+      if constexpr (kPingPong) named_bar_sync(turn_of(cw), 256);
+    };
+    auto pass_turn = [&] {
+      if constexpr (kPingPong) named_bar_arrive(turn_of(cw ^ 1), 256);
+    };
+    if (kPingPong && live > 0 && !chained)
+      named_bar_arrive(cw == 1 ? NamedBarrier::TurnWg0 : NamedBarrier::TurnSink, 256);
+    // Whether this CTA's next item takes turns (then this one's last hand-over is its first).
+    const bool chain_next = [&] {
+      if constexpr (!kPingPong || !kPersistent) {
+        return false;
+      } else {
+        const HopperItem nx = item(k + 1);
+        return !nx.done && !nx.skip && nx.tiles > 0;
+      }
+    }();
+    chained = chain_next && live > 0;
+
+    // Every item with tiles loads Q once; a warpgroup with no live tile never reads it.
+    if (it.tiles > 0) {
+      if (live > 0) mbar_wait(bar_q, q_loads & 1);
+      ++q_loads;
+      if (kPersistent && live == 0) mbar_arrive_warp(empty_q);
+    }
+    Slot cur = slot_at(g0);  // tile j's
+    if constexpr (kExpTurns) {
+      // The ring advances at the end of a tile, where its arithmetic runs under the
+      // P·V wait (at the top, behind a branch, it delayed the next Q·Kᵀ by 2%).
+      for (int j = 0; j < live; ++j, cur = next_slot(cur)) {
+        mbar_wait(cur.bar, cur.phase);
+        issue_qk(cur);
+        wgmma_wait<0>();
+        qk_landed(cur, j);
+        mask(j);
+        softmax_max(s, row_max, correction, scale_log2);
+        take_turn();
+        // The scale read from shared memory after the barrier: ptxas moves no
+        // exponential above it (with the parameter's copy it hoisted most of them).
+        float turn_scale;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(turn_scale) : "r"(scale_slot) : "memory");
+        softmax_exp_pack<T>(s, row_max, row_sum, correction, turn_scale, pf);
+        rescale(o, correction);
+        // Warpgroup 1's last hand-over of an item goes on to the next one (see above).
+        named_bar_arrive(j < live - 1 || cw == 0 ? turn_of(cw ^ 1)
+                         : chain_next            ? NamedBarrier::TurnWg0
+                                                 : NamedBarrier::TurnSink,
+                         256);
+        mbar_wait(slot_full_v(cur), cur.phase);
+        issue_pv(cur);
+        pv_landed(cur);
+      }
+    } else {
+      // Software pipeline: Q·K_j and P_{j−1}·V_{j−1} go to the tensor cores
+      // together; O is rescaled once that P·V has landed (see "pipelined" above).
+      if (live > 0) {
+        mbar_wait(cur.bar, cur.phase);
+        take_turn();
+        issue_qk(cur);
+        pass_turn();
+        wgmma_wait<0>();
+        qk_landed(cur, 0);
+        softmax(0);  // O is still zero: nothing to rescale
+        pack_p();
+      }
+      // After a tile's softmax (not at the top of the next, ahead of its waits):
+      // the next ring slot is worked out, and the next tile's K and this tile's V
+      // are probed, their latency under the P·V wait; the top of the next tile
+      // waits only on a probe that failed.
+      Slot next = next_slot(cur);
+      bool k_ready = false, v_ready = false;
+      for (int j = 1; j < live; ++j) {
+        const Slot prev = cur;
+        cur = next;
+        if (!k_ready) mbar_wait(cur.bar, cur.phase);
+        if (!v_ready) mbar_wait(slot_full_v(prev), prev.phase);
+        take_turn();
+        issue_qk(cur);
+        issue_pv(prev);
+        pass_turn();
+        wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
+        qk_landed(cur, j);
+        softmax(j);
+        next = next_slot(cur);
+        k_ready = mbar_test(next.bar, next.phase);
+        v_ready = mbar_test(slot_full_v(cur), cur.phase);
+        pv_landed(prev);
+        rescale(o, correction);
+        pack_p();
+      }
+      if (live > 0) {
+        mbar_wait(slot_full_v(cur), cur.phase);
+        take_turn();
+        issue_pv(cur);
+        if constexpr (kPingPong)
+          named_bar_arrive(cw == 0 ? NamedBarrier::TurnWg1 : chain_next ? NamedBarrier::TurnWg0 : NamedBarrier::TurnSink,
+                           256);
+        pv_landed(cur);
+      }
+    }
+    for (int j = live; j < it.tiles; ++j) {  // dead causal tiles: release them unread
+      const Slot x = slot_at(g0 + j);
+      mbar_wait(x.bar, x.phase);
+      mbar_arrive_warp(slot_empty_k(x));
+      mbar_wait(slot_full_v(x), x.phase);
+      mbar_arrive_warp(slot_empty_v(x));
+    }
+    g0 += it.tiles;
+    if (p.num_splits == 1) {
+      store_staged<T, Cfg>(p, sm, it, cw, warp, g, t, o, row_max, row_sum);
+    } else {
+      store_rows<T, D>(p, o, row_max, row_sum, row_lo, it.b, it.h, it.split, t);
+    }
+  }
+}
+
+}  // namespace fa

@@ -1,0 +1,80 @@
+// The Hopper kernel's tile scheduler: which work items (query blocks of one
+// batch, head and split) a CTA runs, in which order.
+#pragma once
+
+#include "flash_params.h"
+#include "hopper.cuh"
+
+namespace fa {
+
+// One work item of a CTA: query rows m0 … m0 + kBlockM − 1 of (b, h, split).
+struct HopperItem {
+  bool done;  // the CTA has no such item
+  bool skip;  // not an item (the missing half of a pair, a schedule's padding): neither loads nor stores
+  int m0, b, h, kvh, split, n_begin;
+  int tiles;  // key tiles; 0: rows that see no key (stored as zeros)
+};
+
+// The k-th item of this CTA. Not persistent: the one query block the 3-D grid
+// names (causal: the last blocks, which see the most keys, first). Persistent:
+// resident CTAs of a 1-D grid take units with a grid stride, a head's units
+// adjacent so that CTAs running together share its K/V in L2. A non-causal unit
+// is one query block; a causal one a pair of one (split, batch, head), the
+// longest and the shortest left (m_blocks − 1 − i, then i), so that units cost
+// about the same and the short block's keys (a prefix of the long one's) are
+// still in L2. Where those units leave the last round partly empty (and with
+// splits, where they differ in cost), kernel-ffi passes the 128-row entries
+// (SCHEDULED) a schedule instead (HopperSched::order, planner::causal_order) and
+// the CTA runs its row; the 64-row one has no registers to spare for both. The
+// decode divides by host-computed FastDiv constants: run-time divisions would
+// sit on the path to the first TMA load.
+template <int BM, int BN, bool CAUSAL, bool PERSISTENT, bool SCHEDULED>
+__device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const HopperSched& sc, int k) {
+  HopperItem r{};
+  int m_idx;
+  if constexpr (PERSISTENT) {
+    int sbh;  // split × (batch × heads) + batch × heads + head
+    if (SCHEDULED && sc.order != nullptr) {
+      r.done = k >= sc.order_stride;
+      if (r.done) return r;
+      const uint32_t block = __ldg(sc.order + blockIdx.x * sc.order_stride + k);
+      r.skip = block == ~0u;  // padding: the CTA's row is shorter than the longest
+      if (r.skip) return r;
+      sbh = fast_div(sc.blocks, (int)block);
+      m_idx = (int)block - sbh * sc.blocks.div;
+    } else {
+      const int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
+      r.done = unit >= sc.units;
+      if (r.done) return r;
+      sbh = fast_div(sc.per_head, unit);
+      const int i = unit - sbh * sc.per_head.div;
+      if (CAUSAL) {
+        m_idx = (k & 1) == 0 ? sc.blocks.div - 1 - i : i;
+        r.skip = (k & 1) == 1 && m_idx == sc.blocks.div - 1 - i;  // an odd block count's middle block: once
+        if (r.skip) return r;
+      } else {
+        m_idx = i;
+      }
+    }
+    r.split = fast_div(sc.bh, sbh);
+    const int bh = sbh - r.split * sc.bh.div;
+    r.b = fast_div(sc.heads, bh);
+    r.h = bh - r.b * sc.heads.div;
+    r.kvh = fast_div(sc.group, r.h);
+  } else {
+    r.done = k > 0;
+    r.b = blockIdx.y / p.heads;
+    r.h = blockIdx.y % p.heads;
+    r.kvh = r.h / (p.heads / p.kv_heads);
+    r.split = blockIdx.z;
+    m_idx = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  }
+  r.m0 = m_idx * BM;
+  r.n_begin = r.split * p.keys_per_split;
+  int n_end = min(p.seqlen_k, r.n_begin + p.keys_per_split);
+  if (CAUSAL) n_end = min(n_end, r.m0 + BM + (p.seqlen_k - p.seqlen_q));
+  r.tiles = n_end > r.n_begin ? (n_end - r.n_begin + BN - 1) / BN : 0;
+  return r;
+}
+
+}  // namespace fa
