@@ -339,6 +339,10 @@ fn main() -> ExitCode {
         // so every child of every stage opens the GPU the user named.
         unsafe { std::env::set_var("FA_DEVICE", device) };
     }
+    if let Err(e) = process::on_signals() {
+        eprintln!("xtask: could not run: {e:#}");
+        return ExitCode::from(2);
+    }
     match dispatch(cli.task) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

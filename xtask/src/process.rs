@@ -1,5 +1,8 @@
 //! The one way xtask runs a subprocess: logged, captured to a file, bounded by a
-//! timeout that kills the child's whole process group.
+//! timeout that kills the child's whole process group. Every child runs in its
+//! own process group (a timeout must reach grandchildren: nvcc runs cicc and
+//! ptxas), so a terminal's Ctrl-C reaches xtask alone: `on_signals` then stops
+//! every group still running and exits 130 (SIGINT) or 143 (SIGTERM).
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -174,6 +177,7 @@ impl Cmd {
         let start = Instant::now();
         let mut child = command.spawn().with_context(|| format!("could not start `{shown}`"))?;
         let pgid = child.id() as libc::pid_t;
+        let _running = Running::register(pgid, &shown);
         let echo = self.echoes();
         let stdout = drain(child.stdout.take(), echo.then(|| Box::new(std::io::stdout()) as Box<dyn Write + Send>));
         let stderr = drain(child.stderr.take(), echo.then(|| Box::new(std::io::stderr()) as Box<dyn Write + Send>));
@@ -226,6 +230,7 @@ pub struct Session {
     stdin: std::process::ChildStdin,
     replies: std::sync::mpsc::Receiver<String>,
     log: Option<PathBuf>,
+    _running: Running,
 }
 
 impl Cmd {
@@ -253,6 +258,7 @@ impl Cmd {
             command.current_dir(dir);
         }
         let mut child = command.spawn().with_context(|| format!("could not start `{shown}`"))?;
+        let running = Running::register(child.id() as libc::pid_t, &shown);
         let stdin = child.stdin.take().context("the session's stdin")?;
         let stdout = child.stdout.take().context("the session's stdout")?;
         let (send, replies) = std::sync::mpsc::channel();
@@ -265,7 +271,7 @@ impl Cmd {
                 }
             }
         });
-        Ok(Session { shown, child, stdin, replies, log: self.log })
+        Ok(Session { shown, child, stdin, replies, log: self.log, _running: running })
     }
 }
 
@@ -415,6 +421,49 @@ impl Lock {
         file.lock().with_context(|| format!("locking {}", path.display()))?;
         Ok(Lock::held(file, what))
     }
+}
+
+/// The process groups of the children running now, with their command lines.
+static RUNNING: std::sync::Mutex<Vec<(libc::pid_t, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// A child's entry in `RUNNING`, removed when the child is done with.
+struct Running(libc::pid_t);
+
+impl Running {
+    fn register(pgid: libc::pid_t, shown: &str) -> Running {
+        RUNNING.lock().unwrap_or_else(|e| e.into_inner()).push((pgid, shown.to_string()));
+        Running(pgid)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.lock().unwrap_or_else(|e| e.into_inner()).retain(|(g, _)| *g != self.0);
+    }
+}
+
+/// On SIGINT or SIGTERM: kill every child process group still running, say
+/// which, and exit 130 or 143. Call once, first thing in `main`.
+pub fn on_signals() -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            let running = std::mem::take(&mut *RUNNING.lock().unwrap_or_else(|e| e.into_inner()));
+            for (pgid, _) in &running {
+                kill_group(*pgid);
+            }
+            let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+            let stopped: Vec<&str> = running.iter().map(|(_, shown)| shown.as_str()).collect();
+            if stopped.is_empty() {
+                eprintln!("xtask: {name}: stopped");
+            } else {
+                eprintln!("xtask: {name}: stopped {} running command(s): {}", stopped.len(), stopped.join("; "));
+            }
+            std::process::exit(128 + sig);
+        }
+    });
+    Ok(())
 }
 
 fn kill_group(pgid: libc::pid_t) {
