@@ -357,7 +357,7 @@ mod tests {
     #[test]
     fn declared_runner_labels_are_not_findings() {
         let labels = self_hosted_labels(include_str!("../../.github/actionlint.yaml")).unwrap();
-        assert_eq!(labels, ["gpu", "l4"]);
+        assert_eq!(labels, ["gpu", "l4", "ephemeral", "gate", "release"]);
         assert!(self_hosted_labels("self-hosted-runner: {}\n").is_err());
         let f = |kind: &str, message: &str| LintFinding {
             file: "gpu.yml".into(),
