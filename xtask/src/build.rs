@@ -218,7 +218,8 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let report_path = paths.report(&opts.report);
     Envelope::new("build", toolchain, None, &payload).write(&report_path)?;
 
-    println!("{}", resource_table(&payload.kernels, &payload.sass, &manifest));
+    let table_path = report_path.with_extension("txt");
+    crate::process::table(&table_path, &resource_table(&payload.kernels, &payload.sass, &manifest))?;
     for w in &payload.ptxas_warnings {
         println!("ptxas warning: {w}");
     }
@@ -234,7 +235,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         }
         println!("(not enforced for this build: {})", opts.defines.join(" "));
     }
-    println!("report: {}", report_path.display());
+    println!("report: {} (table: {})", report_path.display(), table_path.display());
     Ok(())
 }
 
@@ -332,7 +333,9 @@ fn run_jobs(nvcc: &Nvcc, cuobjdump: &Path, jobs: Vec<Job>, opts: &Options, total
                     match result {
                         Ok((unit, log, sass)) => {
                             let how = if unit.cached { "cached".to_string() } else { format!("{:.1} s", unit.seconds) };
-                            eprintln!("[{}/{total}] {} {}: {how}", *n, job.source, job.arch);
+                            if crate::process::detail() {
+                                eprintln!("[{}/{total}] {} {}: {how}", *n, job.source, job.arch);
+                            }
                             done.lock().unwrap().push((idx, unit, log, sass));
                         }
                         Err(e) => {

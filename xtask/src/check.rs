@@ -18,6 +18,8 @@ pub struct Options {
 const GPU_STAGES: &[&str] = &["preflight", "test", "sanitize (every fifth iteration)"];
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    // A line per stage, failures in full; the tables go to target/xtask/*.txt (-v prints them).
+    crate::process::set_detail(false);
     eprintln!("== check: build and resource budgets");
     build::run(paths, &opts.build)?;
 

@@ -235,7 +235,14 @@ pub fn run(paths: &Paths) -> Result<()> {
         .iter()
         .map(|c| vec![c.name.clone(), format!("{:?}", c.status).to_uppercase(), c.detail.clone()])
         .collect();
-    println!("{}", table::render(&["check", "status", "detail"], &rows));
+    let text = table::render(&["check", "status", "detail"], &rows);
+    crate::process::table(&paths.reports().join("preflight.txt"), &text)?;
+    if !crate::process::detail() {
+        // Inside `check`: only what is not OK, in full.
+        for c in checks.iter().filter(|c| c.status != Status::Ok) {
+            println!("preflight: {:?} {}: {}", c.status, c.name, c.detail);
+        }
+    }
     let device = info.as_ref().ok().map(Device::from);
     let toolchain = Toolchain {
         nvcc: nvcc.as_ref().map(|n| n.version.clone()),

@@ -135,7 +135,7 @@ impl Cmd {
     fn announce(&self, shown: &str, suffix: &str) {
         match verbosity() {
             Verbosity::Quiet => {}
-            Verbosity::Normal if self.quiet => {}
+            Verbosity::Normal if self.quiet || !detail() => {}
             Verbosity::Normal => eprintln!("$ {shown}{suffix}"),
             Verbosity::Verbose => {
                 let env: String = self.env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
@@ -149,7 +149,7 @@ impl Cmd {
     fn echoes(&self) -> bool {
         match verbosity() {
             Verbosity::Quiet => false,
-            Verbosity::Normal => self.echo,
+            Verbosity::Normal => self.echo && detail(),
             Verbosity::Verbose => true,
         }
     }
@@ -330,6 +330,27 @@ static VERBOSITY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new
 
 pub fn set_verbosity(v: Verbosity) {
     VERBOSITY.store(v as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether stages print their full tables and per-item progress (else a line
+/// each, the tables going to their files): off inside `check` unless `-v`.
+static DETAIL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+pub fn set_detail(on: bool) {
+    DETAIL.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn detail() -> bool {
+    DETAIL.load(std::sync::atomic::Ordering::Relaxed) || verbosity() == Verbosity::Verbose
+}
+
+/// A stage's full table: always to `path`, to stdout when `detail()`.
+pub fn table(path: &Path, text: &str) -> Result<()> {
+    write_file(path, format!("{text}\n"))?;
+    if detail() {
+        println!("{text}");
+    }
+    Ok(())
 }
 
 pub fn verbosity() -> Verbosity {

@@ -35,8 +35,11 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         }
     };
     let run: TestRun = serde_json::from_str(&text).with_context(|| format!("parsing {}", raw.display()))?;
-    println!("{}", case_table(&run.cases));
     let failed: Vec<&TestCase> = run.cases.iter().filter(|c| !c.passed).collect();
+    crate::process::table(&paths.reports().join("test.txt"), &case_table(run.cases.iter()))?;
+    if !failed.is_empty() && !crate::process::detail() {
+        println!("{}", case_table(failed.iter().copied()));
+    }
     let device = Device::from(&run.device);
     let toolchain = Toolchain { driver: run.device.driver.clone(), ..Toolchain::default() };
     let report = paths.report("test");
@@ -67,9 +70,8 @@ fn command(driver: PathBuf, paths: &Paths, opts: &Options, raw: &Path) -> Cmd {
     cmd
 }
 
-fn case_table(cases: &[TestCase]) -> String {
+fn case_table<'a>(cases: impl Iterator<Item = &'a TestCase>) -> String {
     let rows: Vec<Vec<String>> = cases
-        .iter()
         .map(|c| {
             vec![
                 c.name.clone(),
