@@ -207,6 +207,7 @@ enum Task {
         /// Seconds a variant's correctness or bench run may take before it counts as hung.
         #[arg(long, default_value_t = 180)]
         variant_timeout: u64,
+        /// Timing budget per variant and shape, in ms.
         #[arg(long, default_value_t = 300)]
         budget_ms: u64,
     },
@@ -220,6 +221,7 @@ enum Task {
         /// Profile at base clocks (`--clock-control base`) instead of the bench's clocks.
         #[arg(long)]
         base_clocks: bool,
+        /// Seconds the whole ncu run may take before it is stopped.
         #[arg(long, default_value_t = 300)]
         profile_timeout: u64,
     },
@@ -361,7 +363,12 @@ fn main() -> ExitCode {
 enum BenchAction {
     /// Two saved runs (baseline NAMEs or bench.json paths), case by case: a table and
     /// target/xtask/bench-compare.{json,md,csv}.
-    Compare { a: String, b: String },
+    Compare {
+        /// The run to compare against: a baseline NAME or a bench.json path.
+        a: String,
+        /// The run compared: a baseline NAME or a bench.json path.
+        b: String,
+    },
 }
 
 fn baseline_name(name: &str) -> Result<String, String> {
@@ -527,6 +534,28 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_flag_and_task_is_described_and_usage_says_cargo_xtask() {
+        use clap::CommandFactory;
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments().filter(|a| !["help", "version"].contains(&a.get_id().as_str())) {
+                if a.get_help().is_none() {
+                    missing.push(format!("{path} --{}", a.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {}", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "cargo xtask", &mut missing);
+        assert!(missing.is_empty(), "undescribed: {missing:?}");
+        assert!(Cli::command().render_usage().to_string().contains("cargo xtask"));
+    }
 
     #[test]
     fn out_dir_is_the_kernel_set_of_every_stage_that_builds() {
