@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::compare::{self, Comparison};
+use crate::errors::{CannotRun, CheckFailed};
 use crate::gate::monitor::ClockSampler;
 use crate::gate::sequence::{Verdict, median};
 use crate::gate::{self, GateRun, Side, verdict_word};
@@ -19,7 +20,7 @@ use crate::paths::Paths;
 use crate::process::{Cmd, write_file};
 use crate::report::{Device, Envelope, Toolchain, read_json};
 use crate::schema::{BenchCase, BenchRun};
-use crate::{CannotRun, CheckFailed, table, toolchain, tools};
+use crate::{table, toolchain, tools};
 
 pub struct Options {
     pub shapes: Vec<String>,

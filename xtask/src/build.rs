@@ -10,14 +10,15 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::budget::{self, Breach, LocalMemory, SassRecord};
+use crate::errors::{CannotRun, CheckFailed};
 use crate::manifest::Manifest;
 use crate::paths::{Paths, stem};
 use crate::process::{Cmd, Lock, write_file};
 use crate::ptxas::{self, KernelResources};
 use crate::report::{Envelope, Toolchain};
 use crate::sass::{self, OpcodeCounts};
+use crate::table;
 use crate::toolchain::{self, Nvcc};
-use crate::{CannotRun, CheckFailed, table};
 
 mod diagnostics;
 

@@ -35,7 +35,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
                 eprintln!("check: sanitize not due (next iteration {next}; runs every fifth, or pass --sanitize)");
             }
         }
-        Err(why) if opts.require_gpu => bail!(crate::CannotRun(format!("--require-gpu, but {why}"))),
+        Err(why) if opts.require_gpu => bail!(crate::errors::CannotRun(format!("--require-gpu, but {why}"))),
         Err(why) => eprintln!("check: skipped GPU stages ({}): {why}", GPU_STAGES.join(", ")),
     }
     eprintln!("check: passed");

@@ -15,11 +15,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::build::BuildPayload;
+use crate::errors::{CannotRun, CheckFailed};
 use crate::manifest::Manifest;
 use crate::paths::Paths;
 use crate::process::Cmd;
 use crate::report::{Envelope, read_json};
-use crate::{CannotRun, CheckFailed, bench, build, check, preflight, test};
+use crate::{bench, build, check, preflight, test};
 
 /// zizmor, pinned with the hash of every wheel (pip `--require-hashes`).
 const LINT_REQUIREMENTS: &str = "ci/requirements-lint.txt";

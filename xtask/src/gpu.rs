@@ -8,7 +8,7 @@ use crate::process::Cmd;
 
 /// For the commands that cannot run without a GPU: a `CannotRun` naming why.
 pub fn require(task: &str) -> anyhow::Result<Vec<String>> {
-    detect().map_err(|why| crate::CannotRun(format!("`{task}` needs a GPU: {why}")).into())
+    detect().map_err(|why| crate::errors::CannotRun(format!("`{task}` needs a GPU: {why}")).into())
 }
 
 /// `Ok(names)` when at least one GPU is visible, else `Err(reason)`: no driver,

@@ -29,6 +29,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::bench::{self, TorchRatio};
 use crate::build::BuildPayload;
+use crate::errors::{CannotRun, CheckFailed};
 use crate::gate::sequence::Verdict;
 use crate::gate::{self, GateRun, Side};
 use crate::ledger::{self, BenchLine, Entry, KernelLine, TestLine};
@@ -36,7 +37,7 @@ use crate::paths::Paths;
 use crate::process::{Cmd, Lock, write_atomic};
 use crate::report::{Envelope, git_state, read_json, rfc3339};
 use crate::schema::TestRun;
-use crate::{CannotRun, CheckFailed, build, sanitize, test, tools};
+use crate::{build, sanitize, test, tools};
 use attempt::Scratch;
 use tree::{Change, Store, Tree};
 

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::CheckFailed;
+use crate::errors::CheckFailed;
 use crate::paths::Paths;
 use crate::process::write_file;
 use crate::report::read_json;
@@ -67,6 +67,17 @@ pub fn record(out_dir: &Path, manifest: &Path, src_dir: &Path, defines: &[String
 /// The kernel set in `dir`, where one was recorded.
 pub fn load(dir: &Path) -> Option<KernelSet> {
     read_json::<KernelSet>(&dir.join(FILE)).ok().map(|s| KernelSet { dir: dir.to_path_buf(), ..s })
+}
+
+/// The run's kernel set: the prebuilt one in `paths.kernels`, checked against the
+/// checkout's sources, or a fresh build into it.
+pub fn prepare(paths: &Paths, build: &crate::build::Options, prebuilt: bool) -> Result<()> {
+    if !prebuilt {
+        return crate::build::run(paths, build);
+    }
+    let set = verify(paths)?;
+    eprintln!("xtask: kernels from {} (sources {})", set.dir.display(), &set.sources[..12.min(set.sources.len())]);
+    Ok(())
 }
 
 /// The prebuilt set in `paths.kernels`, checked against the checkout's sources.

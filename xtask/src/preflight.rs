@@ -6,12 +6,13 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
+use crate::errors::{CannotRun, CheckFailed};
 use crate::manifest::Manifest;
 use crate::paths::Paths;
 use crate::process::Cmd;
 use crate::report::{Device, Envelope, Toolchain};
 use crate::smi::{self, Smi};
-use crate::{CannotRun, CheckFailed, sanitize, sanitizer, table, toolchain, tools};
+use crate::{sanitize, sanitizer, table, toolchain, tools};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

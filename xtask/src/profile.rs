@@ -7,11 +7,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::errors::CannotRun;
 use crate::ncu::{self, Row};
 use crate::paths::Paths;
 use crate::process::Cmd;
 use crate::report::{Device, Envelope, Toolchain};
-use crate::{CannotRun, sanitize, table, toolchain, tools};
+use crate::{sanitize, table, toolchain, tools};
 
 pub const COUNTER_PERMISSION_HINT: &str = "ncu may not read the GPU's performance counters (ERR_NVGPUCTRPERM): \
     run as root, or set `options nvidia NVreg_RestrictProfilingToAdminUsers=0` in /etc/modprobe.d and reload \

@@ -8,13 +8,14 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::errors::{CannotRun, CheckFailed};
 use crate::manifest::Manifest;
 use crate::paths::Paths;
 use crate::process::Cmd;
 use crate::report::{Device, Envelope, Toolchain};
 use crate::sanitizer::{self, Finding, Summary};
 use crate::schema::{DeviceInfo, TestRun};
-use crate::{CannotRun, CheckFailed, build, table, toolchain, tools};
+use crate::{build, table, toolchain, tools};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

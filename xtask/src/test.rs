@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::errors::{CannotRun, CheckFailed};
 use crate::paths::Paths;
 use crate::process::Cmd;
 use crate::report::{Device, Envelope, Toolchain};
 use crate::schema::{TestCase, TestRun};
-use crate::{CannotRun, CheckFailed, table, tools};
+use crate::{table, tools};
 
 #[derive(Clone)]
 pub struct Options {

@@ -75,7 +75,7 @@ fn toolkit_candidates(tool: &str, env: &impl Fn(&str) -> Option<String>) -> Vec<
 pub fn cuda_tool(tool: &str) -> Result<PathBuf> {
     toolkit_candidates(tool, &|k| std::env::var(k).ok()).into_iter().map(|(p, _)| p).find(|p| p.is_file()).ok_or_else(
         || {
-            anyhow::Error::new(crate::CannotRun(format!(
+            anyhow::Error::new(crate::errors::CannotRun(format!(
                 "{tool} not found in CUDA_HOME, CUDA_PATH, PATH or /usr/local/cuda; it ships with the \
                  CUDA toolkit (not with the compiler wheels): install the toolkit on the GPU machine"
             )))

@@ -13,12 +13,13 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::errors::CheckFailed;
 use crate::manifest::{Launch, Manifest, is_hopper_entry};
 use crate::paths::Paths;
 use crate::process::{Cmd, write_file};
 use crate::report::{Device, Envelope, Toolchain, read_json};
 use crate::schema::{BenchRun, TestRun};
-use crate::{CheckFailed, build, sanitize, table, tools};
+use crate::{build, sanitize, table, tools};
 
 pub struct Options {
     pub apply: bool,
