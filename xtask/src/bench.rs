@@ -357,15 +357,8 @@ fn build_revision(paths: &Paths, rev: &str) -> Result<Side> {
     let cargo = std::env::var_os("CARGO").context(
         "--against builds the base with cargo; on a machine without Rust, pass a prebuilt base with --base-dir",
     )?;
-    let sha = Cmd::new("git")
-        .args(["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
-        .cwd(&paths.root)
-        .quiet()
-        .run_checked()
-        .with_context(|| format!("`{rev}` is not a commit"))?
-        .stdout
-        .trim()
-        .to_string();
+    let sha = crate::process::git(&paths.root, &["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
+        .with_context(|| format!("`{rev}` is not a commit of {}", paths.root.display()))?;
     let wt = paths.reports().join("worktrees").join(&sha[..12]);
     if !wt.join("Cargo.toml").is_file() {
         Cmd::new("git")

@@ -34,7 +34,7 @@ use crate::gate::sequence::Verdict;
 use crate::gate::{self, GateRun, Side};
 use crate::ledger::{self, BenchLine, Entry, KernelLine, TestLine};
 use crate::paths::Paths;
-use crate::process::{Cmd, Lock, write_atomic};
+use crate::process::{Lock, write_atomic};
 use crate::report::{Envelope, git_state, read_json, rfc3339};
 use crate::schema::TestRun;
 use crate::{build, sanitize, test, tools};
@@ -286,8 +286,7 @@ fn save_and_revert(c: &Conclusion, base: &Tree, changes: &[Change], patch: &Path
     let staged = tree::staged(c.root, &paths)?;
     tree::revert(c.root, &c.state.store, base, c.measured, changes)?;
     tree::unstage(c.root, &staged)?;
-    let head = Cmd::new("git").args(["rev-parse", "--verify", "-q", "HEAD"]).cwd(c.root).quiet().run();
-    let head = head.ok().filter(|o| o.success()).map(|o| o.stdout.trim().to_string());
+    let head = crate::process::git(c.root, &["rev-parse", "--verify", "-q", "HEAD"]);
     if let Some(rev) = head.filter(|rev| attempt::check_applies(c.root, c.scratch, patch, rev).is_ok()) {
         entry.base_rev = Some(rev);
     }

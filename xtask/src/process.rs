@@ -1,17 +1,19 @@
 //! The one way xtask runs a subprocess: logged, captured to a file, bounded by a
-//! timeout that kills the child's whole process group. Every child runs in its
-//! own process group (a timeout must reach grandchildren: nvcc runs cicc and
-//! ptxas), so a terminal's Ctrl-C reaches xtask alone: `on_signals` then stops
-//! every group still running and exits 130 (SIGINT) or 143 (SIGTERM).
+//! timeout that kills the child's whole process group. `Cmd` runs its children
+//! through duct (spawning, redirection, waiting with a timeout); duct's own kill
+//! reaches only the direct child, so every child starts in its own process group
+//! (a timeout must reach grandchildren: nvcc runs cicc and ptxas) and this layer
+//! kills the group. A terminal's Ctrl-C therefore reaches xtask alone:
+//! `on_signals` stops every group still running and exits 130 (SIGINT) or 143
+//! (SIGTERM). Short probes (git) go through xshell (`sh`).
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use wait_timeout::ChildExt;
 
 /// How many trailing lines of output an error message quotes.
 const TAIL_LINES: usize = 20;
@@ -154,52 +156,59 @@ impl Cmd {
         }
     }
 
+    /// The duct expression: program, arguments, environment, folder, and a
+    /// process group of its own; exit statuses are the caller's to judge.
+    fn expression(&self) -> duct::Expression {
+        // As an OsStr, not a Path: duct would run a one-word Path from the current folder.
+        let mut e = duct::cmd(self.program.as_os_str(), &self.args).unchecked().before_spawn(|c| {
+            c.process_group(0);
+            Ok(())
+        });
+        for (k, v) in &self.env {
+            e = e.env(k, v);
+        }
+        if let Some(dir) = &self.cwd {
+            e = e.dir(dir);
+        }
+        e
+    }
+
     /// Runs to completion and returns the output whatever the exit status;
     /// errors only when the process cannot be started or times out.
     pub fn run(self) -> Result<Output> {
         let shown = self.display();
         self.announce(&shown, "");
-        let mut command = Command::new(&self.program);
-        command
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // A fresh process group, so a timeout can kill grandchildren too
-            // (nvcc runs cicc and ptxas as children).
-            .process_group(0);
-        for (k, v) in &self.env {
-            command.env(k, v);
-        }
-        if let Some(dir) = &self.cwd {
-            command.current_dir(dir);
-        }
+        let (out_r, out_w) = os_pipe::pipe().context("creating a pipe")?;
+        let (err_r, err_w) = os_pipe::pipe().context("creating a pipe")?;
         let start = Instant::now();
-        let mut child = command.spawn().with_context(|| format!("could not start `{shown}`"))?;
-        let pgid = child.id() as libc::pid_t;
+        // The expression, and with it this process's copies of the write ends, is
+        // gone once started: the readers see the end when the child tree closes its own.
+        let handle = self
+            .expression()
+            .stdin_null()
+            .stdout_file(out_w)
+            .stderr_file(err_w)
+            .start()
+            .with_context(|| format!("could not start `{shown}`"))?;
+        let pgid = handle.pids().first().copied().context("duct started no process")? as libc::pid_t;
         let _running = Running::register(pgid, &shown);
         let echo = self.echoes();
-        let stdout = drain(child.stdout.take(), echo.then(|| Box::new(std::io::stdout()) as Box<dyn Write + Send>));
-        let stderr = drain(child.stderr.take(), echo.then(|| Box::new(std::io::stderr()) as Box<dyn Write + Send>));
-        let waited = child.wait_timeout(self.timeout).with_context(|| format!("waiting for `{shown}`"))?;
-        let status = match waited {
-            Some(status) => {
-                // The leader is gone; make sure nothing it left behind lingers.
-                kill_group(pgid);
-                status
-            }
-            None => {
-                kill_group(pgid);
-                let _ = child.wait();
-                let out = join(stdout) + &join(stderr);
-                self.write_log(&out)?;
-                bail!(
-                    "`{shown}` timed out after {} s; last output:\n{}",
-                    self.timeout.as_secs_f64(),
-                    tail(&out, TAIL_LINES)
-                );
-            }
+        let stdout = drain(out_r, echo.then(|| Box::new(std::io::stdout()) as Box<dyn Write + Send>));
+        let stderr = drain(err_r, echo.then(|| Box::new(std::io::stderr()) as Box<dyn Write + Send>));
+        let waited = handle.wait_timeout(self.timeout).with_context(|| format!("waiting for `{shown}`"))?;
+        // The leader is gone, or out of time: either way nothing it started may linger.
+        kill_group(pgid);
+        let Some(done) = waited else {
+            let _ = handle.wait();
+            let out = join(stdout) + &join(stderr);
+            self.write_log(&out)?;
+            bail!(
+                "`{shown}` timed out after {} s; last output:\n{}",
+                self.timeout.as_secs_f64(),
+                tail(&out, TAIL_LINES)
+            );
         };
+        let status = done.status;
         let output = Output { status, stdout: join(stdout), stderr: join(stderr), elapsed: start.elapsed() };
         self.write_log(&format!("{}{}", output.stdout, output.stderr))?;
         Ok(output)
@@ -226,8 +235,9 @@ impl Cmd {
 /// when the session is dropped, every reply awaited within a timeout.
 pub struct Session {
     shown: String,
-    child: std::process::Child,
-    stdin: std::process::ChildStdin,
+    child: duct::Handle,
+    pgid: libc::pid_t,
+    stdin: os_pipe::PipeWriter,
     replies: std::sync::mpsc::Receiver<String>,
     log: Option<PathBuf>,
     _running: Running,
@@ -245,22 +255,20 @@ impl Cmd {
                     .append(true)
                     .open(path)
                     .with_context(|| format!("opening {}", path.display()))?;
-                Stdio::from(f)
+                Some(f)
             }
-            None => Stdio::null(),
+            None => None,
         };
-        let mut command = Command::new(&self.program);
-        command.args(&self.args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(stderr).process_group(0);
-        for (k, v) in &self.env {
-            command.env(k, v);
-        }
-        if let Some(dir) = &self.cwd {
-            command.current_dir(dir);
-        }
-        let mut child = command.spawn().with_context(|| format!("could not start `{shown}`"))?;
-        let running = Running::register(child.id() as libc::pid_t, &shown);
-        let stdin = child.stdin.take().context("the session's stdin")?;
-        let stdout = child.stdout.take().context("the session's stdout")?;
+        let (stdin_r, stdin) = os_pipe::pipe().context("creating a pipe")?;
+        let (stdout, stdout_w) = os_pipe::pipe().context("creating a pipe")?;
+        let e = self.expression().stdin_file(stdin_r).stdout_file(stdout_w);
+        let e = match stderr {
+            Some(f) => e.stderr_file(f),
+            None => e.stderr_null(),
+        };
+        let child = e.start().with_context(|| format!("could not start `{shown}`"))?;
+        let pgid = child.pids().first().copied().context("duct started no process")? as libc::pid_t;
+        let running = Running::register(pgid, &shown);
         let (send, replies) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             use std::io::BufRead;
@@ -271,7 +279,7 @@ impl Cmd {
                 }
             }
         });
-        Ok(Session { shown, child, stdin, replies, log: self.log, _running: running })
+        Ok(Session { shown, child, pgid, stdin, replies, log: self.log, _running: running })
     }
 }
 
@@ -285,7 +293,7 @@ impl Session {
                 bail!("`{}` gave no answer within {} s{}", self.shown, timeout.as_secs_f64(), self.see_log())
             }
             Err(RecvTimeoutError::Disconnected) => {
-                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                let status = self.child.wait().map(|o| o.status.to_string()).unwrap_or_else(|e| e.to_string());
                 bail!("`{}` ended ({status}){}", self.shown, self.see_log())
             }
         }
@@ -313,9 +321,18 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        kill_group(self.child.id() as libc::pid_t);
+        kill_group(self.pgid);
         let _ = self.child.wait();
     }
+}
+
+/// A short git query in `dir`, through xshell: its trimmed stdout, or `None`
+/// where git fails or is absent (a copy of the tree without `.git`). For
+/// instant queries only: no timeout, nothing logged.
+pub fn git(dir: &Path, args: &[&str]) -> Option<String> {
+    let sh = xshell::Shell::new().ok()?;
+    sh.change_dir(dir);
+    xshell::cmd!(sh, "git {args...}").quiet().ignore_stderr().read().ok()
 }
 
 /// How much xtask says about the commands it runs, set once from `-q`/`-v`.
@@ -496,27 +513,25 @@ fn kill_group(pgid: libc::pid_t) {
 
 type Reader = std::thread::JoinHandle<String>;
 
-fn drain<R: Read + Send + 'static>(pipe: Option<R>, mut echo: Option<Box<dyn Write + Send>>) -> Option<Reader> {
-    pipe.map(|mut p| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 8192];
-            while let Ok(n) = p.read(&mut chunk) {
-                if n == 0 {
-                    break;
-                }
-                if let Some(out) = echo.as_mut() {
-                    let _ = out.write_all(&chunk[..n]);
-                }
-                buf.extend_from_slice(&chunk[..n]);
+fn drain<R: Read + Send + 'static>(mut p: R, mut echo: Option<Box<dyn Write + Send>>) -> Reader {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = p.read(&mut chunk) {
+            if n == 0 {
+                break;
             }
-            String::from_utf8_lossy(&buf).into_owned()
-        })
+            if let Some(out) = echo.as_mut() {
+                let _ = out.write_all(&chunk[..n]);
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        String::from_utf8_lossy(&buf).into_owned()
     })
 }
 
-fn join(reader: Option<Reader>) -> String {
-    reader.and_then(|r| r.join().ok()).unwrap_or_default()
+fn join(reader: Reader) -> String {
+    reader.join().unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -2,12 +2,12 @@
 //! One module for writer and reader, so the schema lives in one place.
 
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::process::{Cmd, write_file};
+use crate::process::write_file;
 
 /// Bumped whenever a payload changes shape.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -117,16 +117,7 @@ pub fn git_state() -> (String, bool) {
     if let Ok(rev) = std::env::var("XTASK_GIT_REV") {
         return (rev, false);
     }
-    let quick = |args: &[&str]| {
-        Cmd::new("git")
-            .args(args.iter().copied())
-            .quiet()
-            .timeout(Duration::from_secs(10))
-            .run()
-            .ok()
-            .filter(|o| o.success())
-            .map(|o| o.stdout.trim().to_string())
-    };
+    let quick = |args: &[&str]| crate::process::git(Path::new("."), args);
     match quick(&["rev-parse", "HEAD"]) {
         Some(rev) => {
             let dirty = quick(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
@@ -155,6 +146,7 @@ pub fn rfc3339(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn rfc3339_known_instants() {

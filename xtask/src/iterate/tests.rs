@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::gate::sequence::Rule;
+use crate::process::Cmd;
 
 fn write(p: &Path, s: &str) {
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
