@@ -719,30 +719,10 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
 
     #[test]
     fn forty_concurrent_builds_into_one_target_all_succeed() {
-        let workspace = Paths::discover().unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let kernels = dir.path().join("kernels");
-        std::fs::create_dir_all(&kernels).unwrap();
-        std::fs::write(
-            kernels.join("one.cu"),
-            "extern \"C\" __global__ void one(float* x) { x[threadIdx.x] = 1.f; }\n",
-        )
-        .unwrap();
-        std::fs::write(
-            kernels.join("manifest.json"),
-            r#"{"static_smem_limit": 49152,
-                "archs": {"sm_89": {"gencode": "arch=compute_89,code=sm_89", "smem_optin_limit": 101376}},
-                "sources": [{"file": "one.cu", "archs": ["sm_89"], "kernels": [{"entry": "one", "max_registers": 255}]}]}"#,
-        )
-        .unwrap();
-        let paths = Paths {
-            root: dir.path().to_path_buf(),
-            target: dir.path().join("target"),
-            cuda_wheels: workspace.cuda_wheels.clone(),
-            kernels: dir.path().join("target/kernels"),
-        };
-        let opts =
-            Options { manifest: Some(kernels.join("manifest.json")), ..Options::new(Duration::from_secs(300), 1) };
+        let paths = paths_in(dir.path());
+        let manifest = planted(dir.path(), &[("good.cu", GOOD)], GOOD_SOURCES);
+        let opts = Options { manifest: Some(manifest), ..Options::new(Duration::from_secs(300), 1) };
         let results: Vec<Result<()>> = std::thread::scope(|s| {
             let runs: Vec<_> = (0..40).map(|_| s.spawn(|| run(&paths, &opts))).collect();
             runs.into_iter().map(|r| r.join().unwrap()).collect()
@@ -751,7 +731,7 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
         assert!(failed.is_empty(), "{} of 40 failed: {:?}", failed.len(), failed.first());
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(paths.report("build")).unwrap()).unwrap();
-        assert_eq!(report["payload"]["units"][0]["source"], "one.cu");
+        assert_eq!(report["payload"]["units"][0]["source"], "good.cu");
         let leftovers: Vec<_> = std::fs::read_dir(paths.reports())
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -762,28 +742,16 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
 
     #[test]
     fn planted_spill_and_smem_breaches_fail_the_build() {
-        let workspace = Paths::discover().unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let kernels = dir.path().join("kernels");
-        std::fs::create_dir_all(&kernels).unwrap();
-        std::fs::write(kernels.join("planted.cu"), PLANTED).unwrap();
-        std::fs::write(
-            kernels.join("manifest.json"),
-            r#"{"static_smem_limit": 49152,
-                "archs": {"sm_89": {"gencode": "arch=compute_89,code=sm_89", "smem_optin_limit": 101376}},
-                "sources": [{"file": "planted.cu", "archs": ["sm_89"], "kernels": [
-                    {"entry": "spills", "max_registers": 255},
-                    {"entry": "big_smem", "max_registers": 255, "dynamic_smem": 65536}]}]}"#,
-        )
-        .unwrap();
-        let paths = Paths {
-            root: dir.path().to_path_buf(),
-            target: dir.path().join("target"),
-            cuda_wheels: workspace.cuda_wheels.clone(),
-            kernels: dir.path().join("target/kernels"),
-        };
-        let opts =
-            Options { manifest: Some(kernels.join("manifest.json")), ..Options::new(Duration::from_secs(300), 1) };
+        let paths = paths_in(dir.path());
+        let manifest = planted(
+            dir.path(),
+            &[("planted.cu", PLANTED)],
+            r#"[{"file": "planted.cu", "archs": ["sm_89"], "kernels": [
+                {"entry": "spills", "max_registers": 255},
+                {"entry": "big_smem", "max_registers": 255, "dynamic_smem": 65536}]}]"#,
+        );
+        let opts = Options { manifest: Some(manifest), ..Options::new(Duration::from_secs(300), 1) };
         let err = run(&paths, &opts).unwrap_err();
         assert!(over_budget(&err), "{err:#}");
         let report: serde_json::Value =
