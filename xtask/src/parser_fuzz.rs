@@ -175,8 +175,15 @@ fn parse_all(text: &str) {
     let _ = serde_json::from_str::<ServeReply>(text);
 }
 
+/// A fixed seed: CI judges the same inputs on every run (a new seed is a local
+/// experiment: PROPTEST_RNG_SEED does not override this).
 fn config(cases: u32) -> Config {
-    Config { cases, failure_persistence: None, ..Config::default() }
+    Config {
+        cases,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed_2026),
+        ..Config::default()
+    }
 }
 
 proptest! {
@@ -224,8 +231,13 @@ proptest! {
     ) {
         let full = &TEXTS[which];
         let cut = &full[..index(full, at)];
-        // Past the root's end only whitespace is left: that cut is the whole document.
-        let xml_whole = |root: &str| full.find(&format!("</{root}>")).is_some_and(|e| cut.len() > e + root.len() + 2);
+        // Past the root's end (`</root>`, or `<root/>` for an empty report) only
+        // whitespace is left: that cut is the whole document.
+        let xml_whole = |root: &str| {
+            [format!("</{root}>"), format!("<{root}/>")]
+                .iter()
+                .any(|end| full.find(end.as_str()).is_some_and(|e| cut.len() >= e + end.len()))
+        };
         if let Ok(s) = smi::parse(cut) {
             prop_assert!(xml_whole("nvidia_smi_log"));
             prop_assert_eq!(Some(s), smi::parse(full).ok());

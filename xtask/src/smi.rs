@@ -223,7 +223,7 @@ mod tests {
             ("", "no <nvidia_smi_log>"),
             ("No devices were found\n", "no <nvidia_smi_log>"),
             ("<?xml version=\"1.0\" ?>\n<ComputeSanitizerOutput/>", "root <ComputeSanitizerOutput>"),
-            ("<nvidia_smi_log><gpu id=\"0\"><uuid>GPU-1</uuid>", "does not parse"),
+            ("<nvidia_smi_log><gpu id=\"0\"><uuid>GPU-1</uuid>", "cut short"),
         ] {
             let err = format!("{:#}", parse(xml).unwrap_err());
             assert!(err.contains("nvidia-smi -q -x output") && err.contains(says), "{xml:?}: {err}");

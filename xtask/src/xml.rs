@@ -1,8 +1,8 @@
 //! Tool XML into serde types. Pure. quick-xml's deserializer ignores the root
 //! element's name and reads an empty element as a complete, empty report, so the
 //! root is checked first: output of another tool, or none at all, is an error
-//! rather than a report with nothing in it. A document cut short fails in
-//! quick-xml itself (a missing end tag), so truncated output is an error too.
+//! rather than a report with nothing in it. A document must end with its root's
+//! end tag, so output cut short is an error too.
 
 use anyhow::{Context, Result, bail};
 use quick_xml::events::Event;
@@ -12,15 +12,22 @@ use serde::de::DeserializeOwned;
 /// output in errors ("compute-sanitizer XML").
 pub fn from_str<T: DeserializeOwned>(xml: &str, root: &str, what: &str) -> Result<T> {
     let mut reader = quick_xml::Reader::from_str(xml);
-    let found = loop {
+    let (found, empty) = loop {
         match reader.read_event().with_context(|| format!("{what} is not XML"))? {
-            Event::Start(e) | Event::Empty(e) => break e.name().as_ref().to_string(),
+            Event::Start(e) => break (e.name().as_ref().to_string(), false),
+            Event::Empty(e) => break (e.name().as_ref().to_string(), true),
             Event::Eof => bail!("{what} has no <{root}> element: empty, or not XML"),
             _ => {}
         }
     };
     if found != root {
         bail!("{what} has root <{found}>, expected <{root}>");
+    }
+    // quick-xml takes a document whose last end tag is cut (`</root` at the end)
+    // as complete: the document must end with the root's end.
+    let end = xml.trim_end();
+    if !(end.ends_with(&format!("</{root}>")) || (empty && end.ends_with("/>"))) {
+        bail!("{what} is cut short: it does not end with </{root}>");
     }
     quick_xml::de::from_str(xml).with_context(|| format!("{what} does not parse (cut short?)"))
 }
@@ -49,7 +56,9 @@ mod tests {
             ("<?xml version=\"1.0\"?>", "no <doc>"),
             ("<other/>", "root <other>"),
             ("<other><item>a</item></other>", "root <other>"),
-            ("<doc><item>a</item>", "does not parse"),
+            ("<doc><item>a</item>", "cut short"),
+            ("<doc><item>a</item></doc", "cut short"),
+            ("<doc><item>a</item></do", "cut short"),
         ] {
             let err = format!("{:#}", items(xml).unwrap_err());
             assert!(err.contains(says), "{xml:?}: {err}");
