@@ -44,7 +44,7 @@ namespace fa {
 //              so P·V runs under the rest (ptxas would otherwise hoist it above
 //              them). P·V issued after the mask instead runs under the softmax:
 //              1.5-15% slower on large shapes on an H200, as is FlashAttention-3's
-//              intra-warpgroup overlap forced behind a loop edge (ARCHITECTURE.md)
+//              intra-warpgroup overlap forced behind a loop edge (perf/DECISIONS.md)
 //   ping-pong  (two consumer warpgroups, D=128) pipelined, and the warpgroups take
 //              turns issuing their wgmmas (named barriers), so one's softmax runs
 //              under the other's matrix products

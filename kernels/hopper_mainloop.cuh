@@ -152,7 +152,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     // start, warpgroup 1's at its end) go to TurnSink, which no one waits on (256
     // per run: it simply completes). Branch-free on cw and without a turn counter:
     // either, in a persistent CTA's item loop, moved the main loop's descriptor
-    // arithmetic off the uniform datapath (ARCHITECTURE.md).
+    // arithmetic off the uniform datapath (perf/DECISIONS.md).
     auto take_turn = [&] {
       if constexpr (kPingPong) named_bar_sync(turn_of(cw), 256);
     };
