@@ -12,7 +12,7 @@ pub struct Plan {
 }
 
 // Calibrated on an H200 (graph replay, D=64, `fa-bench --splits 1` against auto,
-// ledger iteration 2's kernel): one 64-key block costs ~0.8 µs to a lone CTA,
+// on an early portable kernel): one 64-key block costs ~0.8 µs to a lone CTA,
 // launch + Q load + epilogue ~2.3 µs, and the combine kernel ~1.9-2.4 µs, i.e.
 // about two and a half key blocks.
 /// Cost of one CTA beyond its key blocks (Q load, epilogue), in key-block units.
@@ -389,8 +389,9 @@ pub fn prefer_hopper(seqlen_k: usize) -> bool {
 /// Hopper D=128 (one CTA per SM either way) 15% faster at B1 H16 S512 (128 CTAs
 /// against 64), 35-43% slower wherever 128-row CTAs already fill the GPU; portable
 /// D=64 (three 64-row or two 128-row CTAs per SM) 17-30% faster on B1 H1 S512 and
-/// B2 H8 S512, 9-12% slower from B4 H16 S2048 up (before ledger iteration 21);
-/// portable D=128 15-17% slower from B1 H16 S2048 up (before iteration 22);
+/// B2 H8 S512, 9-12% slower from B4 H16 S2048 up; portable D=128 15-17% slower
+/// from B1 H16 S2048 up (both measured before each warp of the 128-row entries
+/// owned two 16-row tiles);
 /// portable D=128 causal (two CTAs of either size per SM) 4% faster at B1 H16
 /// S4096 (1.9 waves of 128-row CTAs), 5% slower at B4 H16 S2048 (3.9 waves) and
 /// 11-12% at B2 H16 S8192 (7.8), which a list-scheduling model of the causal grid
@@ -420,13 +421,14 @@ pub fn prefer_m64(
 /// from 1024 keys on grids of at least three waves, and loses where its coarser,
 /// serial items leave SMs idle (few waves) or do little work per item (512 keys).
 ///
-/// Measured on an H200 after ledger iteration 48 (`fa-bench --variant hopper
+/// Measured on an H200 with today's 128-row entry (`fa-bench --variant hopper
 /// --block-m 64|128`, 3 rounds in one run, f16 / bf16): B2 H16 S4096 (7.8 waves
 /// of 128-row CTAs) −5.0 / −4.8%, B1 H32 S4096 (7.8) −5.3 / −4.4%, B1 H16 S8192
 /// (7.8) −2.4 / −2.7%, B4 H8 and B2 H16 S2048 (3.9) −4.3 / −4.4% and −4.1 /
 /// −4.1%, B4 H16 S1024 (3.9) −2.4% (bf16), B8 H32 S512 (7.8) −0.2 / +0.3%, B2 H8
-/// S1024 (1) +25%. Before iterations 47-48 sped the 128-row entry up, it won
-/// only at 1024-2048 keys (B2 H16 S4096 ±0.1%, B1 H16 S8192 +1.7%).
+/// S1024 (1) +25%. Before its Q descriptor went through a shuffle and its ring
+/// slot was worked out at the end of a tile, the 128-row entry won only at
+/// 1024-2048 keys (B2 H16 S4096 ±0.1%, B1 H16 S8192 +1.7%).
 pub fn prefer_wide_causal_d64(wide_ctas: u64, wide_slots: u64, seqlen_k: usize) -> bool {
     seqlen_k >= 1024 && wide_ctas >= 3 * wide_slots
 }
@@ -437,8 +439,8 @@ pub fn prefer_wide_causal_d64(wide_ctas: u64, wide_slots: u64, seqlen_k: usize) 
 /// skips the CTA launch gap, which only pays where CTAs have more than one item;
 /// at one item each its larger code cost 4% in instruction-cache misses.
 ///
-/// Measured on an H200 (Hopper non-causal D=64, two 64-row CTAs per SM; ledger
-/// iteration 41, same-run A/B, f16 and bf16 alike): B4 H16 S1024 7-8% faster
+/// Measured on an H200 (Hopper non-causal D=64, two 64-row CTAs per SM; same-run
+/// A/B, f16 and bf16 alike): B4 H16 S1024 7-8% faster
 /// (7.8 waves), B4 H16 S2048 2-3% (7.8 waves of 16-tile CTAs), B2 H16 S8192
 /// unchanged; B2 H8 S512 (128 CTAs, half a wave) 4% slower.
 pub fn prefer_persistent(grid_ctas: u64, slots: u64) -> bool {
@@ -454,7 +456,7 @@ pub fn prefer_persistent(grid_ctas: u64, slots: u64) -> bool {
 /// group needs two key blocks to beat its start-up.
 ///
 /// Measured on an H200 (`fa-bench --variant portable --key-groups 1|2`, 3 rounds
-/// in one run, f16 and bf16 alike; ledger iteration 25): one CTA per SM of 8 or 16
+/// in one run, f16 and bf16 alike): one CTA per SM of 8 or 16
 /// key blocks 5-11% faster (B2 H8 S512 D64 9.33 → 8.54 µs, B1 H16 S512 D128 13.48
 /// → 12.47, B1 H8 S1024 D128 22.77 → 20.36, B1 H1 S2048 D64 in 4 splits 11.37 →
 /// 10.81); of 4 blocks within ±3% (B1 H16 S256 D64 −3%, B1 H32 S256 D128 ±1%,
