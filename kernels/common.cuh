@@ -10,8 +10,10 @@ namespace fa {
 
 // ---------------------------------------------------------------- dtypes --
 // Element traits: the 16-bit storage type, its packed pair, and the mma name.
-template <typename T> struct Dtype;
-template <> struct Dtype<__half> {
+template <typename T>
+struct Dtype;
+template <>
+struct Dtype<__half> {
   using Pair = __half2;
   static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
@@ -20,7 +22,8 @@ template <> struct Dtype<__half> {
   }
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 };
-template <> struct Dtype<__nv_bfloat16> {
+template <>
+struct Dtype<__nv_bfloat16> {
   using Pair = __nv_bfloat162;
   static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
@@ -46,7 +49,8 @@ __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t 
 }
 
 template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                         uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -76,7 +80,9 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -60,7 +60,7 @@ struct FwdConfig {
   static constexpr int kBlockM = 16 * kWarps * kRowTiles;
   static constexpr int kBlockN = D == 64 ? FA_BLOCK_N_D64 : FA_BLOCK_N_D128;
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "32, 64 or 128 keys per tile");
-  static constexpr int kChunks = D / 8;         // 16-byte chunks per row
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   // Per key group: Q tile, K tiles, V tiles, 16-bit elements. Must equal the
   // manifest's dynamic_smem.
   static constexpr int kTileBytes = kBlockN * D * 2;
@@ -106,7 +106,7 @@ struct TileCopy {
   // so that 0 × garbage can never turn into NaN in P·V.
   __device__ __forceinline__ void copy(int64_t offset, int row0, int rows_valid, uint32_t smem_offset = 0) const {
     const T* src = gmem + offset;
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const bool valid = row0 + row + i * kRowsPerPass < rows_valid;
       cp_async_16(smem + smem_offset + i * kRowsPerPass * D * 2, valid ? src : gmem, valid ? 16 : 0);
@@ -125,11 +125,13 @@ struct FragAddr {
   uint32_t base[4];
   __device__ __forceinline__ FragAddr(uint32_t tile, int row, int chunk_bit) {
     const int c = chunk_bit ^ (row & 7);
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < 4; ++j) base[j] = tile + 2 * (row * D + (((2 * j) ^ c) << 3));
   }
   // Block row `rb` (16 rows), block column `cb` (16 columns), in bytes.
-  __device__ __forceinline__ uint32_t at(int rb, int cb) const { return base[cb % 4] + 2 * (rb * 16 * D + (cb / 4) * 64); }
+  __device__ __forceinline__ uint32_t at(int rb, int cb) const {
+    return base[cb % 4] + 2 * (rb * 16 * D + (cb / 4) * 64);
+  }
 };
 
 // Planted defects, compiled in only by `cargo xtask sanitize --defects` (one
@@ -202,9 +204,9 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   float o[MT][DT][4];
   // Running max (in scaled log2 units) and partial row sums for rows g and g+8.
   float row_max[MT][2], row_sum[MT][2];
-  #pragma unroll
+#pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < DT; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
     row_max[mt][0] = row_max[mt][1] = -INFINITY;
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
@@ -218,7 +220,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     return smem_u32(sQ + swizzle<D>(w0 + 16 * mt + (lane % 16), kk * 16 + (lane / 16) * 8));
   };
   // Row tile mt's A fragment for k-step kk: from qf, or from this k-step's reads.
-  auto q_frag = [&](int mt, int kk, const uint32_t (&qs)[MT][4]) -> const uint32_t (&)[4] {
+  auto q_frag = [&](int mt, int kk, const uint32_t(&qs)[MT][4]) -> const uint32_t(&)[4] {
     if constexpr (kQInRegs) {
       return qf[mt][kk];
     } else {
@@ -246,32 +248,32 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   };
   auto load_q_frags = [&] {
     if constexpr (kQInRegs) {
-      #pragma unroll
+#pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_addr(mt, kk));
       }
     }
   };
   // S = Q·Kᵀ for this warp's 16·MT rows × BN keys, K from the tile `koff` bytes in.
-  auto qk = [&](float (&s)[MT][NT][4], uint32_t koff) {
-    #pragma unroll
+  auto qk = [&](float(&s)[MT][NT][4], uint32_t koff) {
+#pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      #pragma unroll
+#pragma unroll
       for (int i = 0; i < NT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
     }
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t qs[MT][4];
       if constexpr (!kQInRegs) {
-        #pragma unroll
+#pragma unroll
         for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qs[mt], q_addr(mt, kk));
       }
-      #pragma unroll
+#pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t kf[4];
         ldmatrix_x4(kf, k_frag.at(np, kk) + koff);
-        #pragma unroll
+#pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint32_t(&qa)[4] = q_frag(mt, kk, qs);
           mma_16816<T>(s[mt][2 * np], qa, kf[0], kf[1]);
@@ -282,21 +284,21 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   };
   // Masks row tile mt's scores, only on tiles that cross the sequence end or the
   // causal diagonal; this thread's rows are row_lo and row_lo + 8.
-  auto mask = [&](float (&s)[NT][4], int mt, int n0) {
+  auto mask = [&](float(&s)[NT][4], int mt, int n0) {
     mask_tile<CAUSAL>(s, n0, m0, m0 + w0 + 16 * mt + g, t, p.seqlen_k, diag);
   };
   // O += P·V with P as A fragments (kk: 16-key step), V from the tile `voff` bytes in.
   auto pv = [&](auto&& p_frag, uint32_t voff) {
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       uint32_t pf[MT][4];
-      #pragma unroll
+#pragma unroll
       for (int mt = 0; mt < MT; ++mt) p_frag(pf[mt], mt, kk);
-      #pragma unroll
+#pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vf[4];
         ldmatrix_x4_trans(vf, v_frag.at(kk, dp) + voff);
-        #pragma unroll
+#pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816<T>(o[mt][2 * dp], pf[mt], vf[0], vf[1]);
           mma_16816<T>(o[mt][2 * dp + 1], pf[mt], vf[2], vf[3]);
@@ -317,7 +319,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 
       float s[MT][NT][4];
       qk(s, 0);
-      #pragma unroll
+#pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mask(s[mt], mt, n0);
         softmax_step(s[mt], o[mt], row_max[mt], row_sum[mt], scale_log2);
@@ -334,7 +336,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 #ifdef FA_PLANT_SLOWDOWN
       // A dependent FMA chain per tile: a measured, deliberate slowdown for proving the gate.
       float chain = s[0][0][0];
-      #pragma unroll 1
+#pragma unroll 1
       for (int i = 0; i < FA_PLANT_SLOWDOWN; ++i) chain = fmaf(chain, 0.999f, 1e-7f);
       if (chain != chain) o[0][0][0] += chain;  // never true for finite input; keeps the chain alive
 #endif
@@ -352,10 +354,10 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     uint32_t pf[MT][BN / 16][4];  // P(j − 1), packed
     float corr[MT][2];            // O's rescale before P(j − 1)·V(j − 1) is added
     auto packed_p = [&](uint32_t(&f)[4], int mt, int kk) {
-      #pragma unroll
+#pragma unroll
       for (int i = 0; i < 4; ++i) f[i] = pf[mt][kk][i];
     };
-    uint32_t kst = 0, vst = 0;    // byte offsets of K(j)'s and V(j − 1)'s stages
+    uint32_t kst = 0, vst = 0;  // byte offsets of K(j)'s and V(j − 1)'s stages
     for (int n0 = n_first; n0 < n_end; n0 += kStep) {
       cp_async_wait<0>();  // K(j), V(j − 1) (and Q) landed
       group_sync();        // and iteration j − 1 is done with K(j − 1), V(j − 2)
@@ -368,23 +370,23 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
         qk(s, kst);
       } else {
         qk(s, kst);
-        #pragma unroll
+#pragma unroll
         for (int mt = 0; mt < MT; ++mt) rescale(o[mt], corr[mt]);
         pv(packed_p, vst);
         vst ^= Cfg::kTileBytes;
       }
-      #pragma unroll
+#pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mask(s[mt], mt, n0);
         softmax_rows(s[mt], row_max[mt], row_sum[mt], corr[mt], scale_log2);
-        #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[mt][kk], s[mt], kk);
       }
       kst ^= Cfg::kTileBytes;
     }
     cp_async_wait<0>();  // the last V landed
     group_sync();
-    #pragma unroll
+#pragma unroll
     for (int mt = 0; mt < MT; ++mt) rescale(o[mt], corr[mt]);
     pv(packed_p, vst);
   }
@@ -400,11 +402,11 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     auto sum_slot = [&](int mt, int r) -> float& { return hand[(MT * DT * 4 + 4 * mt + 2 + r) * GT]; };
     __syncthreads();
     if (group == 1) {
-      #pragma unroll
+#pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        #pragma unroll
+#pragma unroll
         for (int i = 0; i < DT * 4; ++i) o_slot(mt, i) = o[mt][i / 4][i % 4];
-        #pragma unroll
+#pragma unroll
         for (int r = 0; r < 2; ++r) {
           max_slot(mt, r) = row_max[mt][r];
           sum_slot(mt, r) = row_sum[mt][r];
@@ -413,10 +415,10 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     }
     __syncthreads();
     if (group == 1) return;
-    #pragma unroll
+#pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       float mine[2], theirs[2];
-      #pragma unroll
+#pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float other_max = max_slot(mt, r);
         const float new_max = fmaxf(row_max[mt][r], other_max);
@@ -426,7 +428,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
         row_max[mt][r] = new_max;
         row_sum[mt][r] = row_sum[mt][r] * mine[r] + sum_slot(mt, r) * theirs[r];
       }
-      #pragma unroll
+#pragma unroll
       for (int i = 0; i < DT * 4; ++i) {
         const int r = (i % 4) / 2;  // elements 0, 1 are row g; 2, 3 row g + 8
         o[mt][i / 4][i % 4] = o[mt][i / 4][i % 4] * mine[r] + o_slot(mt, i) * theirs[r];
@@ -440,14 +442,14 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   // the warp copies its rows out in 16-byte chunks (`copy(row, chunk)`, kChunks
   // per row), whole rows per instruction, instead of stores touching 8 rows each.
   auto stage = [&](auto&& put, auto&& lse_out) {
-    #pragma unroll
+#pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      #pragma unroll
+#pragma unroll
       for (int r = 0; r < 2; ++r) {
         float inv, lse;
         row_finish(row_max[mt], row_sum[mt], r, inv, lse);
         const int row = w0 + 16 * mt + g + 8 * r;
-        #pragma unroll
+#pragma unroll
         for (int dt = 0; dt < DT; ++dt) put(row, dt, o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
         if (t == 0 && row_stored(m0 + row, p.seqlen_q)) lse_out(row, lse);
       }
@@ -456,7 +458,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   };
   auto copy_rows = [&](auto chunks, auto&& copy) {
     constexpr int kChunks = decltype(chunks)::value, kRowsPerPass = 32 / kChunks;
-    #pragma unroll
+#pragma unroll
     for (int r0 = 0; r0 < 16 * MT; r0 += kRowsPerPass) {
       const int row = w0 + r0 + lane / kChunks;
       if (row_stored(m0 + row, p.seqlen_q)) copy(row, lane % kChunks);
@@ -466,7 +468,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     // Two-tile entries, which the planner never splits, store the partials from
     // the accumulators (staging them spilled the D=128 one on sm_89).
     if constexpr (MT == 2) {
-      #pragma unroll
+#pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         store_rows<T, D>(p, o[mt], row_max[mt], row_sum[mt], m0 + w0 + 16 * mt + g, b, h, split, t);
       }
@@ -481,7 +483,8 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     auto at = [&](int row, int chunk) { return tile + row * D + ((chunk ^ (row & 7)) << 2); };
     const int64_t bh0 = ((int64_t)b * p.heads + h) * p.seqlen_q;
     const int64_t part0 = (int64_t)split * p.batch * p.heads * p.seqlen_q + bh0 + m0;  // row m0's partial
-    stage([&](int row, int dt, float x, float y) { *reinterpret_cast<float2*>(at(row, 2 * dt + t / 2) + 2 * (t % 2)) = make_float2(x, y); },
+    stage([&](int row, int dt, float x,
+              float y) { *reinterpret_cast<float2*>(at(row, 2 * dt + t / 2) + 2 * (t % 2)) = make_float2(x, y); },
           [&](int row, float lse) { p.lse_partial[part0 + row] = lse; });
     copy_rows(std::integral_constant<int, D / 4>{}, [&](int row, int chunk) {
       *reinterpret_cast<float4*>(p.o_partial + (part0 + row) * D + 4 * chunk) =
@@ -494,7 +497,8 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   // groups: the hand-over slots lie in these tiles, so
   // group 0's warps first finish reading them.
   if constexpr (KG == 2) group_sync();
-  stage([&](int row, int dt, float x, float y) { *reinterpret_cast<uint32_t*>(sQ + swizzle<D>(row, 8 * dt + 2 * t)) = Dtype<T>::pack(x, y); },
+  stage([&](int row, int dt, float x,
+            float y) { *reinterpret_cast<uint32_t*>(sQ + swizzle<D>(row, 8 * dt + 2 * t)) = Dtype<T>::pack(x, y); },
         [&](int row, float lse) {
           if (p.lse != nullptr) p.lse[((int64_t)b * p.heads + h) * p.seqlen_q + m0 + row] = lse;
         });
@@ -525,19 +529,19 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   for (int s0 = 0; s0 < p.num_splits; s0 += kBatch) {
     float l[kBatch];
     Vec x[kBatch];
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int64_t part = (int64_t)min(s0 + j, p.num_splits - 1) * rows + row;
       l[j] = p.lse_partial[part];
       x[j] = *reinterpret_cast<const Vec*>(p.o_partial + part * D + lane * kPerLane);
     }
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const float lj = s0 + j < p.num_splits ? l[j] : -INFINITY;  // a split that saw no key: −inf too
       const float nm = fmaxf(mx, lj), base = exp_base(nm);
       const float a = __expf(mx - base), w = __expf(lj - base);
       const float* xv = reinterpret_cast<const float*>(&x[j]);
-      #pragma unroll
+#pragma unroll
       for (int i = 0; i < kPerLane; ++i) acc[i] = acc[i] * a + w * xv[i];
       total = total * a + w;
       mx = nm;
@@ -549,7 +553,7 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)qrow * p.o_row_stride +
            lane * kPerLane;
   uint32_t packed[kPerLane / 2];
-  #pragma unroll
+#pragma unroll
   for (int i = 0; i < kPerLane / 2; ++i) packed[i] = Dtype<T>::pack(acc[2 * i] * inv, acc[2 * i + 1] * inv);
   if constexpr (kPerLane == 4) {
     *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
@@ -563,10 +567,10 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
 
 // One stable extern "C" forward entry: flash_fwd_<dtype>_d<D>[_causal][_m64|_kg2].
 // MT: 16-row tiles per warp; KG: key groups; ST: K/V stages (2: the pipelined schedule).
-#define FA_FWD_ENTRY(T, D, CAUSAL, MT, KG, ST, NAME)                                             \
-  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG, ST>::kThreads, 1)                \
-      NAME(const fa::FlashParams p) {                                                                     \
-    fa::flash_fwd<T, D, CAUSAL, MT, KG, ST>(p);                                                           \
+#define FA_FWD_ENTRY(T, D, CAUSAL, MT, KG, ST, NAME)                                      \
+  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG, ST>::kThreads, 1) \
+      NAME(const fa::FlashParams p) {                                                     \
+    fa::flash_fwd<T, D, CAUSAL, MT, KG, ST>(p);                                           \
   }
 // Every forward entry of one dtype: two 16-row tiles per warp, or one (`_m64`,
 // for problems that would not fill the GPU), or one with two key groups (`_kg2`,
@@ -574,13 +578,13 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
 // The D=64 two-group entry runs the pipelined schedule (two K/V stages: 80 KB, one
 // CTA per SM on an L4 as its registers allow anyway); elsewhere a second stage
 // would cost resident CTAs on an L4 (100 KB per SM) or not fit it (D=128: 160 KB).
-#define FA_FWD_ENTRIES(T, DT)                                                   \
-  FA_FWD_ENTRY(T, 64, false, 2, 1, 1, flash_fwd_##DT##_d64)                     \
-  FA_FWD_ENTRY(T, 64, false, 1, 1, 1, flash_fwd_##DT##_d64_m64)                 \
-  FA_FWD_ENTRY(T, 64, false, 1, 2, 2, flash_fwd_##DT##_d64_kg2)                 \
-  FA_FWD_ENTRY(T, 64, true, 1, 1, 1, flash_fwd_##DT##_d64_causal)               \
-  FA_FWD_ENTRY(T, 128, false, 2, 1, 1, flash_fwd_##DT##_d128)                   \
-  FA_FWD_ENTRY(T, 128, false, 1, 1, 1, flash_fwd_##DT##_d128_m64)               \
-  FA_FWD_ENTRY(T, 128, false, 1, 2, 1, flash_fwd_##DT##_d128_kg2)               \
-  FA_FWD_ENTRY(T, 128, true, 2, 1, 1, flash_fwd_##DT##_d128_causal)             \
+#define FA_FWD_ENTRIES(T, DT)                                       \
+  FA_FWD_ENTRY(T, 64, false, 2, 1, 1, flash_fwd_##DT##_d64)         \
+  FA_FWD_ENTRY(T, 64, false, 1, 1, 1, flash_fwd_##DT##_d64_m64)     \
+  FA_FWD_ENTRY(T, 64, false, 1, 2, 2, flash_fwd_##DT##_d64_kg2)     \
+  FA_FWD_ENTRY(T, 64, true, 1, 1, 1, flash_fwd_##DT##_d64_causal)   \
+  FA_FWD_ENTRY(T, 128, false, 2, 1, 1, flash_fwd_##DT##_d128)       \
+  FA_FWD_ENTRY(T, 128, false, 1, 1, 1, flash_fwd_##DT##_d128_m64)   \
+  FA_FWD_ENTRY(T, 128, false, 1, 2, 1, flash_fwd_##DT##_d128_kg2)   \
+  FA_FWD_ENTRY(T, 128, true, 2, 1, 1, flash_fwd_##DT##_d128_causal) \
   FA_FWD_ENTRY(T, 128, true, 1, 1, 1, flash_fwd_##DT##_d128_causal_m64)

@@ -103,21 +103,21 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
 }  // namespace fa
 
 // One stable extern "C" entry point: flash_fwd_hopper_<dtype>_d<D>[_causal][_m64][_persistent].
-#define FA_HOPPER_ENTRY(T, D, CAUSAL, ROWS, PERSISTENT, NAME)                                              \
-  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, CAUSAL, ROWS, PERSISTENT>::kThreads,    \
-                                               fa::HopperConfig<D, CAUSAL, ROWS, PERSISTENT>::kCtasPerSm)  \
-      NAME(const __grid_constant__ fa::HopperParams p) {                                                   \
-    fa::flash_fwd_hopper<T, D, CAUSAL, ROWS, PERSISTENT>(p);                                               \
+#define FA_HOPPER_ENTRY(T, D, CAUSAL, ROWS, PERSISTENT, NAME)                                             \
+  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, CAUSAL, ROWS, PERSISTENT>::kThreads,   \
+                                               fa::HopperConfig<D, CAUSAL, ROWS, PERSISTENT>::kCtasPerSm) \
+      NAME(const __grid_constant__ fa::HopperParams p) {                                                  \
+    fa::flash_fwd_hopper<T, D, CAUSAL, ROWS, PERSISTENT>(p);                                              \
   }
 
 // Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM), non-causal
 // also persistent, causal also in 128-row CTAs (exp turns); D=128 in 128-row
 // CTAs, plus 64-row ones for non-causal problems that do not fill the GPU.
-#define FA_HOPPER_ENTRIES(T, DT)                                                                              \
-  FA_HOPPER_ENTRY(T, 64, false, 64, false, flash_fwd_hopper_##DT##_d64_m64)                                   \
-  FA_HOPPER_ENTRY(T, 64, false, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                         \
-  FA_HOPPER_ENTRY(T, 64, true, 64, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal_m64)       \
-  FA_HOPPER_ENTRY(T, 64, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal)          \
-  FA_HOPPER_ENTRY(T, 128, false, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)                \
-  FA_HOPPER_ENTRY(T, 128, false, 64, false, flash_fwd_hopper_##DT##_d128_m64)                                 \
+#define FA_HOPPER_ENTRIES(T, DT)                                                                        \
+  FA_HOPPER_ENTRY(T, 64, false, 64, false, flash_fwd_hopper_##DT##_d64_m64)                             \
+  FA_HOPPER_ENTRY(T, 64, false, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                   \
+  FA_HOPPER_ENTRY(T, 64, true, 64, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal_m64) \
+  FA_HOPPER_ENTRY(T, 64, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal)    \
+  FA_HOPPER_ENTRY(T, 128, false, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)          \
+  FA_HOPPER_ENTRY(T, 128, false, 64, false, flash_fwd_hopper_##DT##_d128_m64)                           \
   FA_HOPPER_ENTRY(T, 128, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal)

@@ -46,11 +46,11 @@ struct FastDiv {
 // schedule kernel-ffi computes (planner::causal_order).
 struct HopperSched {
   int32_t units;
-  FastDiv per_head;   // units per (split, batch, head)
-  FastDiv bh;         // batch × heads
+  FastDiv per_head;  // units per (split, batch, head)
+  FastDiv bh;        // batch × heads
   FastDiv heads;
-  FastDiv group;      // heads / kv_heads (query heads per K/V head)
-  FastDiv blocks;     // m_blocks, query blocks per (split, batch, head)
+  FastDiv group;          // heads / kv_heads (query heads per K/V head)
+  FastDiv blocks;         // m_blocks, query blocks per (split, batch, head)
   const uint32_t* order;  // causal: [grid][order_stride]; else null
   int32_t order_stride;
   int32_t pad;

@@ -15,7 +15,9 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
 }
 // Makes the initialised barriers visible to the async (TMA) proxy.
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 // Arrives and announces `bytes` of transactions (TMA completes them).
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -24,18 +26,18 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 // the lane index): barriers the consumers release count warps, not threads
 // (a 32nd of the arrivals).
 __device__ __forceinline__ void mbar_arrive_warp(uint32_t bar) {
-  asm volatile("{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar)
-               : "memory");
+  asm volatile(
+      "{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar)
+      : "memory");
 }
 // Whether the phase with this parity has completed, without waiting (acquire
 // when it has, as mbar_wait).
 __device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
   uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
+  asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done)
+               : "r"(bar), "r"(parity)
+               : "memory");
   return done != 0;
 }
 // Blocks until the phase with this parity has completed.
@@ -143,50 +145,49 @@ __device__ __forceinline__ void wgmma_wait() {
 // Keeps the compiler from moving accumulator reads/writes across an async wgmma.
 template <int NT>
 __device__ __forceinline__ void wgmma_fence_operands(float (&d)[NT][4]) {
-  #pragma unroll
+#pragma unroll
   for (int i = 0; i < NT; ++i) {
-    #pragma unroll
+#pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
   }
 }
 
 // Accumulator operand lists: d[N/8][4] in the mma.sync C layout per 8 columns
 // (each warp of the warpgroup owns 16 of the 64 rows).
-#define FA_WGMMA_ACC64(d)                                                                                       \
+#define FA_WGMMA_ACC64(d)                                                                                      \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
-      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),  \
-      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),  \
-      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),  \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
       "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-#define FA_WGMMA_ACC128(d)                                                                                      \
-  FA_WGMMA_ACC64(d), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), \
-      "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),             \
-      "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]),           \
-      "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),           \
-      "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),           \
-      "+f"(d[15][2]), "+f"(d[15][3])
-#define FA_WGMMA_REGS64                                               \
+#define FA_WGMMA_ACC128(d)                                                                                            \
+  FA_WGMMA_ACC64(d), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]),        \
+      "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]),   \
+      "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+      "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), \
+      "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define FA_WGMMA_REGS64                                             \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17," \
   "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define FA_WGMMA_REGS128                                                                                 \
+#define FA_WGMMA_REGS128                                                                                \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
-  "%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,"   \
+  "%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,"    \
   "%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 
 // D (64×N, fp32) = A·B (+ D when accumulate): A and B from shared memory, both
 // K-major.
 // A, B and SCALE name the operand numbers that follow the accumulators.
-#define FA_WGMMA_SS(N, TY, ACC, REGS, A, B, SCALE)                                                      \
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " SCALE ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N \
-               "k16.f32." TY "." TY " " REGS ", " A ", " B ", p, 1, 1, 0, 0;\n}\n"                           \
-               : ACC(d)                                                                                  \
+#define FA_WGMMA_SS(N, TY, ACC, REGS, A, B, SCALE)                                                                     \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " SCALE ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY \
+               "." TY " " REGS ", " A ", " B ", p, 1, 1, 0, 0;\n}\n"                                                   \
+               : ACC(d)                                                                                                \
                : "l"(a), "l"(b), "r"(accumulate))
 // D (64×N, fp32) += A·B: A (16-bit, four registers per thread in the mma.sync A
 // layout) from registers, B from shared memory MN-major (transposed on read).
-#define FA_WGMMA_RS(N, TY, ACC, REGS, A, B, SCALE)                                                       \
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " SCALE ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N \
-               "k16.f32." TY "." TY " " REGS ", " A ", " B ", p, 1, 1, 1;\n}\n"                              \
-               : ACC(d)                                                                                  \
+#define FA_WGMMA_RS(N, TY, ACC, REGS, A, B, SCALE)                                                                     \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " SCALE ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY \
+               "." TY " " REGS ", " A ", " B ", p, 1, 1, 1;\n}\n"                                                      \
+               : ACC(d)                                                                                                \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 
 template <typename T, int N>
@@ -194,22 +195,22 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint6
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b);
 
-#define FA_WGMMA_DEFINE(T, TY)                                                                              \
-  template <>                                                                                              \
-  __device__ __forceinline__ void wgmma_ss<T, 64>(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) { \
-    FA_WGMMA_SS(64, TY, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "%32", "%33", "%34");                                              \
-  }                                                                                                        \
-  template <>                                                                                              \
-  __device__ __forceinline__ void wgmma_ss<T, 128>(float (&d)[16][4], uint64_t a, uint64_t b, int accumulate) { \
-    FA_WGMMA_SS(128, TY, FA_WGMMA_ACC128, FA_WGMMA_REGS128, "%64", "%65", "%66");                                           \
-  }                                                                                                        \
-  template <>                                                                                              \
-  __device__ __forceinline__ void wgmma_rs<T, 64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {  \
-    FA_WGMMA_RS(64, TY, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "{%32, %33, %34, %35}", "%36", "%37");                                              \
-  }                                                                                                        \
-  template <>                                                                                              \
-  __device__ __forceinline__ void wgmma_rs<T, 128>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b) { \
-    FA_WGMMA_RS(128, TY, FA_WGMMA_ACC128, FA_WGMMA_REGS128, "{%64, %65, %66, %67}", "%68", "%69");                                           \
+#define FA_WGMMA_DEFINE(T, TY)                                                                                 \
+  template <>                                                                                                  \
+  __device__ __forceinline__ void wgmma_ss<T, 64>(float(&d)[8][4], uint64_t a, uint64_t b, int accumulate) {   \
+    FA_WGMMA_SS(64, TY, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "%32", "%33", "%34");                                 \
+  }                                                                                                            \
+  template <>                                                                                                  \
+  __device__ __forceinline__ void wgmma_ss<T, 128>(float(&d)[16][4], uint64_t a, uint64_t b, int accumulate) { \
+    FA_WGMMA_SS(128, TY, FA_WGMMA_ACC128, FA_WGMMA_REGS128, "%64", "%65", "%66");                              \
+  }                                                                                                            \
+  template <>                                                                                                  \
+  __device__ __forceinline__ void wgmma_rs<T, 64>(float(&d)[8][4], const uint32_t(&a)[4], uint64_t b) {        \
+    FA_WGMMA_RS(64, TY, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "{%32, %33, %34, %35}", "%36", "%37");                \
+  }                                                                                                            \
+  template <>                                                                                                  \
+  __device__ __forceinline__ void wgmma_rs<T, 128>(float(&d)[16][4], const uint32_t(&a)[4], uint64_t b) {      \
+    FA_WGMMA_RS(128, TY, FA_WGMMA_ACC128, FA_WGMMA_REGS128, "{%64, %65, %66, %67}", "%68", "%69");             \
   }
 
 FA_WGMMA_DEFINE(__half, "f16")

@@ -30,21 +30,21 @@ __device__ __forceinline__ void consumer_sync(int cw) {
 // log-sum-exp to p.lse where asked.
 template <typename T, typename Cfg>
 __device__ __forceinline__ void store_staged(const FlashParams& p, const HopperSmem<Cfg>& sm, const HopperItem& it,
-                                             int cw, int warp, int g, int t,
-                                             const float (&o)[Cfg::kHeadDim / 8][4], const float (&row_max)[2],
-                                             const float (&row_sum)[2]) {
+                                             int cw, int warp, int g, int t, const float (&o)[Cfg::kHeadDim / 8][4],
+                                             const float (&row_max)[2], const float (&row_sum)[2]) {
   constexpr int BM = Cfg::kBlockM, D = Cfg::kHeadDim, DT = D / 8;
   if constexpr (Cfg::kPersistent) consumer_sync<Cfg>(cw);
-  const uint32_t rows = (Cfg::kPersistent ? sm.o : sm.q) + 64 * cw * 128;  // + panel × BM × 128 + row × 128 + chunk × 16
+  const uint32_t rows =
+      (Cfg::kPersistent ? sm.o : sm.q) + 64 * cw * 128;  // + panel × BM × 128 + row × 128 + chunk × 16
   auto chunk_addr = [&](int row, int chunk) {
     return rows + (chunk / 8) * BM * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
   };
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     float inv, lse;
     row_finish(row_max, row_sum, r, inv, lse);
     const int row = 16 * warp + g + 8 * r;  // within the warpgroup's 64
-    #pragma unroll
+#pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
       const uint32_t v = Dtype<T>::pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(chunk_addr(row, dt) + 4 * t), "r"(v) : "memory");
@@ -54,11 +54,11 @@ __device__ __forceinline__ void store_staged(const FlashParams& p, const HopperS
       p.lse[((int64_t)it.b * p.heads + it.h) * p.seqlen_q + grow] = lse;
   }
   consumer_sync<Cfg>(cw);
-  constexpr int kChunks = D / 8;                // 16-byte chunks per row
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kRowsPerPass = 128 / kChunks;
   const int tid = threadIdx.x % 128, chunk = tid % kChunks;
   T* out = static_cast<T*>(p.o) + it.b * p.o_batch_stride + it.h * p.o_head_stride + chunk * 8;
-  #pragma unroll
+#pragma unroll
   for (int r0 = 0; r0 < 64; r0 += kRowsPerPass) {
     const int row = r0 + tid / kChunks, grow = it.m0 + 64 * cw + row;
     uint4 v;

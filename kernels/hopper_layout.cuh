@@ -54,10 +54,10 @@ struct HopperConfig {
   static constexpr int kBlockM = ROWS;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
-                                                 : D == 64 ? FA_HOPPER_STAGES_D64_CAUSAL
+                                 : D == 64       ? FA_HOPPER_STAGES_D64_CAUSAL
                                                  : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
   static constexpr bool kPersistent = PERSISTENT;  // units: causal pairs of query blocks, or single blocks
-  static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
+  static constexpr int kPanels = D / 64;           // 64-column (128-byte) swizzle panels per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
   // Registers per thread after setmaxnreg, within 65536 per SM: 128 × 40 + 256 × 232
@@ -89,9 +89,9 @@ struct HopperSmem {
     const uint32_t base = (smem_u32(raw) + 1023) & ~1023u;
     HopperSmem m;
     m.q = base;
-    m.k = m.q + Cfg::kQBytes;          // stage i at k + i × kKVBytes
+    m.k = m.q + Cfg::kQBytes;  // stage i at k + i × kKVBytes
     m.v = m.k + S * Cfg::kKVBytes;
-    m.o = m.v + S * Cfg::kKVBytes;     // persistent only; else O is staged in q
+    m.o = m.v + S * Cfg::kKVBytes;  // persistent only; else O is staged in q
     m.bars = m.o + Cfg::kStageBytes;
     return m;
   }
@@ -103,7 +103,7 @@ struct HopperSmem {
   __device__ __forceinline__ uint32_t empty_v(int i) const { return bars + 8 * (3 * S + i); }
   __device__ __forceinline__ uint32_t full_q() const { return bars + 8 * 4 * S; }
   __device__ __forceinline__ uint32_t empty_q() const { return full_q() + 8; }  // persistent only
-  __device__ __forceinline__ uint32_t scale_slot() const {                   // exp turns only: p.scale_log2
+  __device__ __forceinline__ uint32_t scale_slot() const {                      // exp turns only: p.scale_log2
     return empty_q() + 8 * Cfg::kPersistent;
   }
 };

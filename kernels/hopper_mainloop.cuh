@@ -86,7 +86,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
   // S = Q·K_j, asynchronous: committed as its own wgmma group.
   auto issue_qk = [&](const Slot& st) {
     wgmma_fence();
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<T, BN>(s, q_desc(kk), k_desc(st, kk), kk > 0);
     wgmma_commit();
   };
@@ -94,7 +94,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
   auto issue_pv = [&](const Slot& st) {
     wgmma_fence_operands(o);
     wgmma_fence();
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
     wgmma_commit();
   };
@@ -105,7 +105,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     mbar_arrive_warp(slot_empty_v(x));
   };
   auto pack_p = [&] {
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
   };
 
@@ -117,7 +117,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     if (it.skip) continue;
     const int row_lo = it.m0 + 64 * cw + 16 * warp + g;  // this thread's rows: row_lo, row_lo + 8
     const int wg_last_row = it.m0 + 64 * cw + 63;
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
@@ -125,9 +125,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
     // they come last, and only the barrier protocol runs for them. Ping-pong needs
     // both warpgroups to take the same number of turns, so it computes them (masked).
-    const int live = CAUSAL && !kPingPong
-                         ? max(0, min(it.tiles, (wg_last_row + diag + 1 - it.n_begin + BN - 1) / BN))
-                         : it.tiles;
+    const int live =
+        CAUSAL && !kPingPong ? max(0, min(it.tiles, (wg_last_row + diag + 1 - it.n_begin + BN - 1) / BN)) : it.tiles;
     auto mask = [&](int j) { mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, p.seqlen_k, diag); };
     auto softmax = [&](int j) {
       mask(j);
@@ -248,7 +247,9 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         take_turn();
         issue_pv(cur);
         if constexpr (kPingPong)
-          named_bar_arrive(cw == 0 ? NamedBarrier::TurnWg1 : chain_next ? NamedBarrier::TurnWg0 : NamedBarrier::TurnSink,
+          named_bar_arrive(cw == 0      ? NamedBarrier::TurnWg1
+                           : chain_next ? NamedBarrier::TurnWg0
+                                        : NamedBarrier::TurnSink,
                            256);
         pv_landed(cur);
       }

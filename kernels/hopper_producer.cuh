@@ -20,7 +20,7 @@ struct HopperProducer {
 
   __device__ __forceinline__ void load_q(const HopperItem& it) const {
     mbar_expect_tx(sm.full_q(), Cfg::kQBytes);
-    #pragma unroll
+#pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
       tma_load_4d(sm.q + c * BM * 128, &hp.q_map, sm.full_q(), c * 64, it.m0, it.h, it.b);
   }
@@ -29,12 +29,12 @@ struct HopperProducer {
     const int st = g % S, n0 = it.n_begin + j * BN;
     if (g >= S) mbar_wait(sm.empty_k(st), ((g / S) - 1) & 1);
     mbar_expect_tx(sm.full_k(st), Cfg::kKVBytes);
-    #pragma unroll
+#pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
       tma_load_4d(sm.k + st * Cfg::kKVBytes + c * BN * 128, &hp.k_map, sm.full_k(st), c * 64, n0, it.kvh, it.b);
     if (g >= S) mbar_wait(sm.empty_v(st), ((g / S) - 1) & 1);
     mbar_expect_tx(sm.full_v(st), Cfg::kKVBytes);
-    #pragma unroll
+#pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
       tma_load_4d(sm.v + st * Cfg::kKVBytes + c * BN * 128, &hp.v_map, sm.full_v(st), c * 64, n0, it.kvh, it.b);
   }

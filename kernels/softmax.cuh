@@ -30,9 +30,9 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_r
   // Limits relative to this thread's first key, so that the loop compares
   // compile-time offsets against two values.
   const int end = seqlen_k - n0 - 2 * t, last = row_lo + diag - n0 - 2 * t;
-  #pragma unroll
+#pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    #pragma unroll
+#pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = nt * 8 + (e % 2);
       if (key >= end || (CAUSAL && key > last + (e / 2) * 8)) s[nt][e] = -INFINITY;
@@ -53,7 +53,7 @@ template <int NT>
 __device__ __forceinline__ float row_max_step(const float (&s)[NT][4], int r, float (&row_max)[2],
                                               float (&correction)[2], float scale_log2) {
   float mx = -INFINITY;
-  #pragma unroll
+#pragma unroll
   for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
   mx = quad_max(mx) * scale_log2;
   const float new_max = fmaxf(row_max[r], mx);
@@ -66,7 +66,7 @@ template <int NT>
 __device__ __forceinline__ void row_exp_step(float (&s)[NT][4], int r, float base, float (&row_sum)[2],
                                              const float (&correction)[2], float scale_log2) {
   float sum = 0.f;
-  #pragma unroll
+#pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], scale_log2, -base));
     s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -base));
@@ -83,9 +83,9 @@ __device__ __forceinline__ void row_exp_step(float (&s)[NT][4], int r, float bas
 template <int NT>
 __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
                                              float (&correction)[2], float scale_log2) {
-  #pragma unroll
-  for (int r = 0; r < 2; ++r) row_exp_step(s, r, row_max_step(s, r, row_max, correction, scale_log2), row_sum,
-                                           correction, scale_log2);
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    row_exp_step(s, r, row_max_step(s, r, row_max, correction, scale_log2), row_sum, correction, scale_log2);
 }
 
 // The same in two halves, so that a kernel can take turns on the SFU between
@@ -96,7 +96,7 @@ __device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&row_max)
 template <int NT>
 __device__ __forceinline__ void softmax_max(const float (&s)[NT][4], float (&row_max)[2], float (&correction)[2],
                                             float scale_log2) {
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < 2; ++r) row_max_step(s, r, row_max, correction, scale_log2);
 }
 template <typename T, int NT>
@@ -105,11 +105,11 @@ __device__ __forceinline__ void softmax_exp_pack(const float (&s)[NT][4], const 
                                                  uint32_t (&pf)[NT / 2][4]) {
   const float base[2] = {exp_base(row_max[0]), exp_base(row_max[1])};
   float sum[2] = {0.f, 0.f};
-  #pragma unroll
+#pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
-    #pragma unroll
+#pragma unroll
     for (int half = 0; half < 2; ++half) {
-      #pragma unroll
+#pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float* x = &s[2 * kk + half][2 * r];
         const float a = fast_exp2(fmaf(x[0], scale_log2, -base[r])), b = fast_exp2(fmaf(x[1], scale_log2, -base[r]));
@@ -118,13 +118,13 @@ __device__ __forceinline__ void softmax_exp_pack(const float (&s)[NT][4], const 
       }
     }
   }
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * correction[r] + sum[r];
 }
 
 template <int DT>
 __device__ __forceinline__ void rescale(float (&o)[DT][4], const float (&correction)[2]) {
-  #pragma unroll
+#pragma unroll
   for (int dt = 0; dt < DT; ++dt) {
     o[dt][0] *= correction[0];
     o[dt][1] *= correction[0];
@@ -176,7 +176,7 @@ __device__ __forceinline__ void row_finish(const float (&row_max)[2], const floa
 template <typename T, int D>
 __device__ __forceinline__ void store_rows(const FlashParams& p, const float (&o)[D / 8][4], const float (&row_max)[2],
                                            const float (&row_sum)[2], int row_lo, int b, int h, int split, int t) {
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     float inv, lse;
     row_finish(row_max, row_sum, r, inv, lse);
@@ -185,16 +185,15 @@ __device__ __forceinline__ void store_rows(const FlashParams& p, const float (&o
     const int64_t bh_row = ((int64_t)b * p.heads + h) * p.seqlen_q + row;
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row * p.o_row_stride;
-      #pragma unroll
+#pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
-        *reinterpret_cast<uint32_t*>(out + dt * 8 + 2 * t) =
-            Dtype<T>::pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + dt * 8 + 2 * t) = Dtype<T>::pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
       }
       if (p.lse != nullptr && t == 0) p.lse[bh_row] = lse;
     } else {
       const int64_t part = (int64_t)split * p.batch * p.heads * p.seqlen_q + bh_row;
       float* out = p.o_partial + part * D;
-      #pragma unroll
+#pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
         *reinterpret_cast<float2*>(out + dt * 8 + 2 * t) = make_float2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
       }

@@ -12,7 +12,7 @@ mod policy;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::build::BuildPayload;
 use crate::errors::{CannotRun, CheckFailed};
@@ -341,19 +341,81 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
         }
     }
 
+    let sources = kernel_sources(&paths.root)?;
+    let out = Cmd::new(py.join("bin/clang-format"))
+        .args(["--dry-run", "--Werror", "--style=file"])
+        .args(sources.iter().cloned())
+        .env("PYTHONPATH", py.display().to_string())
+        .cwd(&paths.root)
+        .quiet()
+        .timeout(Duration::from_secs(120))
+        .run()?;
+    let unformatted = clang_format_violations(&out.stderr);
+    if !out.success() && unformatted.is_empty() {
+        bail!("clang-format could not check kernels/ ({}): {}", out.status, out.tail());
+    }
+    for place in &unformatted {
+        println!("clang-format: {place}: code should be clang-formatted");
+    }
+    if !unformatted.is_empty() {
+        failures.push("clang-format (kernels/)");
+    }
+
     if !failures.is_empty() {
-        return Err(CheckFailed(format!("workflow lint: {} reported findings", failures.join(", "))).into());
+        return Err(CheckFailed(format!("lint: {} reported findings", failures.join(", "))).into());
     }
     eprintln!(
-        "workflow lint: project rules, actionlint, zizmor and zizmor --pedantic clean on {} workflow(s)",
-        files.len()
+        "lint: project rules, actionlint, zizmor and zizmor --pedantic clean on {} workflow(s); \
+         clang-format clean on {} kernel source(s)",
+        files.len(),
+        sources.len()
     );
     Ok(())
+}
+
+/// The kernel sources clang-format checks: `kernels/*.{cu,cuh,h}`, sorted.
+fn kernel_sources(root: &Path) -> Result<Vec<String>> {
+    let dir = root.join("kernels");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".cu") || n.ends_with(".cuh") || n.ends_with(".h"))
+        .map(|n| format!("kernels/{n}"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// `file:line:col` of each place `clang-format --dry-run --Werror` says should be
+/// formatted. Pure.
+pub fn clang_format_violations(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("error: code should be clang-formatted"))
+        .filter_map(|l| l.split(": error:").next().map(str::to_string))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clang_format_places_are_read_from_its_output() {
+        let text = include_str!("../tests/data/ci/clang-format-violations.txt");
+        let places = clang_format_violations(text);
+        assert_eq!(places.len(), 6, "{places:?}");
+        assert_eq!(places[0], "kernels/bad.cu:1:4");
+        assert!(clang_format_violations("").is_empty());
+    }
+
+    #[test]
+    fn the_kernels_are_clang_formatted_sources() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let sources = kernel_sources(&root).unwrap();
+        assert!(sources.contains(&"kernels/flash_fwd_hopper.cuh".to_string()), "{sources:?}");
+        assert!(root.join(".clang-format").is_file(), "the style clang-format checks against");
+    }
 
     #[test]
     fn declared_runner_labels_are_not_findings() {
