@@ -1,20 +1,22 @@
 //! Invariants of the code's layout, checked as tests (ARCHITECTURE.md, Invariants).
+//! Each reads the workspace's sources as text.
 
 use std::path::{Path, PathBuf};
 
-fn sources() -> Vec<(PathBuf, String)> {
-    fn walk(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+/// Files with these extensions under `dir` (relative to the workspace root), with their text.
+fn files_under(dir: &str, exts: &[&str]) -> Vec<(PathBuf, String)> {
+    fn walk(dir: &Path, exts: &[&str], out: &mut Vec<(PathBuf, String)>) {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
-                walk(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
+                walk(&path, exts, out);
+            } else if path.extension().and_then(|e| e.to_str()).is_some_and(|e| exts.contains(&e)) {
                 out.push((path.clone(), std::fs::read_to_string(&path).unwrap()));
             }
         }
     }
     let mut out = Vec::new();
-    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut out);
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir), exts, &mut out);
     out
 }
 
@@ -41,11 +43,57 @@ fn error_kinds_import_nothing_from_the_crate() {
 
 #[test]
 fn only_the_process_layer_spawns_processes() {
-    let offenders: Vec<String> = sources()
+    let offenders: Vec<String> = files_under("xtask/src", &["rs"])
         .into_iter()
         .filter(|(p, _)| !p.ends_with("process.rs") && !p.ends_with("tidy.rs"))
         .filter(|(_, text)| code(text).contains("Command::new") || code(text).contains("process::Command"))
         .map(|(p, _)| p.display().to_string())
         .collect();
     assert!(offenders.is_empty(), "spawn through process::Cmd: {offenders:?}");
+}
+
+#[test]
+fn parsers_do_no_io() {
+    for name in ["ptxas", "sass", "sanitizer", "smi", "ncu", "xml", "build/diagnostics"] {
+        let text =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("src/{name}.rs"))).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or(&text);
+        for io in ["std::fs::", "File::", "Cmd::", "std::env::", "std::io::stdin"] {
+            assert!(!code.contains(io), "the parser {name}.rs does IO ({io}): parsers take text and return values");
+        }
+    }
+}
+
+#[test]
+fn kernel_ffi_never_spawns_and_every_unsafe_says_why() {
+    for (path, text) in files_under("kernel-ffi/src", &["rs"]) {
+        assert!(!text.contains("Command::new") && !text.contains("process::Command"), "{} spawns", path.display());
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if code.split(|c: char| !c.is_alphanumeric() && c != '_').any(|w| w == "unsafe") {
+                let before = lines[i.saturating_sub(8)..=i].join("\n");
+                assert!(before.contains("SAFETY:"), "{}:{}: `unsafe` without a SAFETY comment", path.display(), i + 1);
+            }
+        }
+    }
+}
+
+#[test]
+fn no_kernel_or_kernel_ffi_comment_cites_a_ledger_iteration() {
+    let mut found = Vec::new();
+    for (path, text) in
+        files_under("kernels", &["cu", "cuh", "h"]).into_iter().chain(files_under("kernel-ffi/src", &["rs"]))
+    {
+        for (i, line) in text.lines().enumerate() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let cites = words.windows(2).any(|w| {
+                w[0].trim_end_matches('s') == "iteration" && w[1].chars().next().is_some_and(|c| c.is_ascii_digit())
+            });
+            if cites {
+                found.push(format!("{}:{}", path.display(), i + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "history belongs in perf/ (ledger, DECISIONS.md): {found:?}");
 }
