@@ -10,16 +10,15 @@ pub mod device;
 pub mod error;
 pub mod io;
 pub mod kernel_dir;
-pub mod manifest;
 pub mod params;
 pub mod planner;
 pub mod probe;
 pub mod reference;
 pub mod rng;
-pub mod schema;
 pub mod tensor;
 
 pub use attention::{Attention, Entry, Launched, Options, Splits, Tensor, Variant};
 pub use device::Gpu;
 pub use error::{Error, Result};
+pub use fa_schema::{manifest, schema};
 pub use tensor::{Desc, Dtype, Layout, Problem};

@@ -14,8 +14,6 @@ mod gpu;
 mod iterate;
 mod kernels;
 mod ledger;
-#[path = "../../kernel-ffi/src/manifest.rs"]
-mod manifest;
 mod ncu;
 #[cfg(test)]
 mod parser_fuzz;
@@ -28,8 +26,6 @@ mod report;
 mod sanitize;
 mod sanitizer;
 mod sass;
-#[path = "../../kernel-ffi/src/schema.rs"]
-mod schema;
 mod smi;
 mod summary;
 mod table;
@@ -45,6 +41,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use fa_schema::{manifest, schema};
 
 use errors::CannotRun;
 use flags::{BenchAction, Cli, Task};

@@ -1,5 +1,5 @@
-//! JSON the kernel-ffi binaries write and xtask reads. Pure serde; xtask
-//! includes this file by path, so writer and reader share one definition.
+//! JSON the kernel-ffi binaries write and xtask reads: writer and reader share
+//! one definition. Pure serde.
 
 use serde::{Deserialize, Serialize};
 
