@@ -4,8 +4,13 @@
 
 use anyhow::{Result, bail};
 
+use crate::build;
+use crate::optimise::ledger;
 use crate::paths::Paths;
-use crate::{build, gpu, ledger, preflight, sanitize, test};
+use crate::tools::gpu;
+use crate::tools::preflight;
+use crate::verify::sanitize;
+use crate::verify::test;
 
 pub struct Options {
     pub build: build::Options,
@@ -19,7 +24,7 @@ const GPU_STAGES: &[&str] = &["preflight", "test", "sanitize (every fifth iterat
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     // A line per stage, failures in full; the tables go to target/xtask/*.txt (-v prints them).
-    crate::process::set_detail(false);
+    crate::tools::process::set_detail(false);
     eprintln!("== check: build and resource budgets");
     build::run(paths, &opts.build)?;
 

@@ -14,13 +14,17 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::build;
 use crate::build::BuildPayload;
+use crate::check;
 use crate::errors::{CannotRun, CheckFailed};
 use crate::manifest::Manifest;
+use crate::measure::bench;
 use crate::paths::Paths;
-use crate::process::Cmd;
 use crate::report::{Envelope, read_json};
-use crate::{bench, build, check, preflight, test};
+use crate::tools::preflight;
+use crate::tools::process::Cmd;
+use crate::verify::test;
 
 /// zizmor, pinned with the hash of every wheel (pip `--require-hashes`).
 const LINT_REQUIREMENTS: &str = "ci/requirements-lint.txt";
@@ -232,7 +236,7 @@ fn install_pinned(dir: &Path, pins: &str, what: &str, install: impl FnOnce(&Path
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     eprintln!("ci: installing {what} into {}", dir.display());
     install(dir).map_err(|e| CannotRun(format!("installing {what} failed: {e:#}")))?;
-    crate::process::write_file(&stamp, pins)
+    crate::tools::process::write_file(&stamp, pins)
 }
 
 /// The workflow files, sorted, relative to the root.
@@ -307,10 +311,10 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
     let py = lint.join("py");
     let requirements = paths.root.join(LINT_REQUIREMENTS);
     let pins = std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
-    let described: Vec<String> = crate::toolchain::parse_requirements(&pins)
+    let described: Vec<String> = crate::tools::toolchain::parse_requirements(&pins)
         .with_context(|| format!("{LINT_REQUIREMENTS} must pin every package by hash"))?
         .iter()
-        .map(crate::toolchain::Pin::describe)
+        .map(crate::tools::toolchain::Pin::describe)
         .collect();
     install_pinned(&py, &pins, &described.join(", "), |dir| {
         Cmd::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))

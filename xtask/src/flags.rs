@@ -6,15 +6,19 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::build;
 use crate::errors::CannotRun;
+use crate::measure::bench;
+use crate::measure::compare;
 use crate::paths::Paths;
-use crate::{bench, build, compare, sanitize, test};
+use crate::verify::sanitize;
+use crate::verify::test;
 
 /// `--version`: the crate version, the git revision and rustc it was built from.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FA_GIT_REV"), ", ", env!("FA_RUSTC"), ")");
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "Build, check and measure the FlashAttention kernels", version = VERSION)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", about = "Build, check and measure the FlashAttention kernels", version = VERSION)]
 pub struct Cli {
     /// Say less: no command lines or child output, only results and errors.
     #[arg(long, short, global = true, conflicts_with = "verbose")]
@@ -94,13 +98,14 @@ pub enum Task {
         /// Check the gate on this GPU: this build against itself (A/A) and against
         /// itself slowed by FRACTION of every timed half (default 0.03).
         #[arg(long, value_name = "FRACTION", num_args = 0..=1, default_missing_value = "0.03",
-              conflicts_with_all = ["against", "base_dir", "save_baseline", "baseline"])]
+              value_parser = planted_fraction, conflicts_with_all = ["against", "base_dir", "save_baseline", "baseline"])]
         self_test: Option<f64>,
     },
     /// What CI runs: fmt, clippy, tests, static check, workflow lint; with --gpu the GPU gate.
+    #[command(group(clap::ArgGroup::new("base").args(["against", "base_dir"])))]
     Ci {
         /// The GPU job: preflight, build, correctness matrix, regression gate.
-        #[arg(long)]
+        #[arg(long, requires = "base")]
         gpu: bool,
         #[command(flatten)]
         build: BuildArgs,
@@ -305,6 +310,12 @@ fn build_args(task: &Task) -> Option<&BuildArgs> {
     }
 }
 
+/// `--self-test`'s planted slowdown: a fraction, 0.005 to 0.5.
+fn planted_fraction(s: &str) -> Result<f64, String> {
+    let f: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.005..0.5).contains(&f) { Ok(f) } else { Err("the planted slowdown is a fraction, 0.005 to 0.5".into()) }
+}
+
 impl Task {
     /// Paths for the task: its kernels are built into and loaded from `--out-dir`,
     /// or loaded from `--kernels`, where given.
@@ -376,5 +387,16 @@ mod tests {
             assert!(err.contains("--out-dir"), "{task}: {err}");
         }
         assert!(Cli::try_parse_from(["xtask", "test", "--kernels", "a", "--out-dir", "b"]).is_err());
+    }
+
+    #[test]
+    fn flags_that_cannot_work_are_refused_while_parsing() {
+        let err = |args: &[&str]| Cli::try_parse_from(args).err().map(|e| e.to_string()).unwrap_or_default();
+        let ci = err(&["xtask", "ci", "--gpu"]);
+        assert!(ci.contains("--against") && ci.contains("Usage: cargo xtask ci"), "{ci}");
+        assert!(err(&["xtask", "ci", "--gpu", "--against", "main"]).is_empty());
+        assert!(err(&["xtask", "bench", "--self-test", "2"]).contains("0.005 to 0.5"));
+        assert!(err(&["xtask", "bench", "--self-test", "nan"]).contains("0.005 to 0.5"));
+        assert!(err(&["xtask", "bench", "--self-test"]).is_empty());
     }
 }

@@ -1,41 +1,21 @@
 //! xtask: the kernel team's build-and-verify pipeline. `main` parses flags and
 //! dispatches; each task lives in its own module.
 
-mod bench;
-mod budget;
 mod build;
 mod check;
 mod ci;
-mod compare;
 mod errors;
 mod flags;
-mod gate;
-mod gpu;
-mod iterate;
-mod kernels;
-mod ledger;
-mod ncu;
-#[cfg(test)]
-mod parser_fuzz;
+mod measure;
+mod optimise;
+mod parse;
 mod paths;
-mod preflight;
-mod process;
-mod profile;
-mod ptxas;
 mod report;
-mod sanitize;
-mod sanitizer;
-mod sass;
-mod smi;
-mod summary;
 mod table;
-mod test;
 #[cfg(test)]
 mod tidy;
-mod toolchain;
 mod tools;
-mod tune;
-mod xml;
+mod verify;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -43,8 +23,12 @@ use std::time::Duration;
 use clap::Parser;
 use fa_schema::{manifest, schema};
 
-use errors::CannotRun;
+use build::kernel_set;
 use flags::{BenchAction, Cli, Task};
+use measure::{bench, compare, profile, tune};
+use optimise::{iterate, summary};
+use tools::{preflight, process};
+use verify::{sanitize, test};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -84,7 +68,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             check::run(&paths, &check::Options { build: build.options(), require_gpu, sanitize, test: test.options() })
         }
         Task::Sanitize { build, tool, tool_timeout, defects } => {
-            kernels::prepare(&paths, &build.options(), build.kernels.is_some())?;
+            kernel_set::prepare(&paths, &build.options(), build.kernels.is_some())?;
             let b = build.options();
             let tools = if tool.is_empty() { sanitize::Tool::ALL.to_vec() } else { tool };
             sanitize::run(
@@ -115,11 +99,6 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             )
         }
         Task::Ci { gpu, build, test, against, base_dir, gate } => {
-            if gpu && against.is_none() && base_dir.is_none() {
-                return Err(
-                    CannotRun("ci --gpu needs a base to gate against: --against REV or --base-dir DIR".into()).into()
-                );
-            }
             let bench = bench::Options { against, base_dir, ..gate.options("f16") };
             ci::run(&paths, &ci::Options { gpu, build: build.options(), test: test.options(), bench })
         }
@@ -150,12 +129,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             vs_torch,
             self_test,
         } => {
-            if let Some(f) = self_test.filter(|f| !(0.005..0.5).contains(f)) {
-                return Err(
-                    CannotRun(format!("--self-test {f}: the planted slowdown is a fraction, 0.005 to 0.5")).into()
-                );
-            }
-            kernels::prepare(&paths, &build.options(), build.kernels.is_some())?;
+            kernel_set::prepare(&paths, &build.options(), build.kernels.is_some())?;
             let opts = bench::Options {
                 against,
                 base_dir,
@@ -179,7 +153,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             )
         }
         Task::Test { build, test } => {
-            kernels::prepare(&paths, &build.options(), build.kernels.is_some())?;
+            kernel_set::prepare(&paths, &build.options(), build.kernels.is_some())?;
             test::run(&paths, &test.options())
         }
     }

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::process::write_file;
+use crate::tools::process::write_file;
 
 /// Bumped whenever a payload changes shape.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -35,7 +35,7 @@ pub struct Envelope<T> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KernelSetRecord {
     pub dir: String,
-    /// `kernels::sources_hash`; absent for a folder without `kernel-set.json`.
+    /// `kernel_set::sources_hash`; absent for a folder without `kernel-set.json`.
     pub sources: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub defines: Vec<String>,
@@ -90,7 +90,7 @@ impl<T: Serialize> Envelope<T> {
 
     /// Records the kernel set in `dir` as the one this report judged.
     pub fn kernels(mut self, dir: &Path) -> Self {
-        let set = crate::kernels::load(dir);
+        let set = crate::build::kernel_set::load(dir);
         self.kernel_set = Some(KernelSetRecord {
             dir: dir.display().to_string(),
             sources: set.as_ref().map(|s| s.sources.clone()),
@@ -117,7 +117,7 @@ pub fn git_state() -> (String, bool) {
     if let Ok(rev) = std::env::var("XTASK_GIT_REV") {
         return (rev, false);
     }
-    let quick = |args: &[&str]| crate::process::git(Path::new("."), args);
+    let quick = |args: &[&str]| crate::tools::process::git(Path::new("."), args);
     match quick(&["rev-parse", "HEAD"]) {
         Some(rev) => {
             let dirty = quick(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());

@@ -45,7 +45,7 @@ fn error_kinds_import_nothing_from_the_crate() {
 fn only_the_process_layer_spawns_processes() {
     let offenders: Vec<String> = files_under("xtask/src", &["rs"])
         .into_iter()
-        .filter(|(p, _)| !p.ends_with("process.rs") && !p.ends_with("tidy.rs"))
+        .filter(|(p, _)| !p.ends_with("tools/process.rs") && !p.ends_with("tidy.rs"))
         .filter(|(_, text)| code(text).contains("Command::new") || code(text).contains("process::Command"))
         .map(|(p, _)| p.display().to_string())
         .collect();
@@ -54,12 +54,39 @@ fn only_the_process_layer_spawns_processes() {
 
 #[test]
 fn parsers_do_no_io() {
-    for name in ["ptxas", "sass", "sanitizer", "smi", "ncu", "xml", "build/diagnostics"] {
-        let text =
-            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("src/{name}.rs"))).unwrap();
-        let code = text.split("#[cfg(test)]").next().unwrap_or(&text);
-        for io in ["std::fs::", "File::", "Cmd::", "std::env::", "std::io::stdin"] {
-            assert!(!code.contains(io), "the parser {name}.rs does IO ({io}): parsers take text and return values");
+    let parsers = files_under("xtask/src/parse", &["rs"]);
+    assert!(parsers.len() >= 7, "the parsers live in xtask/src/parse");
+    for (path, text) in parsers.iter().filter(|(p, _)| !p.ends_with("fuzz.rs")) {
+        for io in ["std::fs::", "File::", "Cmd::", "std::env::", "std::io::stdin", "crate::tools"] {
+            assert!(!code(text).contains(io), "{} does IO ({io}): parsers take text and return values", path.display());
+        }
+    }
+}
+
+#[test]
+fn imports_flow_one_way() {
+    // Parsers import only parsers and the shared schema; the tools layer imports no
+    // stage; no module imports from `main`.
+    for (path, text) in files_under("xtask/src", &["rs"]) {
+        let imports: Vec<&str> = code(&text).lines().filter(|l| l.contains("crate::")).collect();
+        let rel = path.to_string_lossy().replace('\\', "/");
+        let forbidden: &[&str] = if rel.ends_with("parse/fuzz.rs") {
+            &[] // a test module: it may read the captured fixtures
+        } else if rel.contains("/src/parse/") {
+            &["crate::tools", "crate::build", "crate::verify", "crate::measure", "crate::optimise", "crate::ci"]
+        } else if rel.contains("/src/tools/") {
+            &["crate::build", "crate::verify", "crate::measure", "crate::optimise", "crate::ci", "crate::check"]
+        } else {
+            &["crate::main", "crate::flags"]
+        };
+        for line in imports {
+            if !rel.ends_with("main.rs") && !rel.ends_with("tidy.rs") {
+                assert!(
+                    !forbidden.iter().any(|f| line.contains(f)),
+                    "{rel}: `{}` runs against the layering",
+                    line.trim()
+                );
+            }
         }
     }
 }

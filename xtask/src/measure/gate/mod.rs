@@ -1,0 +1,511 @@
+//! The no >2% regression gate. The base and the candidate are two builds, each
+//! a long-lived `fa-bench --serve` with its own CUDA context and buffers, timed
+//! turn by turn (never at once) in quads: A B B A or B A A B in a seeded order,
+//! a few launches per half, L2 flushed. Each quad gives r = ln((B₁+B₂)/(A₁+A₂)),
+//! which cancels linear drift of the clock within the quad; each shape measures
+//! until its confidence sequence (`sequence`) decides or its budget runs out.
+//!
+//! Clocks are diagnostics: the SM clock is read by a probe kernel in every quad
+//! and NVML's clock-event reasons beside it. A candidate that runs at a lower
+//! clock because it draws more power is slower, so no quad is dropped or scaled
+//! for its clock; only quads under a hardware slowdown (thermal, power brake)
+//! are set aside, and more than 10% of those leaves the shape inconclusive.
+
+pub mod monitor;
+pub mod sequence;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::schema::{DeviceInfo, EntryRecord, SERVE_PROTOCOL, ServeReply, ServeRequest};
+use crate::tools::process::{Cmd, Session};
+use monitor::Monitor;
+use sequence::{Rule, Step, Verdict};
+
+/// One side of a comparison: a bench binary and the kernels it loads.
+#[derive(Debug, Clone)]
+pub struct Side {
+    pub bench: PathBuf,
+    pub kernels: PathBuf,
+    /// `fa-bench --plant-slowdown`: 0 except for the self-test's planted side.
+    pub plant: f64,
+}
+
+impl Side {
+    pub fn new(bench: PathBuf, kernels: PathBuf) -> Side {
+        Side { bench, kernels, plant: 0.0 }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Shapes `B,H,S,D[,causal]`; empty: the candidate's default set.
+    pub shapes: Vec<String>,
+    pub dtypes: Vec<String>,
+    /// `fa-bench --variant`, where not auto.
+    pub variant: String,
+    /// Most seconds of quads per shape.
+    pub budget_secs: f64,
+    /// Seeds the quads' order.
+    pub seed: u64,
+}
+
+/// Calls per half: enough that a half of short calls outlasts the pipe's round trip.
+const HALF_US_EVENTS: f64 = 400.0;
+const HALF_US_GRAPH: f64 = 300.0;
+/// Quads run and discarded after each setup (first replays, clock settling).
+const WARMUP_QUADS: usize = 2;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quad {
+    /// A B B A (true) or B A A B.
+    pub base_first: bool,
+    /// µs per call of each half, in the order they ran on that side.
+    pub base_us: [f64; 2],
+    pub cand_us: [f64; 2],
+    pub r: f64,
+    /// SM clock read by the probe kernel after the quad's second half.
+    pub sm_mhz: Option<f64>,
+    /// NVML clock-event reasons after the quad.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    /// Under a hardware slowdown: not counted.
+    #[serde(default)]
+    pub set_aside: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShapeGate {
+    pub name: String,
+    pub method: String,
+    /// Calls per half.
+    pub launches: usize,
+    pub base_entry: EntryRecord,
+    pub cand_entry: EntryRecord,
+    /// Median µs per call over the counted quads.
+    pub base_us: f64,
+    pub cand_us: f64,
+    pub cand_tflops: f64,
+    /// exp(median r) − 1 and the confidence sequence's interval, as fractions: positive is slower.
+    pub change: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+    pub verdict: Verdict,
+    pub quads: usize,
+    pub set_aside: usize,
+    pub seconds: f64,
+    /// SM clock over the quads: 10th percentile, median, 90th percentile.
+    pub sm_mhz: Option<[f64; 3]>,
+    /// How many quads saw each clock-event reason.
+    pub reasons: BTreeMap<String, usize>,
+    pub quad_log: Vec<Quad>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateRun {
+    pub device: DeviceInfo,
+    pub rule: Rule,
+    pub seed: u64,
+    /// NVML reported application or user-defined clocks (locked by an admin).
+    pub clocks_locked: bool,
+    /// Whether NVML could be read for the reasons.
+    pub monitored: bool,
+    pub shapes: Vec<ShapeGate>,
+}
+
+impl GateRun {
+    /// Shapes the gate fails on: regressions and inconclusive ones.
+    pub fn failures(&self) -> Vec<&ShapeGate> {
+        self.shapes.iter().filter(|s| s.verdict.fails()).collect()
+    }
+}
+
+/// A bench server: one side's `fa-bench --serve`.
+struct Server {
+    label: &'static str,
+    session: Session,
+    hello: (DeviceInfo, Vec<String>),
+}
+
+impl Server {
+    fn start(side: &Side, label: &'static str, opts: &Options, dir: &Path) -> Result<Server> {
+        let mut cmd = Cmd::new(&side.bench)
+            .arg("--serve")
+            .env("FA_KERNEL_DIR", side.kernels.display().to_string())
+            .log(dir.join(format!("{label}-serve.log")));
+        if side.plant > 0.0 {
+            cmd = cmd.args(["--plant-slowdown".to_string(), side.plant.to_string()]);
+        }
+        if opts.variant != "auto" {
+            cmd = cmd.args(["--variant", &opts.variant]);
+        }
+        let mut session = cmd.session()?;
+        let line = session.read_line(Duration::from_secs(300)).with_context(|| format!("starting the {label}"))?;
+        let hello = match serde_json::from_str::<ServeReply>(&line) {
+            Ok(ServeReply::Hello { protocol: SERVE_PROTOCOL, device, default_shapes }) => (device, default_shapes),
+            Ok(ServeReply::Hello { protocol, .. }) => bail!(
+                "the {label}'s fa-bench speaks serve protocol {protocol}, this xtask {SERVE_PROTOCOL}: \
+                 build both sides from one revision of the gate"
+            ),
+            _ => bail!(
+                "the {label}'s fa-bench ({}) does not serve the paired gate (it answered `{line}`); \
+                 a base built before the paired gate cannot be compared: pass --base-dir with a \
+                 newer build, or its kernels alone (DIR/kernels) to time them with this fa-bench",
+                side.bench.display()
+            ),
+        };
+        Ok(Server { label, session, hello })
+    }
+
+    fn ask(&mut self, req: &ServeRequest, timeout: Duration) -> Result<ServeReply> {
+        let line = serde_json::to_string(req)?;
+        let answer = self.session.request(&line, timeout).with_context(|| format!("the {} server", self.label))?;
+        match serde_json::from_str::<ServeReply>(&answer) {
+            Ok(ServeReply::Error { message }) => bail!("the {} server: {message}", self.label),
+            Ok(reply) => Ok(reply),
+            Err(e) => bail!("the {} server answered `{answer}`: {e}", self.label),
+        }
+    }
+
+    /// The case's method, µs per call, entry and FLOP per call.
+    fn setup(&mut self, shape: &str, dtype: &str, method: Option<&str>) -> Result<(String, f64, EntryRecord, f64)> {
+        let req = ServeRequest::Setup { shape: shape.into(), dtype: dtype.into(), method: method.map(String::from) };
+        match self.ask(&req, Duration::from_secs(300))? {
+            ServeReply::Ready { method, estimate_us, entry, flops, .. } => Ok((method, estimate_us, entry, flops)),
+            other => bail!("the {} server answered setup with {other:?}", self.label),
+        }
+    }
+
+    fn time(&mut self, launches: usize, probe: bool) -> Result<(f64, Option<f64>)> {
+        match self.ask(&ServeRequest::Time { launches, probe }, Duration::from_secs(120))? {
+            ServeReply::Timed { us, sm_mhz } if us.is_finite() && us > 0.0 => Ok((us, sm_mhz)),
+            other => bail!("the {} server answered time with {other:?}", self.label),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ =
+            serde_json::to_string(&ServeRequest::Quit).map(|q| self.session.request(&q, Duration::from_millis(200)));
+    }
+}
+
+/// Calls per half for a call of `estimate_us` timed by `method`.
+pub fn launches_per_half(method: &str, estimate_us: f64) -> usize {
+    let est = estimate_us.max(0.5);
+    if method == "graph-replay" {
+        ((HALF_US_GRAPH / est).ceil() as usize).clamp(10, 500)
+    } else {
+        ((HALF_US_EVENTS / est).ceil() as usize).clamp(1, 64)
+    }
+}
+
+/// splitmix64: the quads' order, reproducible from the seed in the report.
+struct Coin(u64);
+impl Coin {
+    fn flip(&mut self) -> bool {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) & 1 == 1
+    }
+}
+
+/// Runs the gate over every case; the servers are stopped on return.
+pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateRun> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut b = Server::start(base, "base", opts, dir)?;
+    let mut c = Server::start(cand, "candidate", opts, dir)?;
+    let device = c.hello.0.clone();
+    if b.hello.0.uuid != device.uuid {
+        bail!(
+            "base and candidate servers opened different GPUs ({:?} and {:?}); a comparison needs one",
+            b.hello.0.uuid,
+            device.uuid
+        );
+    }
+    let shapes = if opts.shapes.is_empty() { c.hello.1.clone() } else { opts.shapes.clone() };
+    let cases: Vec<(&str, &str)> =
+        opts.dtypes.iter().flat_map(|d| shapes.iter().map(move |s| (s.as_str(), d.as_str()))).collect();
+    let rule = Rule::for_shapes(cases.len(), opts.budget_secs);
+    let monitor = Monitor::open(device.uuid.as_deref());
+    let mut coin = Coin(opts.seed);
+    let mut results = Vec::new();
+    let mut clocks_locked = false;
+    for (i, (shape, dtype)) in cases.iter().enumerate() {
+        let (method, estimate, base_entry, flops) =
+            b.setup(shape, dtype, None).with_context(|| format!("setting up {dtype} {shape}"))?;
+        let (_, _, cand_entry, _) =
+            c.setup(shape, dtype, Some(&method)).with_context(|| format!("setting up {dtype} {shape}"))?;
+        let launches = launches_per_half(&method, estimate);
+        let mut quads = Vec::new();
+        let mut sorted = Vec::new();
+        let mut set_aside = 0;
+        let start = Instant::now();
+        let mut warm = 0;
+        let verdict = loop {
+            let base_first = coin.flip();
+            let mut halves = [0.0; 4];
+            let mut sm_mhz = None;
+            for (h, half) in halves.iter_mut().enumerate() {
+                // A B B A: the base runs halves 0 and 3; B A A B: halves 1 and 2.
+                let base_turn = (h == 0 || h == 3) == base_first;
+                let server = if base_turn { &mut b } else { &mut c };
+                let (us, mhz) = server.time(launches, h == 1)?;
+                *half = us;
+                sm_mhz = sm_mhz.or(mhz);
+            }
+            if warm < WARMUP_QUADS {
+                warm += 1;
+                continue;
+            }
+            let (base_us, cand_us) = if base_first {
+                ([halves[0], halves[3]], [halves[1], halves[2]])
+            } else {
+                ([halves[1], halves[2]], [halves[0], halves[3]])
+            };
+            let r = sequence::log_ratio(base_us, cand_us);
+            let reasons: Vec<String> =
+                monitor.as_ref().map(|m| m.reasons().into_iter().map(String::from).collect()).unwrap_or_default();
+            clocks_locked |= reasons.iter().any(|r| r == "applications_clocks");
+            let aside = reasons.iter().any(|r| monitor::HARDWARE.contains(&r.as_str()));
+            if aside {
+                set_aside += 1;
+            } else {
+                sequence::insert_sorted(&mut sorted, r);
+            }
+            quads.push(Quad { base_first, base_us, cand_us, r, sm_mhz, reasons, set_aside: aside });
+            if let Step::Stop(v) = sequence::step(&rule, &sorted, set_aside, quads.len(), start.elapsed().as_secs_f64())
+            {
+                break v;
+            }
+        };
+        let g = summarise(
+            format!("{dtype}-{}", shape_name(shape)),
+            method,
+            (launches, flops),
+            (base_entry, cand_entry),
+            &rule,
+            quads,
+            verdict,
+            start.elapsed().as_secs_f64(),
+        );
+        eprintln!(
+            "gate {:>2}/{}: {:<28} {:>5} quads {:>4.1} s  {:+.2}% [{:+.2}%, {:+.2}%]  {}",
+            i + 1,
+            cases.len(),
+            g.name,
+            g.quads,
+            g.seconds,
+            g.change * 100.0,
+            g.ci_low * 100.0,
+            g.ci_high * 100.0,
+            verdict_word(g.verdict)
+        );
+        results.push(g);
+    }
+    Ok(GateRun { device, rule, seed: opts.seed, clocks_locked, monitored: monitor.is_some(), shapes: results })
+}
+
+/// fa-bench's case name for a shape spec: `2,16,8192,128,causal` → `b2h16s8192d128-causal`.
+pub fn shape_name(spec: &str) -> String {
+    let p: Vec<&str> = spec.split(',').map(str::trim).collect();
+    let causal = if p.get(4) == Some(&"causal") { "-causal" } else { "" };
+    match p.as_slice() {
+        [b, h, s, d, ..] => format!("b{b}h{h}s{s}d{d}{causal}"),
+        _ => spec.to_string(),
+    }
+}
+
+pub fn verdict_word(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Regression => "REGRESSION",
+        Verdict::Improvement => "improvement",
+        Verdict::Same => "same",
+        Verdict::Inconclusive => "INCONCLUSIVE",
+    }
+}
+
+/// One shape's record from its quads.
+#[allow(clippy::too_many_arguments)]
+pub fn summarise(
+    name: String,
+    method: String,
+    (launches, flops): (usize, f64),
+    (base_entry, cand_entry): (EntryRecord, EntryRecord),
+    rule: &Rule,
+    quad_log: Vec<Quad>,
+    verdict: Verdict,
+    seconds: f64,
+) -> ShapeGate {
+    let counted: Vec<&Quad> = quad_log.iter().filter(|q| !q.set_aside).collect();
+    let sorted_of = |f: &dyn Fn(&Quad) -> f64| {
+        let mut v: Vec<f64> = counted.iter().map(|q| f(q)).collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let rs = sorted_of(&|q| q.r);
+    let (lo, hi) = sequence::median_interval(&rs, rule.alpha);
+    let mut clocks: Vec<f64> = quad_log.iter().filter_map(|q| q.sm_mhz).filter(|m| m.is_finite()).collect();
+    clocks.sort_by(f64::total_cmp);
+    let pct = |p: f64| clocks[((clocks.len() - 1) as f64 * p).round() as usize];
+    let cand_us = sequence::sorted_median(&sorted_of(&|q| (q.cand_us[0] + q.cand_us[1]) / 2.0));
+    let mut reasons = BTreeMap::new();
+    for r in quad_log.iter().flat_map(|q| &q.reasons) {
+        *reasons.entry(r.clone()).or_insert(0) += 1;
+    }
+    ShapeGate {
+        name,
+        method,
+        launches,
+        base_entry,
+        cand_entry,
+        base_us: sequence::sorted_median(&sorted_of(&|q| (q.base_us[0] + q.base_us[1]) / 2.0)),
+        cand_us,
+        cand_tflops: flops / (cand_us * 1e-6) / 1e12,
+        change: sequence::sorted_median(&rs).exp_m1(),
+        ci_low: lo.exp_m1(),
+        ci_high: hi.exp_m1(),
+        verdict,
+        quads: quad_log.len(),
+        set_aside: quad_log.len() - counted.len(),
+        seconds,
+        sm_mhz: (!clocks.is_empty()).then(|| [pct(0.1), pct(0.5), pct(0.9)]),
+        reasons,
+        quad_log,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halves_are_sized_by_method() {
+        assert_eq!(launches_per_half("events-cold-l2", 1700.0), 1);
+        assert_eq!(launches_per_half("events-cold-l2", 156.0), 3);
+        assert_eq!(launches_per_half("events-cold-l2", 0.0), 64);
+        assert_eq!(launches_per_half("graph-replay", 2.9), 104);
+        assert_eq!(launches_per_half("graph-replay", 29.0), 11);
+    }
+
+    #[test]
+    fn case_names_match_fa_bench() {
+        assert_eq!(shape_name("2,16,8192,128,causal"), "b2h16s8192d128-causal");
+        assert_eq!(shape_name("1,1,32,64"), "b1h1s32d64");
+    }
+
+    #[test]
+    fn the_coin_is_seeded_and_fair() {
+        let flips: Vec<bool> = {
+            let mut c = Coin(42);
+            (0..2000).map(|_| c.flip()).collect()
+        };
+        let again: Vec<bool> = {
+            let mut c = Coin(42);
+            (0..2000).map(|_| c.flip()).collect()
+        };
+        assert_eq!(flips, again);
+        let heads = flips.iter().filter(|&&f| f).count();
+        assert!((900..1100).contains(&heads), "{heads}");
+    }
+
+    #[test]
+    fn a_summary_counts_only_quads_not_set_aside() {
+        let q = |r: f64, aside: bool| Quad {
+            base_first: true,
+            base_us: [100.0, 100.0],
+            cand_us: [100.0 * r.exp(), 100.0 * r.exp()],
+            r,
+            sm_mhz: Some(1980.0),
+            reasons: if aside { vec!["hw_slowdown".into()] } else { vec![] },
+            set_aside: aside,
+        };
+        let mut log: Vec<Quad> = (0..300).map(|i| q(0.03 + (i % 7) as f64 * 1e-4, false)).collect();
+        log.push(q(-0.5, true));
+        let rule = Rule::for_shapes(14, 6.0);
+        let g = summarise(
+            "x".into(),
+            "events-cold-l2".into(),
+            (1, 2e9),
+            Default::default(),
+            &rule,
+            log,
+            Verdict::Regression,
+            2.0,
+        );
+        assert_eq!((g.quads, g.set_aside), (301, 1));
+        assert!(g.change > 0.03 && g.ci_low > 0.02, "{g:?}");
+        assert_eq!(g.reasons["hw_slowdown"], 1);
+        assert_eq!(g.sm_mhz, Some([1980.0; 3]));
+    }
+}
+
+/// The whole gate through real processes: a protocol stand-in for fa-bench
+/// (tests/data/fake-serve.py) whose two sides share a two-level clock.
+#[cfg(test)]
+mod process_tests {
+    use super::*;
+
+    fn data(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    }
+
+    /// A side served by the stand-in, `factor` slower; no executable is written
+    /// here (a file being written while another test forks cannot be run).
+    fn fake(dir: &Path, factor: f64) -> Side {
+        let side = dir.join(format!("side-{factor}"));
+        std::fs::create_dir_all(&side).unwrap();
+        std::fs::write(side.join("factor"), factor.to_string()).unwrap();
+        Side::new(data("fake-serve.py"), side)
+    }
+
+    fn opts() -> Options {
+        Options { shapes: vec![], dtypes: vec!["f16".into()], variant: "auto".into(), budget_secs: 6.0, seed: 1 }
+    }
+
+    #[test]
+    fn three_percent_slower_is_caught_on_every_shape_and_identical_is_same() {
+        let d = tempfile::tempdir().unwrap();
+        let (base, slow) = (fake(d.path(), 1.0), fake(d.path(), 1.03));
+        let g = run(&base, &slow, &opts(), &d.path().join("slow")).unwrap();
+        assert_eq!(g.shapes.len(), 2, "the candidate's default shapes");
+        for s in &g.shapes {
+            assert_eq!(
+                s.verdict,
+                Verdict::Regression,
+                "{}: {:+.4} [{:+.4}, {:+.4}]",
+                s.name,
+                s.change,
+                s.ci_low,
+                s.ci_high
+            );
+            assert!(s.quad_log.len() >= 64 && s.sm_mhz.is_some());
+        }
+        let g = run(&base, &base, &opts(), &d.path().join("same")).unwrap();
+        for s in &g.shapes {
+            assert_eq!(s.verdict, Verdict::Same, "{}: [{:+.4}, {:+.4}]", s.name, s.ci_low, s.ci_high);
+            assert!(s.ci_low > -0.005 && s.ci_high < 0.005, "{}: wider than ±0.5%", s.name);
+        }
+        // The planted side of the self-test is the same binary with --plant-slowdown.
+        let planted = Side { plant: 0.03, ..base.clone() };
+        let g =
+            run(&base, &planted, &Options { shapes: vec!["1,1,64,64".into()], ..opts() }, &d.path().join("p")).unwrap();
+        assert_eq!(g.shapes[0].verdict, Verdict::Regression);
+    }
+
+    #[test]
+    fn a_base_without_the_serve_protocol_is_refused_clearly() {
+        let d = tempfile::tempdir().unwrap();
+        let old = Side::new(data("old-fa-bench.sh"), d.path().into());
+        let err = run(&old, &fake(d.path(), 1.0), &opts(), d.path()).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("starting the base") && msg.contains("unexpected argument --serve"), "{msg}");
+    }
+}

@@ -1,0 +1,299 @@
+//! `cargo xtask profile`: Nsight Compute on the bench driver with a minimal
+//! metric set, one profiled launch per shape, and the flags a kernel engineer acts on.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::errors::CannotRun;
+use crate::parse::ncu::{self, Row};
+use crate::paths::Paths;
+use crate::report::{Device, Envelope, Toolchain};
+use crate::table;
+use crate::tools::drivers;
+use crate::tools::preflight;
+use crate::tools::process::Cmd;
+use crate::tools::toolchain;
+
+/// Metrics every sm_80+ chip has (checked against `ncu --query-metrics` for gh100 and ad104).
+const METRICS: &[&str] = &[
+    "gpu__time_duration.sum",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "launch__grid_size",
+    "launch__block_size",
+    "launch__registers_per_thread",
+    "launch__shared_mem_per_block_static",
+    "launch__shared_mem_per_block_dynamic",
+    "launch__waves_per_multiprocessor",
+    "launch__occupancy_limit_registers",
+    "launch__occupancy_limit_shared_mem",
+    "launch__occupancy_limit_warps",
+    "launch__occupancy_limit_blocks",
+    "launch__sm_count",
+];
+/// Hopper only: warpgroup MMA instructions.
+const HOPPER_METRICS: &[&str] = &["sm__inst_executed_pipe_tensor_op_gmma.sum"];
+
+/// The seed shapes and one compute-bound shape.
+pub const DEFAULT_SHAPES: &[&str] = &["1,1,128,64", "1,1,512,64", "2,8,512,64", "4,16,2048,64"];
+
+pub struct Options {
+    pub shapes: Vec<String>,
+    /// `--clock-control base` instead of `none` (none matches the bench's clocks).
+    pub base_clocks: bool,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Launch {
+    pub kernel: String,
+    pub duration_us: Option<f64>,
+    pub sm_throughput_pct: Option<f64>,
+    pub dram_throughput_pct: Option<f64>,
+    pub achieved_occupancy_pct: Option<f64>,
+    pub tensor_active_pct: Option<f64>,
+    pub gmma_instructions: Option<f64>,
+    pub grid: Option<f64>,
+    pub block: Option<f64>,
+    pub registers: Option<f64>,
+    pub smem_bytes: Option<f64>,
+    pub waves_per_sm: Option<f64>,
+    /// Blocks per SM allowed by each limiter.
+    pub limit_registers: Option<f64>,
+    pub limit_smem: Option<f64>,
+    pub limit_warps: Option<f64>,
+    pub sm_count: Option<f64>,
+    /// Metrics requested but absent for this arch.
+    pub missing: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShapeProfile {
+    pub shape: String,
+    pub launches: Vec<Launch>,
+    pub flags: Vec<String>,
+}
+
+impl Launch {
+    fn from_row(row: &Row, units: &BTreeMap<String, String>, requested: &[&str]) -> Launch {
+        let duration = "gpu__time_duration.sum";
+        let to_us = match units.get(duration).map(String::as_str) {
+            Some("us" | "usecond") => 1.0,
+            Some("ms" | "msecond") => 1e3,
+            Some("s" | "second") => 1e6,
+            _ => 1e-3, // ns, ncu's default
+        };
+        let smem =
+            match (row.num("launch__shared_mem_per_block_static"), row.num("launch__shared_mem_per_block_dynamic")) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+            };
+        Launch {
+            kernel: row.kernel.clone(),
+            duration_us: row.num(duration).map(|v| v * to_us),
+            sm_throughput_pct: row.num("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+            dram_throughput_pct: row.num("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+            achieved_occupancy_pct: row.num("sm__warps_active.avg.pct_of_peak_sustained_active"),
+            tensor_active_pct: row.num("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
+            gmma_instructions: row.num("sm__inst_executed_pipe_tensor_op_gmma.sum"),
+            grid: row.num("launch__grid_size"),
+            block: row.num("launch__block_size"),
+            registers: row.num("launch__registers_per_thread"),
+            smem_bytes: smem,
+            waves_per_sm: row.num("launch__waves_per_multiprocessor"),
+            limit_registers: row.num("launch__occupancy_limit_registers"),
+            limit_smem: row.num("launch__occupancy_limit_shared_mem"),
+            limit_warps: row.num("launch__occupancy_limit_warps"),
+            sm_count: row.num("launch__sm_count"),
+            missing: requested.iter().filter(|m| row.num(m).is_none()).map(|m| m.to_string()).collect(),
+        }
+    }
+}
+
+/// The flags for one attention launch. `intensity` is FLOPs per byte of q, k, v, o.
+pub fn flags(l: &Launch, intensity: f64) -> Vec<String> {
+    let mut out = Vec::new();
+    if let (Some(waves), Some(grid), Some(sms)) = (l.waves_per_sm, l.grid, l.sm_count)
+        && waves < 1.0
+    {
+        out.push(format!("grid of {grid:.0} CTAs is under one full wave ({waves:.2} waves on {sms:.0} SMs): split keys or shrink tiles"));
+    }
+    if let Some(t) = l.tensor_active_pct
+        && intensity > 300.0
+        && t < 40.0
+    {
+        out.push(format!("tensor pipe active {t:.0}% on a compute-bound shape ({intensity:.0} FLOP/B)"));
+    }
+    let limits = [("registers", l.limit_registers), ("shared memory", l.limit_smem)];
+    let warps = l.limit_warps.unwrap_or(f64::INFINITY);
+    for (what, limit) in limits {
+        if let Some(b) = limit
+            && b < warps
+            && limits.iter().all(|(_, other)| other.is_none_or(|o| b <= o))
+        {
+            out.push(format!("occupancy limited by {what}: {b:.0} CTA(s)/SM"));
+        }
+    }
+    out
+}
+
+fn intensity(shape: &str) -> f64 {
+    let n: Vec<f64> = shape.split(',').filter_map(|x| x.parse().ok()).collect();
+    let &[b, h, s, d] = &n[..4.min(n.len())] else { return 0.0 };
+    let flops = 4.0 * b * h * s * s * d;
+    let bytes = 4.0 * b * h * s * d * 2.0;
+    flops / bytes
+}
+
+pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    crate::tools::gpu::require("profile")?;
+    let ncu = toolchain::cuda_tool("ncu")?;
+    let bench = drivers::binary(paths, "fa-bench")?;
+    let info = drivers::device_info(&drivers::binary(paths, "fa-test")?, &paths.kernels_out())?;
+    let mut metrics: Vec<&str> = METRICS.to_vec();
+    if info.compute_capability.starts_with("9.") {
+        metrics.extend(HOPPER_METRICS);
+    }
+    let mut cmd = Cmd::new(&ncu)
+        .args(["--csv", "--page", "raw", "--kernel-name", "regex:flash_", "--clock-control"])
+        .arg(if opts.base_clocks { "base" } else { "none" })
+        .arg("--metrics")
+        .arg(metrics.join(","))
+        .arg(bench.display().to_string())
+        .args(["--launches-only", "1"])
+        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
+        .timeout(opts.timeout)
+        .log(paths.reports().join("profile/ncu.log"));
+    for s in &opts.shapes {
+        cmd = cmd.arg("--shape").arg(s.clone());
+    }
+    let out = cmd.run()?;
+    let text = format!("{}{}", out.stdout, out.stderr);
+    if text.contains("ERR_NVGPUCTRPERM") {
+        return Err(CannotRun(preflight::COUNTER_PERMISSION_HINT.into()).into());
+    }
+    let table = ncu::parse(&out.stdout).with_context(|| format!("ncu exited with {}: {}", out.status, out.tail()))?;
+
+    // One fa-bench launch per shape, in order: a flash_fwd row, then its combine if split.
+    let mut shapes: Vec<ShapeProfile> = Vec::new();
+    let mut pending = opts.shapes.iter();
+    for row in &table.rows {
+        let launch = Launch::from_row(row, &table.units, &metrics);
+        if row.kernel.starts_with("flash_fwd") {
+            let shape = pending.next().cloned().unwrap_or_else(|| "?".into());
+            let f = flags(&launch, intensity(&shape));
+            shapes.push(ShapeProfile { shape, launches: vec![launch], flags: f });
+        } else if let Some(last) = shapes.last_mut() {
+            last.launches.push(launch);
+        }
+    }
+    let pct = |v: Option<f64>| v.map_or("n/a".into(), |x| format!("{x:.0}%"));
+    let num = |v: Option<f64>| v.map_or("n/a".into(), |x| format!("{x:.0}"));
+    let rows: Vec<Vec<String>> = shapes
+        .iter()
+        .flat_map(|s| {
+            s.launches.iter().map(move |l| {
+                vec![
+                    s.shape.clone(),
+                    l.kernel.clone(),
+                    l.duration_us.map_or("n/a".into(), |x| format!("{x:.1}")),
+                    pct(l.sm_throughput_pct),
+                    pct(l.dram_throughput_pct),
+                    pct(l.achieved_occupancy_pct),
+                    pct(l.tensor_active_pct),
+                    num(l.grid),
+                    num(l.block),
+                    num(l.registers),
+                    num(l.smem_bytes),
+                    l.waves_per_sm.map_or("n/a".into(), |x| format!("{x:.2}")),
+                ]
+            })
+        })
+        .collect();
+    println!(
+        "{}",
+        table::render(
+            &["shape", "kernel", "us", "SM", "DRAM", "occ", "tensor", "grid", "block", "regs", "smem", "waves"],
+            &rows
+        )
+    );
+    for s in &shapes {
+        for f in &s.flags {
+            println!("FLAG {}: {f}", s.shape);
+        }
+    }
+    let report = paths.report("profile");
+    let device = Device::from(&info);
+    let toolchain = Toolchain { driver: info.driver.clone(), ..Toolchain::default() };
+    Envelope::new("profile", toolchain, Some(device), &shapes).kernels(&paths.kernels).write(&report)?;
+    println!("report: {} ({:.1} s under ncu)", report.display(), out.elapsed.as_secs_f64());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch() -> Launch {
+        Launch {
+            kernel: "flash_fwd_f16_d64".into(),
+            duration_us: Some(10.0),
+            sm_throughput_pct: None,
+            dram_throughput_pct: None,
+            achieved_occupancy_pct: None,
+            tensor_active_pct: Some(80.0),
+            gmma_instructions: None,
+            grid: Some(264.0),
+            block: Some(128.0),
+            registers: Some(135.0),
+            smem_bytes: Some(24576.0),
+            waves_per_sm: Some(0.67),
+            limit_registers: Some(3.0),
+            limit_smem: Some(9.0),
+            limit_warps: Some(16.0),
+            sm_count: Some(132.0),
+            missing: vec![],
+        }
+    }
+
+    #[test]
+    fn seed_problem_flags() {
+        // The seed: 2 CTAs on a 58-SM L4.
+        let l = Launch { grid: Some(2.0), waves_per_sm: Some(0.01), sm_count: Some(58.0), ..launch() };
+        let f = flags(&l, intensity("1,1,128,64"));
+        assert!(f[0].contains("2 CTAs is under one full wave"), "{f:?}");
+        assert!(f.iter().any(|x| x.contains("limited by registers: 3")), "{f:?}");
+    }
+
+    #[test]
+    fn compute_bound_low_tensor_activity() {
+        let l = Launch {
+            tensor_active_pct: Some(12.0),
+            waves_per_sm: Some(5.0),
+            limit_registers: Some(20.0),
+            limit_smem: Some(32.0),
+            ..launch()
+        };
+        let f = flags(&l, intensity("4,16,2048,64"));
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].contains("tensor pipe active 12%"));
+        assert!(flags(&l, intensity("1,1,128,64")).is_empty(), "a small shape is not compute-bound");
+    }
+
+    #[test]
+    fn rows_from_the_fixture() {
+        let text =
+            std::fs::read_to_string(format!("{}/tests/data/h200/ncu-csv-page-raw.csv", env!("CARGO_MANIFEST_DIR")))
+                .unwrap();
+        let t = ncu::parse(&text).unwrap();
+        let l = Launch::from_row(&t.rows[0], &t.units, METRICS);
+        assert!(l.duration_us.is_some_and(|us| us > 0.0 && us < 1e4), "{:?}", l.duration_us);
+        assert_eq!(l.grid, Some(1024.0));
+        assert!(l.missing.iter().any(|m| m == "launch__occupancy_limit_registers") || l.limit_registers.is_some());
+    }
+}

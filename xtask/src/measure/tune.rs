@@ -1,0 +1,423 @@
+//! `cargo xtask tune`: sweep tile configurations (warps per CTA, keys per tile) of
+//! the forward kernel per head dim. Each variant is compiled with its defines and
+//! matching launch geometry; variants over the resource budgets are rejected from
+//! the ptxas report without running; the rest must pass the covering correctness
+//! set, then are timed. A variant that hangs is killed at its timeout, recorded,
+//! and the sweep goes on. `--apply` writes the winners into kernels/manifest.json,
+//! where the build and the launcher pick them up.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::build;
+use crate::errors::CheckFailed;
+use crate::manifest::{Launch, Manifest, is_hopper_entry};
+use crate::paths::Paths;
+use crate::report::{Device, Envelope, Toolchain, read_json};
+use crate::schema::{BenchRun, TestRun};
+use crate::table;
+use crate::tools::drivers;
+use crate::tools::process::{Cmd, write_file};
+
+pub struct Options {
+    pub apply: bool,
+    pub build_timeout: Duration,
+    pub jobs: usize,
+    /// Per-variant limit for the correctness run and for the bench run.
+    pub variant_timeout: Duration,
+    pub budget_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub head_dim: u32,
+    pub warps: u32,
+    pub block_n: u32,
+}
+
+impl Config {
+    pub fn name(&self) -> String {
+        format!("d{}-w{}-n{}", self.head_dim, self.warps, self.block_n)
+    }
+
+    /// Query rows per CTA for an entry with `row_tiles` 16-row tiles per warp.
+    fn block_m(&self, row_tiles: u32) -> u32 {
+        16 * self.warps * row_tiles
+    }
+
+    /// Per key group a Q tile of `block_m` rows plus `kv_stages` K and V tiles, of
+    /// 16-bit elements (FwdConfig::kSmemBytes).
+    fn dynamic_smem(&self, block_m: u32, kv_stages: u32, key_groups: u32) -> u32 {
+        (block_m + 2 * kv_stages * self.block_n) * self.head_dim * 2 * key_groups
+    }
+
+    fn defines(&self) -> [String; 2] {
+        [
+            format!("FA_WARPS_D{}={}", self.head_dim, self.warps),
+            format!("FA_BLOCK_N_D{}={}", self.head_dim, self.block_n),
+        ]
+    }
+
+    /// The manifest with this configuration for its head dim: source defines and the
+    /// launch geometry of every forward entry of that head dim. Row tiles per warp,
+    /// key groups and K/V stages are the entry's own (fixed in its .cu
+    /// instantiation): the old geometry's block_m / (16 × warps per group),
+    /// key_groups and kv_stages. Two-group entries keep their warps and rows (four
+    /// warps per group on 64 rows, fixed in FwdConfig) and take only the key tile.
+    pub fn apply_to(&self, manifest: &Manifest) -> Manifest {
+        let mut m = manifest.clone();
+        let prefixes = [format!("FA_WARPS_D{}=", self.head_dim), format!("FA_BLOCK_N_D{}=", self.head_dim)];
+        let suffix = format!("_d{}", self.head_dim);
+        // The portable kernel's entries only: the Hopper kernel's tiles are fixed in its header.
+        let portable = |entry: &str| entry.starts_with("flash_fwd_") && !is_hopper_entry(entry);
+        for src in &mut m.sources {
+            if !src.kernels.iter().any(|k| portable(&k.entry)) {
+                continue;
+            }
+            src.defines.retain(|d| !prefixes.iter().any(|p| d.starts_with(p.as_str())));
+            src.defines.extend(self.defines());
+            for k in src.kernels.iter_mut().filter(|k| {
+                portable(&k.entry) && (k.entry.ends_with(&suffix) || k.entry.contains(&format!("{suffix}_")))
+            }) {
+                let key_groups = k.launch.map_or(1, |l| l.key_groups.max(1));
+                let kv_stages = k.launch.map_or(1, |l| l.kv_stages.max(1));
+                let (threads, block_m) = match k.launch {
+                    Some(l) if key_groups > 1 => (l.threads, l.block_m),
+                    _ => {
+                        let group_warps = k.launch.map_or(1, |l| (l.threads / 32).max(1));
+                        let row_tiles = k.launch.map_or(1, |l| (l.block_m / (16 * group_warps)).max(1));
+                        (32 * self.warps, self.block_m(row_tiles))
+                    }
+                };
+                k.launch =
+                    Some(Launch { threads, block_m, block_n: self.block_n, persistent: false, key_groups, kv_stages });
+                k.dynamic_smem = self.dynamic_smem(block_m, kv_stages, key_groups);
+            }
+        }
+        m
+    }
+}
+
+pub fn sweep() -> Vec<Config> {
+    let mut v = Vec::new();
+    for head_dim in [64, 128] {
+        for warps in [4, 8] {
+            for block_n in [32, 64, 128] {
+                v.push(Config { head_dim, warps, block_n });
+            }
+        }
+    }
+    v
+}
+
+/// Shapes each head dim is ranked on: the default bench set's shapes of that dim.
+fn shapes(head_dim: u32) -> Vec<&'static str> {
+    match head_dim {
+        64 => vec!["1,1,128,64", "1,1,512,64", "2,8,512,64", "4,16,2048,64", "8,32,1024,64,causal"],
+        _ => vec!["1,16,512,128", "4,16,2048,128", "2,16,8192,128,causal"],
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VariantResult {
+    pub config: Config,
+    /// `ok`, `over budget`, `build failed`, `incorrect`, `hung` or `failed`.
+    pub status: String,
+    pub detail: Option<String>,
+    /// Shape → median µs.
+    pub medians_us: BTreeMap<String, f64>,
+    pub geomean_us: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TunePayload {
+    pub variants: Vec<VariantResult>,
+    /// Head dim → winning configuration.
+    pub winners: BTreeMap<u32, Config>,
+    pub applied: bool,
+}
+
+fn geomean(xs: impl Iterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = xs.collect();
+    (!v.is_empty()).then(|| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp())
+}
+
+/// Per head dim, the passing variant with the lowest geometric-mean time.
+pub fn winners(results: &[VariantResult]) -> BTreeMap<u32, Config> {
+    let mut best: BTreeMap<u32, (f64, Config)> = BTreeMap::new();
+    for r in results.iter().filter(|r| r.status == "ok") {
+        let Some(g) = r.geomean_us else { continue };
+        let d = r.config.head_dim;
+        if best.get(&d).is_none_or(|(b, _)| g < *b) {
+            best.insert(d, (g, r.config));
+        }
+    }
+    best.into_iter().map(|(d, (_, c))| (d, c)).collect()
+}
+
+pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    crate::tools::gpu::require("tune")?;
+    let manifest = Manifest::load(&paths.manifest())?;
+    let fa_test = drivers::binary(paths, "fa-test")?;
+    let fa_bench = drivers::binary(paths, "fa-bench")?;
+    let info = drivers::device_info(&fa_test, &paths.kernels_out())?;
+    let arch = manifest
+        .arch_for(&info.compute_capability)
+        .with_context(|| format!("no manifest arch runs on compute capability {}", info.compute_capability))?;
+    let dir = paths.reports().join("tune");
+    let mut results = Vec::new();
+    for (i, config) in sweep().into_iter().enumerate() {
+        eprintln!("== tune [{}/{}] {}", i + 1, sweep().len(), config.name());
+        let r = evaluate(paths, opts, &manifest, &arch, config, &dir.join(config.name()), &fa_test, &fa_bench);
+        eprintln!("   {}{}", r.status, r.geomean_us.map_or(String::new(), |g| format!(", geomean {g:.2} us")));
+        results.push(r);
+    }
+    let winners = winners(&results);
+    print_table(&results, &winners);
+    if opts.apply && !winners.is_empty() {
+        let mut m = manifest.clone();
+        for c in winners.values() {
+            m = c.apply_to(&m);
+        }
+        write_file(&paths.manifest(), serde_json::to_string_pretty(&m)? + "\n")?;
+        println!("wrote the winners into {}", paths.manifest().display());
+    }
+    let payload = TunePayload { variants: results, winners, applied: opts.apply };
+    let device = Device::from(&info);
+    let report = paths.report("tune");
+    Envelope::new("tune", Toolchain { driver: info.driver.clone(), ..Toolchain::default() }, Some(device), &payload)
+        .kernels(&paths.kernels)
+        .write(&report)?;
+    println!("report: {}", report.display());
+    if payload.winners.is_empty() {
+        return Err(CheckFailed("no variant passed".into()).into());
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn evaluate(
+    paths: &Paths,
+    opts: &Options,
+    manifest: &Manifest,
+    arch: &str,
+    config: Config,
+    dir: &Path,
+    fa_test: &Path,
+    fa_bench: &Path,
+) -> VariantResult {
+    let mut result =
+        VariantResult { config, status: String::new(), detail: None, medians_us: BTreeMap::new(), geomean_us: None };
+    let fail = |mut r: VariantResult, status: &str, e: anyhow::Error| {
+        r.status = status.into();
+        r.detail = Some(format!("{e:#}"));
+        r
+    };
+    let kernels = dir.join("kernels");
+    let variant_manifest = dir.join("manifest.json");
+    let written = serde_json::to_string_pretty(&config.apply_to(manifest))
+        .map_err(anyhow::Error::from)
+        .and_then(|t| write_file(&variant_manifest, t));
+    if let Err(e) = written {
+        return fail(result, "failed", e);
+    }
+    let built = build::run(
+        paths,
+        &build::Options {
+            manifest: Some(variant_manifest),
+            src_dir: Some(paths.root.join("kernels")),
+            archs: Some(vec![arch.to_string()]),
+            out_dir: Some(kernels.clone()),
+            report: format!("tune/{}/build", config.name()),
+            ..build::Options::new(opts.build_timeout, opts.jobs)
+        },
+    );
+    if let Err(e) = built {
+        let status = if build::over_budget(&e) { "over budget" } else { "build failed" };
+        return fail(result, status, e);
+    }
+    // Correctness on the covering set, this head dim only.
+    let test_json = dir.join("fa-test.json");
+    let tested = Cmd::new(fa_test)
+        // `--filter=…`: the value starts with '-'.
+        .args(["--set", "sanitize", "--variant", "portable", &format!("--filter=-d{}-", config.head_dim), "--json"])
+        .arg(test_json.display().to_string())
+        .env("FA_KERNEL_DIR", kernels.display().to_string())
+        .timeout(opts.variant_timeout)
+        .log(dir.join("fa-test.log"))
+        .quiet()
+        .run();
+    match tested {
+        Err(e) if format!("{e:#}").contains("timed out") => return fail(result, "hung", e),
+        Err(e) => return fail(result, "failed", e),
+        Ok(_) => {}
+    }
+    let run: Result<TestRun> = read_json(&test_json);
+    match run {
+        Ok(run) if !run.cases.is_empty() && run.cases.iter().all(|c| c.passed) => {}
+        Ok(run) => {
+            let bad = run.cases.iter().filter(|c| !c.passed).count();
+            return fail(result, "incorrect", anyhow::anyhow!("{bad} of {} cases failed", run.cases.len()));
+        }
+        Err(e) => return fail(result, "failed", e),
+    }
+    let bench_json = dir.join("fa-bench.json");
+    let mut cmd = Cmd::new(fa_bench)
+        .args(["--variant", "portable", "--budget-ms", &opts.budget_ms.to_string(), "--json"])
+        .arg(bench_json.display().to_string())
+        .env("FA_KERNEL_DIR", kernels.display().to_string())
+        .timeout(opts.variant_timeout)
+        .log(dir.join("fa-bench.log"))
+        .quiet();
+    for s in shapes(config.head_dim) {
+        cmd = cmd.arg("--shape").arg(s);
+    }
+    match cmd.run() {
+        Err(e) if format!("{e:#}").contains("timed out") => return fail(result, "hung", e),
+        Err(e) => return fail(result, "failed", e),
+        Ok(out) if !out.success() => return fail(result, "failed", anyhow::anyhow!("{}", out.tail())),
+        Ok(_) => {}
+    }
+    let bench: Result<BenchRun> = read_json(&bench_json);
+    match bench {
+        Ok(b) => {
+            result.medians_us = b.cases.iter().map(|c| (c.name.clone(), c.median_us)).collect();
+            result.geomean_us = geomean(result.medians_us.values().copied());
+            result.status = "ok".into();
+            result
+        }
+        Err(e) => fail(result, "failed", e),
+    }
+}
+
+fn print_table(results: &[VariantResult], winners: &BTreeMap<u32, Config>) {
+    let shapes: Vec<String> = {
+        let mut s: Vec<String> = results.iter().flat_map(|r| r.medians_us.keys().cloned()).collect();
+        s.sort();
+        s.dedup();
+        s
+    };
+    let mut header = vec!["variant".to_string(), "status".to_string(), "geomean us".to_string()];
+    header.extend(shapes.iter().cloned());
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            let win = winners.get(&r.config.head_dim) == Some(&r.config);
+            let mut row = vec![
+                format!("{}{}", r.config.name(), if win { " *" } else { "" }),
+                r.status.clone(),
+                r.geomean_us.map_or("-".into(), |g| format!("{g:.2}")),
+            ];
+            row.extend(shapes.iter().map(|s| r.medians_us.get(s).map_or("-".into(), |m| format!("{m:.2}"))));
+            row
+        })
+        .collect();
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    println!("{}", table::render(&header, &rows));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_rewrites_only_its_head_dim() {
+        let m = Manifest::parse(include_str!("../../../kernels/manifest.json")).unwrap();
+        let c = Config { head_dim: 128, warps: 8, block_n: 32 };
+        let t = c.apply_to(&m);
+        let fwd = t.sources.iter().find(|s| s.file == "flash_fwd_f16.cu").unwrap();
+        assert!(fwd.defines.contains(&"FA_WARPS_D128=8".to_string()));
+        assert!(fwd.defines.contains(&"FA_BLOCK_N_D128=32".to_string()));
+        for k in &fwd.kernels {
+            let l = k.launch.unwrap();
+            if !k.entry.starts_with("flash_fwd_") {
+                assert_eq!(l.block_n, 0, "{} is not a tiled kernel", k.entry);
+            } else if k.entry.contains("_d128") {
+                if k.entry.ends_with("_kg2") {
+                    // Two groups of four warps on 64 rows whatever the warps; one K/V stage.
+                    assert_eq!(
+                        (l.threads, l.block_m, l.block_n, l.key_groups, k.dynamic_smem),
+                        (256, 64, 32, 2, 2 * (64 + 64) * 128 * 2)
+                    );
+                    continue;
+                }
+                // 16 rows × 8 warps × the entry's row tiles (two, but one in the _m64 entries).
+                let rows = if k.entry.ends_with("_m64") { 128 } else { 256 };
+                assert_eq!((l.threads, l.block_m, l.block_n, k.dynamic_smem), (256, rows, 32, (rows + 64) * 128 * 2));
+            } else {
+                assert_eq!((l.threads / l.key_groups, l.block_n), (128, 64), "{} untouched", k.entry);
+            }
+        }
+        let reference = t.sources.iter().find(|s| s.file == "reference.cu").unwrap();
+        assert!(reference.defines.is_empty(), "only forward sources get tile defines");
+        // Applying again replaces, never duplicates.
+        let again = Config { warps: 4, ..c }.apply_to(&t);
+        let fwd = again.sources.iter().find(|s| s.file == "flash_fwd_f16.cu").unwrap();
+        assert_eq!(fwd.defines.iter().filter(|d| d.starts_with("FA_WARPS_D128=")).count(), 1);
+    }
+
+    #[test]
+    fn applying_the_shipped_configuration_changes_nothing() {
+        // The committed manifest is what `tune --apply` wrote for its winners (4 warps,
+        // 64 keys for both head dims): re-applying them must reproduce every entry's
+        // geometry and shared memory, stages and key groups included.
+        let m = Manifest::parse(include_str!("../../../kernels/manifest.json")).unwrap();
+        let mut t = m.clone();
+        for head_dim in [64, 128] {
+            t = Config { head_dim, warps: 4, block_n: 64 }.apply_to(&t);
+        }
+        for (a, b) in m.sources.iter().zip(&t.sources) {
+            let sorted = |d: &[String]| {
+                let mut d = d.to_vec();
+                d.sort();
+                d
+            };
+            assert_eq!(sorted(&a.defines), sorted(&b.defines), "{}", a.file);
+            for (x, y) in a.kernels.iter().zip(&b.kernels) {
+                assert_eq!(serde_json::to_value(x).unwrap(), serde_json::to_value(y).unwrap(), "{}", x.entry);
+            }
+        }
+    }
+
+    #[test]
+    fn entries_keep_their_row_tiles() {
+        let m = Manifest::parse(include_str!("../../../kernels/manifest.json")).unwrap();
+        let t = Config { head_dim: 64, warps: 8, block_n: 32 }.apply_to(&m);
+        let fwd = t.sources.iter().find(|s| s.file == "flash_fwd_f16.cu").unwrap();
+        let geometry = |entry: &str| {
+            let k = fwd.kernels.iter().find(|k| k.entry == entry).unwrap();
+            (k.launch.unwrap().block_m, k.dynamic_smem)
+        };
+        // Two 16-row tiles per warp in the D=64 non-causal entry, one in its _m64 twin.
+        assert_eq!(geometry("flash_fwd_f16_d64"), (256, (256 + 64) * 64 * 2));
+        assert_eq!(geometry("flash_fwd_f16_d64_m64"), (128, (128 + 64) * 64 * 2));
+        assert_eq!(geometry("flash_fwd_f16_d64_causal"), (128, (128 + 64) * 64 * 2));
+        // The two-group entry keeps 64 rows and its two K/V stages: (64 + 2 × 2 × 32) × 2 groups.
+        assert_eq!(geometry("flash_fwd_f16_d64_kg2"), (64, 2 * (64 + 2 * 2 * 32) * 64 * 2));
+    }
+
+    #[test]
+    fn winners_per_head_dim_skip_failed_variants() {
+        let r = |d, w, status: &str, g| VariantResult {
+            config: Config { head_dim: d, warps: w, block_n: 64 },
+            status: status.into(),
+            detail: None,
+            medians_us: BTreeMap::new(),
+            geomean_us: g,
+        };
+        let w = winners(&[
+            r(64, 4, "ok", Some(10.0)),
+            r(64, 8, "ok", Some(9.0)),
+            r(128, 4, "ok", Some(20.0)),
+            r(128, 8, "hung", None),
+            r(64, 8, "incorrect", Some(1.0)),
+        ]);
+        assert_eq!(w[&64].warps, 8);
+        assert_eq!(w[&128].warps, 4);
+        assert_eq!(sweep().len(), 12);
+    }
+}

@@ -1,0 +1,51 @@
+//! The kernel-ffi binaries xtask drives (fa-test, fa-run, …). Under cargo they are
+//! built first; otherwise (a GPU machine without Rust) they must sit next to
+//! xtask's own executable.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::errors::CannotRun;
+use crate::paths::Paths;
+use crate::schema::DeviceInfo;
+use crate::tools::process::Cmd;
+
+pub fn binary(paths: &Paths, name: &str) -> Result<PathBuf> {
+    let dir = if let Some(cargo) = std::env::var_os("CARGO") {
+        Cmd::new(cargo)
+            .args(["build", "--locked", "--release", "--quiet", "-p", "kernel-ffi", "--bins"])
+            .cwd(&paths.root)
+            .timeout(Duration::from_secs(1800))
+            .run_checked()
+            .context("building the kernel-ffi binaries")?;
+        paths.target.join("release")
+    } else {
+        let exe = std::env::current_exe().context("locating xtask's executable")?;
+        exe.parent().context("xtask's executable has no parent directory")?.to_path_buf()
+    };
+    let path = dir.join(name);
+    if !path.is_file() {
+        bail!(
+            "{} not found; build with `cargo build --release` and keep xtask, fa-test and fa-run \
+             in one directory",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Asks the driver which device it sees (and proves it can load the fatbins).
+pub fn device_info(driver: &Path, kernels: &Path) -> Result<DeviceInfo> {
+    let out = Cmd::new(driver)
+        .arg("--info")
+        .env("FA_KERNEL_DIR", kernels.display().to_string())
+        .quiet()
+        .timeout(Duration::from_secs(60))
+        .run()?;
+    if !out.success() {
+        return Err(CannotRun(format!("{} --info failed: {}", driver.display(), out.tail())).into());
+    }
+    serde_json::from_str(out.stdout.trim()).context("parsing fa-test --info")
+}

@@ -1,0 +1,8 @@
+//! The process layer and the tools it runs: spawning with timeouts and group
+//! kill, the CUDA toolchain, the kernel-ffi drivers, the GPU and its readiness.
+
+pub mod drivers;
+pub mod gpu;
+pub mod preflight;
+pub mod process;
+pub mod toolchain;

@@ -1,0 +1,4 @@
+//! Correctness on the GPU: the test matrix (`fa-test`) and compute-sanitizer.
+
+pub mod sanitize;
+pub mod test;

@@ -1,0 +1,420 @@
+//! `cargo xtask sanitize`: compute-sanitizer's memcheck (with leak check),
+//! racecheck, synccheck and initcheck over `fa-test --set sanitize`, which reaches
+//! every entry point; with `--defects`, each planted defect must be caught by its tool.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::build;
+use crate::errors::CheckFailed;
+use crate::manifest::Manifest;
+use crate::parse::sanitizer::{self, Finding, Summary};
+use crate::paths::Paths;
+use crate::report::{Device, Envelope, Toolchain};
+use crate::schema::TestRun;
+use crate::table;
+use crate::tools::drivers;
+use crate::tools::process::Cmd;
+use crate::tools::toolchain;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Tool {
+    Memcheck,
+    Racecheck,
+    Synccheck,
+    Initcheck,
+}
+
+impl Tool {
+    pub const ALL: [Tool; 4] = [Tool::Memcheck, Tool::Racecheck, Tool::Synccheck, Tool::Initcheck];
+
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Memcheck => "memcheck",
+            Tool::Racecheck => "racecheck",
+            Tool::Synccheck => "synccheck",
+            Tool::Initcheck => "initcheck",
+        }
+    }
+
+    fn extra_args(self) -> &'static [&'static str] {
+        match self {
+            Tool::Memcheck => &["--leak-check", "full"],
+            _ => &[],
+        }
+    }
+
+    /// Racecheck instruments every shared-memory access and is the slowest by far.
+    fn default_timeout(self) -> Duration {
+        Duration::from_secs(match self {
+            Tool::Racecheck => 1200,
+            _ => 600,
+        })
+    }
+}
+
+/// The planted defects (`-D` define) and the tool that must report each.
+const DEFECTS: [(&str, Tool); 4] = [
+    ("FA_DEFECT_OOB_TAIL", Tool::Memcheck),
+    ("FA_DEFECT_RACE", Tool::Racecheck),
+    ("FA_DEFECT_UNINIT", Tool::Initcheck),
+    ("FA_DEFECT_DIVERGENT_SYNC", Tool::Synccheck),
+];
+
+pub struct Options {
+    pub tools: Vec<Tool>,
+    /// Overrides every tool's default timeout.
+    pub timeout: Option<Duration>,
+    /// Also build and check the planted defects.
+    pub defects: bool,
+    pub build_timeout: Duration,
+    pub jobs: usize,
+}
+
+impl Options {
+    /// All four tools at their default timeouts, no planted defects.
+    pub fn all(build_timeout: Duration, jobs: usize) -> Options {
+        Options { tools: Tool::ALL.to_vec(), timeout: None, defects: false, build_timeout, jobs }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolRun {
+    pub tool: Tool,
+    /// `release` or the planted defect's define.
+    pub kernels: String,
+    pub exit_code: Option<i32>,
+    pub seconds: f64,
+    /// From the text output; `None` means nothing was checked.
+    pub summary: Option<Summary>,
+    pub findings: Vec<Finding>,
+    /// Why the XML could not be read (missing, cut short, not the tool's); then
+    /// `findings` is empty for want of a report, not for want of findings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xml_error: Option<String>,
+    /// What fa-test ran under the tool, from its JSON; `None`: it wrote none.
+    #[serde(default)]
+    pub tests: Option<Tally>,
+    pub xml: PathBuf,
+    pub log: PathBuf,
+}
+
+/// Correctness cases fa-test ran under a tool, and how many failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tally {
+    pub cases: usize,
+    pub failed: usize,
+}
+
+impl Tally {
+    pub fn of(run: &TestRun) -> Tally {
+        Tally { cases: run.cases.len(), failed: run.cases.iter().filter(|c| !c.passed).count() }
+    }
+}
+
+impl ToolRun {
+    /// Errors reported, by the summary (the XML stops at the print limit).
+    fn errors(&self) -> u64 {
+        let from_xml = self.findings.iter().filter(|f| f.is_error()).count() as u64;
+        self.summary.map_or(from_xml, |s| s.errors.max(from_xml))
+    }
+
+    fn clean(&self) -> bool {
+        self.problems().is_empty()
+    }
+
+    /// Why a release run does not count as clean: the tool's own findings, and a
+    /// driver that failed or checked nothing (a sanitizer summary alone does not
+    /// prove any kernel ran).
+    fn problems(&self) -> Vec<String> {
+        let tool = self.tool.name();
+        let mut v = Vec::new();
+        if let Some(e) = &self.xml_error {
+            v.push(format!("{tool}: {e}"));
+        }
+        match self.summary {
+            None => v.push(format!("{tool} printed no summary: nothing was checked (see {})", self.log.display())),
+            Some(s) if s.leaked_bytes > 0 => v.push(format!("memcheck found {} leaked bytes", s.leaked_bytes)),
+            Some(_) => {}
+        }
+        if self.errors() > 0 {
+            v.push(format!("{tool} reported {} error(s)", self.errors()));
+        }
+        match self.tests {
+            None => v.push(format!("fa-test wrote no results under {tool} (see {})", self.log.display())),
+            Some(t) if t.cases == 0 => v.push(format!("fa-test ran no case under {tool}")),
+            Some(t) if t.failed > 0 => v.push(format!("{} of {} cases failed under {tool}", t.failed, t.cases)),
+            Some(_) => {}
+        }
+        if self.exit_code != Some(0) && v.is_empty() {
+            v.push(format!("fa-test exited with {:?} under {tool} (see {})", self.exit_code, self.log.display()));
+        }
+        v
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DefectRun {
+    pub define: String,
+    pub expected_tool: Tool,
+    pub caught: bool,
+    pub run: ToolRun,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SanitizePayload {
+    pub runs: Vec<ToolRun>,
+    pub defects: Vec<DefectRun>,
+}
+
+pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+    crate::tools::gpu::require("sanitize")?;
+    let sanitizer = toolchain::cuda_tool("compute-sanitizer")?;
+    let driver = drivers::binary(paths, "fa-test")?;
+    let dir = paths.reports().join("sanitize");
+    let device = drivers::device_info(&driver, &paths.kernels_out())?;
+
+    let mut runs = Vec::new();
+    for &tool in &opts.tools {
+        runs.push(run_tool(&sanitizer, &driver, tool, &paths.kernels_out(), "release", &dir, opts)?);
+    }
+
+    let mut defects = Vec::new();
+    if opts.defects {
+        let manifest = Manifest::load(&paths.manifest())?;
+        let arch = manifest
+            .arch_for(&device.compute_capability)
+            .with_context(|| format!("no manifest arch runs on compute capability {}", device.compute_capability))?;
+        for (define, tool) in DEFECTS {
+            let kernels = dir.join(format!("kernels-{define}"));
+            eprintln!("== sanitize: planting {define} (built for {arch} into {})", kernels.display());
+            build::run(
+                paths,
+                &build::Options {
+                    archs: Some(vec![arch.clone()]),
+                    defines: vec![define.to_string()],
+                    out_dir: Some(kernels.clone()),
+                    report: format!("sanitize/build-{define}"),
+                    enforce_budgets: false,
+                    ..build::Options::new(opts.build_timeout, opts.jobs)
+                },
+            )?;
+            let run = run_tool(&sanitizer, &driver, tool, &kernels, define, &dir, opts)?;
+            defects.push(DefectRun { define: define.into(), expected_tool: tool, caught: run.errors() > 0, run });
+        }
+    }
+
+    println!("{}", run_table(&runs, &defects));
+    let findings = findings_table(runs.iter().chain(defects.iter().map(|d| &d.run)));
+    if !findings.is_empty() {
+        println!("\nFINDINGS (by kernel and source line)\n{findings}");
+    }
+    let payload = SanitizePayload { runs, defects };
+    let report = paths.report("sanitize");
+    let dev = Device::from(&device);
+    let toolchain = Toolchain { driver: device.driver.clone(), ..Toolchain::default() };
+    Envelope::new("sanitize", toolchain, Some(dev), &payload).kernels(&paths.kernels).write(&report)?;
+    println!("report: {}", report.display());
+
+    let mut problems: Vec<String> = payload.runs.iter().flat_map(ToolRun::problems).collect();
+    for d in &payload.defects {
+        if !d.caught {
+            problems.push(format!("planted {} was not caught by {}", d.define, d.expected_tool.name()));
+        }
+        if let Some(e) = &d.run.xml_error {
+            problems.push(format!("{} with {} planted: {e}", d.expected_tool.name(), d.define));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(CheckFailed(problems.join("; ")).into());
+    }
+    Ok(())
+}
+
+fn run_tool(
+    sanitizer: &Path,
+    driver: &Path,
+    tool: Tool,
+    kernels: &Path,
+    label: &str,
+    dir: &Path,
+    opts: &Options,
+) -> Result<ToolRun> {
+    let stem = if label == "release" { tool.name().to_string() } else { format!("{}-{label}", tool.name()) };
+    let xml = dir.join(format!("{stem}.xml"));
+    let log = dir.join(format!("{stem}.log"));
+    let results = dir.join(format!("{stem}.fa-test.json"));
+    let _ = std::fs::remove_file(&xml);
+    let _ = std::fs::remove_file(&results);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    eprintln!("== sanitize: {} on {label} kernels", tool.name());
+    let out = Cmd::new(sanitizer)
+        .args(["--tool", tool.name()])
+        .args(tool.extra_args().iter().copied())
+        .args(["--xml", "--save"])
+        .arg(xml.display().to_string())
+        .args(["--print-limit", "1000"])
+        .arg(driver.display().to_string())
+        .args(["--set", "sanitize", "--json"])
+        .arg(results.display().to_string())
+        .env("FA_KERNEL_DIR", kernels.display().to_string())
+        .timeout(opts.timeout.unwrap_or(tool.default_timeout()))
+        .log(&log)
+        .run()?;
+    let text = format!("{}{}", out.stdout, out.stderr);
+    let tests = std::fs::read_to_string(&results)
+        .ok()
+        .and_then(|t| serde_json::from_str::<TestRun>(&t).ok())
+        .map(|r| Tally::of(&r));
+    let (findings, xml_error) = match read_findings(&xml) {
+        Ok(f) => (f, None),
+        Err(e) => (Vec::new(), Some(format!("{e:#}; see {}", log.display()))),
+    };
+    Ok(ToolRun {
+        tool,
+        kernels: label.to_string(),
+        exit_code: out.status.code(),
+        seconds: out.elapsed.as_secs_f64(),
+        summary: sanitizer::parse_summary(&text),
+        findings,
+        xml_error,
+        tests,
+        xml,
+        log,
+    })
+}
+
+/// The findings in the XML a sanitizer run saved. A run that saved none (it died,
+/// timed out, or never started the driver) or saved it cut short is an error,
+/// never a run without findings.
+fn read_findings(xml: &Path) -> Result<Vec<Finding>> {
+    let text = std::fs::read_to_string(xml)
+        .with_context(|| format!("compute-sanitizer saved no readable XML at {}", xml.display()))?;
+    sanitizer::parse_xml(&text).with_context(|| format!("in {}", xml.display()))
+}
+
+fn run_table(runs: &[ToolRun], defects: &[DefectRun]) -> String {
+    let mut rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            vec![
+                r.tool.name().into(),
+                r.kernels.clone(),
+                r.summary.map_or("none".into(), |s| format!("{} err, {} warn", s.errors, s.warnings)),
+                r.findings.len().to_string(),
+                format!("{:.1}", r.seconds),
+                if r.clean() { "clean".into() } else { "FAIL".into() },
+            ]
+        })
+        .collect();
+    rows.extend(defects.iter().map(|d| {
+        vec![
+            d.expected_tool.name().into(),
+            d.define.clone(),
+            d.run.summary.map_or("none".into(), |s| format!("{} err, {} warn", s.errors, s.warnings)),
+            d.run.findings.len().to_string(),
+            format!("{:.1}", d.run.seconds),
+            match (d.caught, &d.run.xml_error) {
+                (_, Some(_)) => "FAIL".into(),
+                (true, None) => "caught".into(),
+                (false, None) => "MISSED".into(),
+            },
+        ]
+    }));
+    table::render(&["tool", "kernels", "summary", "records", "s", "verdict"], &rows)
+}
+
+/// Findings grouped by (tool, kernels, kernel, file:line, what), most frequent first.
+fn findings_table<'a>(runs: impl Iterator<Item = &'a ToolRun>) -> String {
+    let mut groups: Vec<(Vec<String>, u64)> = Vec::new();
+    for r in runs {
+        for f in &r.findings {
+            let key = vec![
+                r.tool.name().to_string(),
+                r.kernels.clone(),
+                f.location.kernel.clone(),
+                f.location.source(),
+                f.what.clone(),
+            ];
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, n)) => *n += f.count,
+                None => groups.push((key, f.count)),
+            }
+        }
+    }
+    if groups.is_empty() {
+        return String::new();
+    }
+    groups.sort_by_key(|g| std::cmp::Reverse(g.1));
+    let rows: Vec<Vec<String>> = groups
+        .into_iter()
+        .map(|(mut k, n)| {
+            k.push(n.to_string());
+            k
+        })
+        .collect();
+    table::render(&["tool", "kernels", "kernel", "line", "what", "count"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(summary: Option<Summary>, tests: Option<Tally>, exit_code: i32) -> ToolRun {
+        ToolRun {
+            tool: Tool::Racecheck,
+            kernels: "release".into(),
+            exit_code: Some(exit_code),
+            seconds: 1.0,
+            summary,
+            findings: vec![],
+            xml_error: None,
+            tests,
+            xml: "r.xml".into(),
+            log: "r.log".into(),
+        }
+    }
+
+    #[test]
+    fn clean_needs_cases_that_ran_and_passed() {
+        let quiet = Some(Summary { errors: 0, warnings: 0, leaked_bytes: 0 });
+        let ran = Some(Tally { cases: 40, failed: 0 });
+        assert!(run(quiet, ran, 0).clean());
+        // The sanitizer's summary alone proves nothing about the kernels.
+        assert!(run(quiet, None, 0).problems()[0].contains("no results"));
+        assert!(run(quiet, Some(Tally { cases: 0, failed: 0 }), 0).problems()[0].contains("no case"));
+        assert!(run(quiet, Some(Tally { cases: 40, failed: 2 }), 1).problems()[0].contains("2 of 40"));
+        assert!(run(quiet, ran, 3).problems()[0].contains("exited with Some(3)"));
+        assert!(run(None, ran, 0).problems()[0].contains("no summary"));
+        let found = Some(Summary { errors: 5, warnings: 0, leaked_bytes: 0 });
+        assert_eq!(run(found, ran, 0).problems(), ["racecheck reported 5 error(s)"]);
+    }
+
+    fn data(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    }
+
+    #[test]
+    fn missing_or_cut_short_xml_is_not_a_clean_run() {
+        assert_eq!(read_findings(&data("project/racecheck-FA_DEFECT_RACE.xml")).unwrap().len(), 32);
+        assert!(read_findings(&data("h200/compute-sanitizer-racecheck-clean.xml")).unwrap().is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("racecheck.xml");
+        let err = format!("{:#}", read_findings(&missing).unwrap_err());
+        assert!(err.contains("saved no readable XML") && err.contains("racecheck.xml"), "{err}");
+        let full = std::fs::read_to_string(data("project/racecheck-FA_DEFECT_RACE.xml")).unwrap();
+        let cut = dir.path().join("cut.xml");
+        std::fs::write(&cut, &full[..full.rfind("</record>").unwrap() + "</record>\n".len()]).unwrap();
+        assert!(read_findings(&cut).is_err(), "a copy cut after a whole record");
+
+        // With the XML unread, a quiet summary and passing cases still fail.
+        let quiet = Some(Summary { errors: 0, warnings: 0, leaked_bytes: 0 });
+        let unread = ToolRun { xml_error: Some(err), ..run(quiet, Some(Tally { cases: 40, failed: 0 }), 0) };
+        assert!(!unread.clean());
+        assert!(unread.problems()[0].starts_with("racecheck: compute-sanitizer saved no readable XML"));
+    }
+}
