@@ -165,8 +165,8 @@ pub enum Task {
     Preflight,
     /// Nsight Compute with a minimal metric set on the bench driver.
     Profile {
-        /// Shapes B,H,S,D[,causal] (default: the seed shapes and one large one).
-        #[arg(long = "shape")]
+        /// Shapes B,H,S,D[,causal]: by default the seed shapes and one large one.
+        #[arg(long = "shape", default_values = crate::measure::profile::DEFAULT_SHAPES, hide_default_value = true)]
         shapes: Vec<String>,
         /// Profile at base clocks (`--clock-control base`) instead of the bench's clocks.
         #[arg(long)]

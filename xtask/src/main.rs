@@ -141,17 +141,10 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             };
             bench::run(&paths, &opts)
         }
-        Task::Profile { shapes, base_clocks, profile_timeout } => {
-            let shapes = if shapes.is_empty() {
-                profile::DEFAULT_SHAPES.iter().map(|s| s.to_string()).collect()
-            } else {
-                shapes
-            };
-            profile::run(
-                &paths,
-                &profile::Options { shapes, base_clocks, timeout: Duration::from_secs(profile_timeout) },
-            )
-        }
+        Task::Profile { shapes, base_clocks, profile_timeout } => profile::run(
+            &paths,
+            &profile::Options { shapes, base_clocks, timeout: Duration::from_secs(profile_timeout) },
+        ),
         Task::Test { build, test } => {
             kernel_set::prepare(&paths, &build.options(), build.kernels.is_some())?;
             test::run(&paths, &test.options())
