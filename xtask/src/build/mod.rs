@@ -21,6 +21,7 @@ use crate::paths::{Paths, stem};
 use crate::report::{Envelope, Toolchain};
 use crate::table;
 use crate::tools::process::{Cmd, Lock, write_file};
+use crate::tools::progress::Progress;
 use crate::tools::toolchain::{self, Nvcc};
 use budget::{Breach, LocalMemory, SassRecord};
 
@@ -323,6 +324,7 @@ fn run_jobs(nvcc: &Nvcc, cuobjdump: &Path, jobs: Vec<Job>, opts: &Options, total
     let done = Mutex::new(Vec::new());
     let failures = Mutex::new(Vec::new());
     let finished = Mutex::new(0usize);
+    let progress = Progress::bar("build", total as u64);
     std::thread::scope(|s| {
         for _ in 0..opts.jobs {
             s.spawn(|| {
@@ -336,13 +338,11 @@ fn run_jobs(nvcc: &Nvcc, cuobjdump: &Path, jobs: Vec<Job>, opts: &Options, total
                     match result {
                         Ok((unit, log, sass)) => {
                             let how = if unit.cached { "cached".to_string() } else { format!("{:.1} s", unit.seconds) };
-                            if crate::tools::process::detail() {
-                                eprintln!("[{}/{total}] {} {}: {how}", *n, job.source, job.arch);
-                            }
+                            progress.item(&format!("[{}/{total}] {} {}: {how}", *n, job.source, job.arch));
                             done.lock().unwrap().push((idx, unit, log, sass));
                         }
                         Err(e) => {
-                            eprintln!("[{}/{total}] {} {}: FAILED", *n, job.source, job.arch);
+                            progress.report(&format!("[{}/{total}] {} {}: FAILED", *n, job.source, job.arch));
                             failures.lock().unwrap().push((idx, job.source.clone(), job.arch.clone(), e));
                         }
                     }

@@ -22,6 +22,7 @@ use crate::schema::{BenchRun, TestRun};
 use crate::table;
 use crate::tools::drivers;
 use crate::tools::process::{Cmd, write_file};
+use crate::tools::progress::Progress;
 
 pub struct Options {
     pub apply: bool,
@@ -170,12 +171,15 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         .with_context(|| format!("no manifest arch runs on compute capability {}", info.compute_capability))?;
     let dir = paths.reports().join("tune");
     let mut results = Vec::new();
+    let progress = Progress::bar("tune", sweep().len() as u64);
     for (i, config) in sweep().into_iter().enumerate() {
-        eprintln!("== tune [{}/{}] {}", i + 1, sweep().len(), config.name());
+        progress.message(&config.name());
         let r = evaluate(paths, opts, &manifest, &arch, config, &dir.join(config.name()), &fa_test, &fa_bench);
-        eprintln!("   {}{}", r.status, r.geomean_us.map_or(String::new(), |g| format!(", geomean {g:.2} us")));
+        let geomean = r.geomean_us.map_or(String::new(), |g| format!(", geomean {g:.2} us"));
+        progress.report(&format!("tune [{}/{}] {}: {}{geomean}", i + 1, sweep().len(), config.name(), r.status));
         results.push(r);
     }
+    drop(progress);
     let winners = winners(&results);
     print_table(&results, &winners);
     if opts.apply && !winners.is_empty() {

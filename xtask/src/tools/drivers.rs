@@ -3,6 +3,7 @@
 //! xtask's own executable.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -11,11 +12,16 @@ use crate::errors::CannotRun;
 use crate::paths::Paths;
 use crate::schema::DeviceInfo;
 use crate::tools::process::Cmd;
+use crate::tools::progress::Progress;
 
 pub fn binary(paths: &Paths, name: &str) -> Result<PathBuf> {
     let dir = if let Some(cargo) = std::env::var_os("CARGO") {
+        let progress = Arc::new(Progress::spinner("cargo build --release (kernel-ffi binaries)"));
+        let feed = progress.clone();
         Cmd::new(cargo)
-            .args(["build", "--locked", "--release", "--quiet", "-p", "kernel-ffi", "--bins"])
+            .args(["build", "--locked", "--release", "-p", "kernel-ffi", "--bins"])
+            .on_line(move |line| feed.message(line.trim()))
+            .log(paths.reports().join("cargo-build-release.log"))
             .cwd(&paths.root)
             .timeout(Duration::from_secs(1800))
             .run_checked()

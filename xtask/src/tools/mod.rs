@@ -5,4 +5,5 @@ pub mod drivers;
 pub mod gpu;
 pub mod preflight;
 pub mod process;
+pub mod progress;
 pub mod toolchain;

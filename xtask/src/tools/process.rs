@@ -27,7 +27,11 @@ pub struct Cmd {
     log: Option<PathBuf>,
     quiet: bool,
     echo: bool,
+    on_line: Option<LineHook>,
 }
+
+/// Called with each line the child writes (stdout or stderr), as it arrives.
+type LineHook = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
 #[derive(Debug)]
 pub struct Output {
@@ -64,6 +68,7 @@ impl Cmd {
             log: None,
             quiet: false,
             echo: false,
+            on_line: None,
         }
     }
 
@@ -111,6 +116,13 @@ impl Cmd {
     /// Also copy the child's output to ours as it arrives (progress lines of long runs).
     pub fn echo(mut self) -> Cmd {
         self.echo = true;
+        self
+    }
+
+    /// Calls `hook` with each line of output as it arrives (a driver's per-case
+    /// lines feeding a progress bar); the output is still captured whole.
+    pub fn on_line(mut self, hook: impl Fn(&str) + Send + Sync + 'static) -> Cmd {
+        self.on_line = Some(std::sync::Arc::new(hook));
         self
     }
 
@@ -193,8 +205,10 @@ impl Cmd {
         let pgid = handle.pids().first().copied().context("duct started no process")? as libc::pid_t;
         let _running = Running::register(pgid, &shown);
         let echo = self.echoes();
-        let stdout = drain(out_r, echo.then(|| Box::new(std::io::stdout()) as Box<dyn Write + Send>));
-        let stderr = drain(err_r, echo.then(|| Box::new(std::io::stderr()) as Box<dyn Write + Send>));
+        let stdout =
+            drain(out_r, echo.then(|| Box::new(std::io::stdout()) as Box<dyn Write + Send>), self.on_line.clone());
+        let stderr =
+            drain(err_r, echo.then(|| Box::new(std::io::stderr()) as Box<dyn Write + Send>), self.on_line.clone());
         let waited = handle.wait_timeout(self.timeout).with_context(|| format!("waiting for `{shown}`"))?;
         // The leader is gone, or out of time: either way nothing it started may linger.
         kill_group(pgid);
@@ -349,8 +363,8 @@ pub fn set_verbosity(v: Verbosity) {
     VERBOSITY.store(v as u8, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether stages print their full tables and per-item progress (else a line
-/// each, the tables going to their files): off inside `check` unless `-v`.
+/// Whether stages print their full tables (else a line each, the tables going to
+/// their files): off under `-q`, and inside `check` unless `-v`.
 static DETAIL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 pub fn set_detail(on: bool) {
@@ -358,7 +372,11 @@ pub fn set_detail(on: bool) {
 }
 
 pub fn detail() -> bool {
-    DETAIL.load(std::sync::atomic::Ordering::Relaxed) || verbosity() == Verbosity::Verbose
+    match verbosity() {
+        Verbosity::Quiet => false,
+        Verbosity::Normal => DETAIL.load(std::sync::atomic::Ordering::Relaxed),
+        Verbosity::Verbose => true,
+    }
 }
 
 /// A stage's full table: always to `path`, to stdout when `detail()`.
@@ -513,10 +531,15 @@ fn kill_group(pgid: libc::pid_t) {
 
 type Reader = std::thread::JoinHandle<String>;
 
-fn drain<R: Read + Send + 'static>(mut p: R, mut echo: Option<Box<dyn Write + Send>>) -> Reader {
+fn drain<R: Read + Send + 'static>(
+    mut p: R,
+    mut echo: Option<Box<dyn Write + Send>>,
+    hook: Option<LineHook>,
+) -> Reader {
     std::thread::spawn(move || {
         let mut buf = Vec::new();
         let mut chunk = [0u8; 8192];
+        let mut line_start = 0;
         while let Ok(n) = p.read(&mut chunk) {
             if n == 0 {
                 break;
@@ -525,6 +548,12 @@ fn drain<R: Read + Send + 'static>(mut p: R, mut echo: Option<Box<dyn Write + Se
                 let _ = out.write_all(&chunk[..n]);
             }
             buf.extend_from_slice(&chunk[..n]);
+            if let Some(hook) = &hook {
+                while let Some(nl) = buf[line_start..].iter().position(|&b| b == b'\n') {
+                    hook(String::from_utf8_lossy(&buf[line_start..line_start + nl]).trim_end_matches('\r'));
+                    line_start += nl + 1;
+                }
+            }
         }
         String::from_utf8_lossy(&buf).into_owned()
     })
@@ -570,6 +599,21 @@ mod tests {
         assert_eq!(out.stderr, "err\n");
         assert_eq!(out.status.code(), Some(3));
         assert!(Cmd::new("false").quiet().run_checked().is_err());
+    }
+
+    #[test]
+    fn output_lines_reach_the_hook_as_they_arrive_and_are_still_captured() {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let hook = seen.clone();
+        let out = Cmd::new("sh")
+            .args(["-c", "printf 'a\\n' >&2; sleep 0.2; printf 'b\\r\\nc' >&2; sleep 0.2; echo out"])
+            .quiet()
+            .on_line(move |l| hook.lock().unwrap().push(l.to_string()))
+            .run()
+            .unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["a", "b", "out"], "an unterminated last line is not a line yet");
+        assert_eq!(out.stderr, "a\nb\r\nc");
+        assert_eq!(out.stdout, "out\n");
     }
 
     #[test]

@@ -2,12 +2,14 @@
 //! compiler wheels from PyPI when a machine has none.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::tools::process::{Cmd, write_file};
+use crate::tools::progress::Progress;
 
 /// The CUDA 13.0 compiler wheels, pinned with the hash of every wheel of each release
 /// (pip `--require-hashes`). Compiled in, so a prebuilt xtask carries its pins.
@@ -203,8 +205,12 @@ fn install_wheels(wheel_dir: &Path) -> Result<()> {
     // pip reads the requirements from a file; it lives beside the wheels' folder.
     let requirements = wheel_dir.with_extension("requirements.txt");
     write_file(&requirements, REQUIREMENTS)?;
+    let progress = Arc::new(Progress::spinner("pip install (CUDA 13.0 wheels, about 280 MB)"));
+    let feed = progress.clone();
     Cmd::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--require-hashes"])
+        .args(["-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check", "--no-deps"])
+        .arg("--require-hashes")
+        .on_line(move |line| feed.message(line.trim()))
         .arg("--target")
         .arg(wheel_dir.display().to_string())
         .arg("-r")

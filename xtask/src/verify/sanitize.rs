@@ -251,8 +251,9 @@ fn run_tool(
     let _ = std::fs::remove_file(&xml);
     let _ = std::fs::remove_file(&results);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    eprintln!("== sanitize: {} on {label} kernels", tool.name());
+    let (_progress, feed) = crate::verify::test::case_progress(&format!("sanitize {} ({label})", tool.name()));
     let out = Cmd::new(sanitizer)
+        .on_line(feed)
         .args(["--tool", tool.name()])
         .args(tool.extra_args().iter().copied())
         .args(["--xml", "--save"])

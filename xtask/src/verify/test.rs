@@ -2,6 +2,7 @@
 //! `fa-test` driver, reported as `target/xtask/test.json` and a table.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -13,6 +14,7 @@ use crate::schema::{TestCase, TestRun};
 use crate::table;
 use crate::tools::drivers;
 use crate::tools::process::Cmd;
+use crate::tools::progress::Progress;
 
 #[derive(Clone)]
 pub struct Options {
@@ -24,7 +26,10 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     crate::tools::gpu::require("test")?;
     let raw = paths.reports().join("fa-test.json");
     let _ = std::fs::remove_file(&raw);
-    let out = command(drivers::binary(paths, "fa-test")?, paths, opts, &raw).run()?;
+    let driver = drivers::binary(paths, "fa-test")?;
+    let (progress, hook) = case_progress("test");
+    let out = command(driver, paths, opts, &raw).on_line(hook).run()?;
+    drop(progress);
     let text = match std::fs::read_to_string(&raw) {
         Ok(text) if out.success() || out.status.code() == Some(1) => text, // 1: cases failed
         _ => {
@@ -55,6 +60,43 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         return Err(CheckFailed(format!("{} case(s) failed: {}", failed.len(), names.join(", "))).into());
     }
     Ok(())
+}
+
+/// A progress bar fed by fa-test's stderr: `fa-test: N cases on …` sets the
+/// total, each `[i/N] ok|FAIL …` line is one case (a failing one shown in full).
+pub fn case_progress(label: &str) -> (Arc<Progress>, impl Fn(&str) + Send + Sync + 'static) {
+    let progress = Arc::new(Progress::bar(label, 0));
+    let feed = progress.clone();
+    let hook = move |line: &str| match fa_test_line(line) {
+        Some(FaTestLine::Cases(n)) => feed.set_total(n),
+        Some(FaTestLine::Case { passed: true }) => feed.item(line),
+        Some(FaTestLine::Case { passed: false }) => feed.report(line),
+        None => {}
+    };
+    (progress, hook)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum FaTestLine {
+    Cases(u64),
+    Case { passed: bool },
+}
+
+/// fa-test's progress lines on stderr, as its `main` writes them.
+fn fa_test_line(line: &str) -> Option<FaTestLine> {
+    if let Some(rest) = line.strip_prefix("fa-test: ") {
+        let (n, tail) = rest.split_once(' ')?;
+        return tail.starts_with("cases on ").then_some(FaTestLine::Cases(n.parse().ok()?));
+    }
+    let (count, rest) = line.strip_prefix('[')?.split_once("] ")?;
+    let (i, n) = count.split_once('/')?;
+    i.parse::<u64>().ok()?;
+    n.parse::<u64>().ok()?;
+    match rest.split(' ').next()? {
+        "ok" => Some(FaTestLine::Case { passed: true }),
+        "FAIL" => Some(FaTestLine::Case { passed: false }),
+        _ => None,
+    }
 }
 
 /// fa-test over the run's kernel set, writing its results to `raw`.
@@ -92,6 +134,27 @@ fn case_table<'a>(cases: impl Iterator<Item = &'a TestCase>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fa_test_progress_lines_are_read_as_it_writes_them() {
+        assert_eq!(
+            fa_test_line("fa-test: 114 cases on NVIDIA H100 80GB HBM3 (sm count 132), seed 7"),
+            Some(FaTestLine::Cases(114))
+        );
+        assert_eq!(
+            fa_test_line("[3/114] ok f16-b1-h1-s128-d64 rel_l2 1.2e-3 max_abs 2.0e-3"),
+            Some(FaTestLine::Case { passed: true })
+        );
+        assert_eq!(
+            fa_test_line("[4/114] FAIL f16-b1 rel_l2 NaN max_abs NaN"),
+            Some(FaTestLine::Case { passed: false })
+        );
+        for other in
+            ["fa-test: 1.5 s", "fa-test: stopping after a CUDA error", "[x/2] ok", "[1/2]ok", "", "[", "[1/2] maybe"]
+        {
+            assert_eq!(fa_test_line(other), None, "{other:?}");
+        }
+    }
 
     #[test]
     fn fa_test_loads_the_kernel_set_the_user_named() {

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::schema::{DeviceInfo, EntryRecord, SERVE_PROTOCOL, ServeReply, ServeRequest};
 use crate::tools::process::{Cmd, Session};
+use crate::tools::progress::Progress;
 use monitor::Monitor;
 use sequence::{Rule, Step, Verdict};
 
@@ -238,7 +239,9 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
     let mut coin = Coin(opts.seed);
     let mut results = Vec::new();
     let mut clocks_locked = false;
+    let progress = Progress::bar("gate", cases.len() as u64);
     for (i, (shape, dtype)) in cases.iter().enumerate() {
+        progress.message(&format!("{dtype} {shape}"));
         let (method, estimate, base_entry, flops) =
             b.setup(shape, dtype, None).with_context(|| format!("setting up {dtype} {shape}"))?;
         let (_, _, cand_entry, _) =
@@ -296,7 +299,7 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
             verdict,
             start.elapsed().as_secs_f64(),
         );
-        eprintln!(
+        progress.report(&format!(
             "gate {:>2}/{}: {:<28} {:>5} quads {:>4.1} s  {:+.2}% [{:+.2}%, {:+.2}%]  {}",
             i + 1,
             cases.len(),
@@ -307,7 +310,7 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
             g.ci_low * 100.0,
             g.ci_high * 100.0,
             verdict_word(g.verdict)
-        );
+        ));
         results.push(g);
     }
     Ok(GateRun { device, rule, seed: opts.seed, clocks_locked, monitored: monitor.is_some(), shapes: results })
