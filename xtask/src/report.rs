@@ -127,20 +127,9 @@ pub fn git_state() -> (String, bool) {
     }
 }
 
-/// Formats a time as `YYYY-MM-DDTHH:MM:SSZ` (days-from-civil inverse, Howard Hinnant's algorithm).
+/// A time as `YYYY-MM-DDTHH:MM:SSZ` (UTC, whole seconds); before 1970 reads as 1970.
 pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    humantime::format_rfc3339_seconds(t.max(UNIX_EPOCH)).to_string()
 }
 
 #[cfg(test)]
@@ -155,5 +144,6 @@ mod tests {
         assert_eq!(rfc3339(t), "2026-11-21T23:27:27Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(UNIX_EPOCH - Duration::from_secs(5)), "1970-01-01T00:00:00Z");
     }
 }
