@@ -15,7 +15,7 @@ pub struct DeviceInfo {
 }
 
 /// The problem a case ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShapeRecord {
     pub batch: usize,
     pub heads: usize,
@@ -106,9 +106,20 @@ pub struct TestRun {
     pub cases: Vec<TestCase>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A case as `fa-test --list --json` names it, with its work (batch × heads ×
+/// query rows × keys × head dim) to deal cases out longest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListedCase {
+    pub name: String,
+    pub work: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TestCase {
     pub name: String,
+    /// UUID of the GPU that ran the case, where a run spread cases over several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
     pub dtype: String,
     #[serde(flatten)]
     pub shape: ShapeRecord,
@@ -196,6 +207,7 @@ mod tests {
     fn failed_case_round_trips_through_json() {
         let case = TestCase {
             name: "x".into(),
+            gpu: None,
             dtype: "f16".into(),
             shape: ShapeRecord {
                 batch: 1,

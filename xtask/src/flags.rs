@@ -182,6 +182,24 @@ pub enum Task {
         #[command(flatten)]
         test: TestArgs,
     },
+    /// Reports: join the shards of a `test --shard I/N` matrix.
+    Report {
+        #[command(subcommand)]
+        action: ReportAction,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ReportAction {
+    /// Shard reports (each shard's target/xtask/test.json) into one; fails on a missing or repeated shard or case.
+    Merge {
+        /// The shards' test.json files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Where the joined report goes (default: target/xtask/test.json).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -215,6 +233,12 @@ pub struct TestArgs {
     /// Timeout for the whole correctness run, in seconds.
     #[arg(long, default_value_t = 600)]
     pub test_timeout: u64,
+    /// Deal the cases out to these GPUs, one worker each: all, a count, or indices/UUIDs (0,2).
+    #[arg(long, value_name = "all|N|LIST")]
+    pub gpus: Option<String>,
+    /// Run only part I of N of the cases (for a CI matrix over runners); `report merge` joins the parts.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<crate::verify::spread::Shard>,
 }
 
 /// What the gate and the timings run (bench, ci --gpu, iterate).
@@ -275,7 +299,12 @@ impl BuildArgs {
 
 impl TestArgs {
     pub fn options(&self) -> test::Options {
-        test::Options { filter: self.filter.clone(), timeout: Duration::from_secs(self.test_timeout) }
+        test::Options {
+            filter: self.filter.clone(),
+            timeout: Duration::from_secs(self.test_timeout),
+            gpus: self.gpus.clone(),
+            shard: self.shard,
+        }
     }
 }
 
@@ -306,7 +335,7 @@ fn build_args(task: &Task) -> Option<&BuildArgs> {
         | Task::Iterate { build, .. }
         | Task::Tune { build, .. }
         | Task::Test { build, .. } => Some(build),
-        Task::Summary | Task::Preflight | Task::Profile { .. } => None,
+        Task::Summary | Task::Preflight | Task::Profile { .. } | Task::Report { .. } => None,
     }
 }
 

@@ -24,7 +24,7 @@ use clap::Parser;
 use fa_schema::{manifest, schema};
 
 use build::kernel_set;
-use flags::{BenchAction, Cli, Task};
+use flags::{BenchAction, Cli, ReportAction, Task};
 use measure::{bench, compare, profile, tune};
 use optimise::{iterate, summary};
 use tools::{preflight, process};
@@ -145,6 +145,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             &paths,
             &profile::Options { shapes, base_clocks, timeout: Duration::from_secs(profile_timeout) },
         ),
+        Task::Report { action: ReportAction::Merge { files, out } } => test::merge(&paths, &files, out.as_deref()),
         Task::Test { build, test } => {
             kernel_set::prepare(&paths, &build.options(), build.kernels.is_some())?;
             test::run(&paths, &test.options())

@@ -9,7 +9,7 @@ use kernel_ffi::check::{compare, compare_lse, tolerances};
 use kernel_ffi::cli::{self, CheckFailed};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
-use kernel_ffi::schema::{EntryRecord, ShapeRecord, TestCase, TestRun};
+use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, TestCase, TestRun};
 use kernel_ffi::{Attention, Desc, Dtype, Entry, Layout, Options, Problem, Splits, Variant};
 
 /// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
@@ -46,6 +46,11 @@ impl Case {
             head_dim: self.head_dim,
             causal: self.causal,
         }
+    }
+
+    /// Batch × heads × query rows × keys × head dim: what a case costs, relatively.
+    fn work(&self) -> f64 {
+        [self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim].iter().map(|&x| x as f64).product()
     }
 
     fn layout_label(&self) -> &'static str {
@@ -306,6 +311,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         && lse_max_abs <= tol_lse;
     Ok(TestCase {
         name: case.name(),
+        gpu: None,
         dtype: dtype.name().into(),
         shape: case.shape(),
         layout: case.layout_label().into(),
@@ -330,6 +336,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
 fn not_run(case: &Case, e: &anyhow::Error) -> TestCase {
     TestCase {
         name: case.name(),
+        gpu: None,
         dtype: case.dtype.name().into(),
         shape: case.shape(),
         layout: case.layout_label().into(),
@@ -374,9 +381,12 @@ struct Args {
     /// Which cases.
     #[arg(long, value_enum, default_value_t = Set::Full)]
     set: Set,
-    /// List the case names and exit.
+    /// List the case names and exit (with --json: names and work, as JSON).
     #[arg(long, conflicts_with = "info")]
     list: bool,
+    /// Only the cases named in FILE, one exact name a line (as --list prints them).
+    #[arg(long, value_name = "FILE")]
+    cases: Option<std::path::PathBuf>,
     /// Print the device (JSON) and exit: proves the driver loads the fatbins.
     #[arg(long)]
     info: bool,
@@ -409,6 +419,19 @@ fn main() -> std::process::ExitCode {
     cli::finish(run())
 }
 
+/// The cases `text` names (one a line, blank lines ignored), in the matrix's
+/// order; a name the matrix lacks is an error naming it.
+fn named(cases: Vec<Case>, text: &str) -> std::result::Result<Vec<Case>, String> {
+    let wanted: std::collections::HashSet<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let known: std::collections::HashSet<String> = cases.iter().map(Case::name).collect();
+    let mut unknown: Vec<&str> = wanted.iter().copied().filter(|w| !known.contains(*w)).collect();
+    if !unknown.is_empty() {
+        unknown.sort();
+        return Err(format!("no such case: {} (see fa-test --list)", unknown.join(", ")));
+    }
+    Ok(cases.into_iter().filter(|c| wanted.contains(c.name().as_str())).collect())
+}
+
 /// Exit 1 unless some case ran and every case passed.
 fn verdict(cases: &[TestCase]) -> Result<()> {
     if cases.is_empty() {
@@ -429,7 +452,7 @@ fn verdict(cases: &[TestCase]) -> Result<()> {
 }
 
 fn run() -> Result<()> {
-    let Args { json, filter, seed, set, list, info, variant, device } = clap::Parser::parse();
+    let Args { json, filter, seed, set, list, cases: only, info, variant, device } = clap::Parser::parse();
     let all = match set {
         Set::Full => matrix(),
         Set::Sanitize => sanitize_set(),
@@ -440,7 +463,15 @@ fn run() -> Result<()> {
         .filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str())))
         .filter(|c| variant.is_none_or(|v| v == c.entry.variant))
         .collect();
+    if let Some(file) = only {
+        let text = std::fs::read_to_string(&file).with_context(|| format!("reading --cases {}", file.display()))?;
+        cases = named(cases, &text).map_err(|e| anyhow::anyhow!("--cases {}: {e}", file.display()))?;
+    }
     if list {
+        if let Some(path) = json {
+            let listed: Vec<ListedCase> = cases.iter().map(|c| ListedCase { name: c.name(), work: c.work() }).collect();
+            return cli::write_atomic(&path, serde_json::to_string_pretty(&listed)?.as_bytes());
+        }
         return cli::print(&cases.iter().map(|c| c.name() + "\n").collect::<String>());
     }
     let seed = seed

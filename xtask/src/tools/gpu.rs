@@ -17,7 +17,17 @@ pub fn detect() -> Result<Vec<String>, String> {
     detect_with(Path::new("nvidia-smi"), Duration::from_secs(30))
 }
 
+/// Every GPU `nvidia-smi -L` lists, with its UUID: what `--gpus` chooses from.
+pub fn list(task: &str) -> anyhow::Result<Vec<ListedGpu>> {
+    listed_with(Path::new("nvidia-smi"), Duration::from_secs(30))
+        .map_err(|why| crate::errors::CannotRun(format!("`{task}` needs a GPU: {why}")).into())
+}
+
 fn detect_with(smi: &Path, timeout: Duration) -> Result<Vec<String>, String> {
+    Ok(listed_with(smi, timeout)?.into_iter().map(|g| g.name).collect())
+}
+
+fn listed_with(smi: &Path, timeout: Duration) -> Result<Vec<ListedGpu>, String> {
     let out = match Cmd::new(smi).arg("-L").quiet().timeout(timeout).run() {
         Ok(out) => out,
         Err(e)
@@ -34,12 +44,22 @@ fn detect_with(smi: &Path, timeout: Duration) -> Result<Vec<String>, String> {
     if gpus.is_empty() { Err("nvidia-smi lists no GPU".into()) } else { Ok(gpus) }
 }
 
-/// `GPU 0: NVIDIA H200 (UUID: GPU-…)` lines → names.
-pub fn parse_list(text: &str) -> Vec<String> {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedGpu {
+    pub name: String,
+    /// `GPU-…`; empty where nvidia-smi printed none.
+    pub uuid: String,
+}
+
+/// `GPU 0: NVIDIA H200 (UUID: GPU-…)` lines → names and UUIDs, in index order.
+pub fn parse_list(text: &str) -> Vec<ListedGpu> {
     text.lines()
         .filter_map(|l| l.strip_prefix("GPU "))
         .filter_map(|l| l.split_once(": "))
-        .map(|(_, rest)| rest.split(" (UUID").next().unwrap_or(rest).trim().to_string())
+        .map(|(_, rest)| {
+            let (name, uuid) = rest.split_once(" (UUID: ").unwrap_or((rest, ""));
+            ListedGpu { name: name.trim().to_string(), uuid: uuid.trim_end().trim_end_matches(')').to_string() }
+        })
         .collect()
 }
 
@@ -48,7 +68,9 @@ mod tests {
     #[test]
     fn parses_gpu_list() {
         let text = "GPU 0: NVIDIA H200 (UUID: GPU-1234)\nGPU 1: NVIDIA L4 (UUID: GPU-5678)\n";
-        assert_eq!(super::parse_list(text), vec!["NVIDIA H200", "NVIDIA L4"]);
+        let names: Vec<String> = super::parse_list(text).into_iter().map(|g| g.name).collect();
+        assert_eq!(names, vec!["NVIDIA H200", "NVIDIA L4"]);
+        assert_eq!(super::parse_list(text)[1].uuid, "GPU-5678");
         assert!(super::parse_list("No devices were found\n").is_empty());
     }
 

@@ -1,4 +1,5 @@
 //! Correctness on the GPU: the test matrix (`fa-test`) and compute-sanitizer.
 
 pub mod sanitize;
+pub mod spread;
 pub mod test;

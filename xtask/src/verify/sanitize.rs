@@ -251,7 +251,7 @@ fn run_tool(
     let _ = std::fs::remove_file(&xml);
     let _ = std::fs::remove_file(&results);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let (_progress, feed) = crate::verify::test::case_progress(&format!("sanitize {} ({label})", tool.name()));
+    let (_progress, feed) = crate::verify::test::case_progress(&format!("sanitize {} ({label})", tool.name()), None);
     let out = Cmd::new(sanitizer)
         .on_line(feed)
         .args(["--tool", tool.name()])

@@ -1,25 +1,45 @@
 //! `cargo xtask test`: the correctness matrix on the GPU, run by kernel-ffi's
 //! `fa-test` driver, reported as `target/xtask/test.json` and a table.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
 
 use crate::errors::{CannotRun, CheckFailed};
 use crate::paths::Paths;
-use crate::report::{Device, Envelope, Toolchain};
-use crate::schema::{TestCase, TestRun};
+use crate::report::{Device, Envelope, Toolchain, read_json};
+use crate::schema::{DeviceInfo, ListedCase, TestCase, TestRun};
 use crate::table;
 use crate::tools::drivers;
-use crate::tools::process::Cmd;
+use crate::tools::gpu::ListedGpu;
+use crate::tools::process::{Cmd, write_file};
 use crate::tools::progress::Progress;
+use crate::verify::spread::{self, Shard, ShardRecord};
 
 #[derive(Clone)]
 pub struct Options {
     pub filter: Option<String>,
     pub timeout: Duration,
+    /// `--gpus all|N|LIST`: one worker per GPU.
+    pub gpus: Option<String>,
+    /// `--shard I/N`: only this part of the matrix.
+    pub shard: Option<Shard>,
+}
+
+/// `test.json`'s payload: fa-test's run, and how it was spread where it was.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TestReport {
+    #[serde(flatten)]
+    pub run: TestRun,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardRecord>,
+    /// The GPUs the cases were dealt to (each case names its own), where several were.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<DeviceInfo>,
 }
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
@@ -27,10 +47,32 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let raw = paths.reports().join("fa-test.json");
     let _ = std::fs::remove_file(&raw);
     let driver = drivers::binary(paths, "fa-test")?;
-    let (progress, hook) = case_progress("test");
-    let out = command(driver, paths, opts, &raw).on_line(hook).run()?;
+    let report = if opts.gpus.is_none() && opts.shard.is_none() {
+        TestReport { run: run_whole(paths, opts, driver, &raw)?, shard: None, gpus: Vec::new() }
+    } else {
+        let gpus: Vec<Option<ListedGpu>> = match &opts.gpus {
+            Some(spec) => {
+                if std::env::var_os("FA_DEVICE").is_some() {
+                    return Err(CannotRun("--device (or FA_DEVICE) and --gpus both choose GPUs: use one".into()).into());
+                }
+                let listed = crate::tools::gpu::list("test")?;
+                spread::choose_gpus(spec, &listed).map_err(CannotRun)?.into_iter().map(Some).collect()
+            }
+            None => vec![None], // the device CUDA picks, or --device
+        };
+        let report = run_spread(paths, opts, &driver, &gpus)?;
+        write_file(&raw, serde_json::to_string_pretty(&report.run)?)?;
+        report
+    };
+    finish(paths, report)
+}
+
+/// The matrix in one fa-test process on one GPU.
+fn run_whole(paths: &Paths, opts: &Options, driver: PathBuf, raw: &Path) -> Result<TestRun> {
+    let (progress, hook) = case_progress("test", None);
+    let out = command(driver, paths, opts, raw).on_line(hook).run()?;
     drop(progress);
-    let text = match std::fs::read_to_string(&raw) {
+    let text = match std::fs::read_to_string(raw) {
         Ok(text) if out.success() || out.status.code() == Some(1) => text, // 1: cases failed
         _ => {
             return Err(CannotRun(format!(
@@ -41,7 +83,12 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
             .into());
         }
     };
-    let run: TestRun = serde_json::from_str(&text).with_context(|| format!("parsing {}", raw.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", raw.display()))
+}
+
+/// Tables, `test.json`, and the verdict.
+pub fn finish(paths: &Paths, report: TestReport) -> Result<()> {
+    let run = &report.run;
     let failed: Vec<&TestCase> = run.cases.iter().filter(|c| !c.passed).collect();
     crate::tools::process::table(&paths.reports().join("test.txt"), &case_table(run.cases.iter()))?;
     if !failed.is_empty() && !crate::tools::process::detail() {
@@ -49,10 +96,21 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     }
     let device = Device::from(&run.device);
     let toolchain = Toolchain { driver: run.device.driver.clone(), ..Toolchain::default() };
-    let report = paths.report("test");
-    Envelope::new("test", toolchain, Some(device), &run).kernels(&paths.kernels).write(&report)?;
-    println!("{} cases, {} failed, seed {}; report: {}", run.cases.len(), failed.len(), run.seed, report.display());
-    if run.cases.is_empty() {
+    let path = paths.report("test");
+    Envelope::new("test", toolchain, Some(device), &report).kernels(&paths.kernels).write(&path)?;
+    let spread = match (&report.shard, report.gpus.len()) {
+        (Some(s), _) => format!(" (shard {}/{})", s.shard.index, s.shard.count),
+        (None, n) if n > 1 => format!(" on {n} GPUs"),
+        _ => String::new(),
+    };
+    println!(
+        "{} cases{spread}, {} failed, seed {}; report: {}",
+        run.cases.len(),
+        failed.len(),
+        run.seed,
+        path.display()
+    );
+    if run.cases.is_empty() && report.shard.as_ref().is_none_or(|s| !s.assigned.is_empty()) {
         return Err(CheckFailed("no test case ran (filter matched nothing?)".into()).into());
     }
     if !failed.is_empty() {
@@ -62,13 +120,211 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     Ok(())
 }
 
+/// The matrix (or this shard of it) dealt out in batches, longest first, to one
+/// worker per GPU. A worker whose fa-test dies, hangs or writes no results
+/// retires; its batch's cases are reported failed, never dropped, and the other
+/// workers take the rest.
+fn run_spread(paths: &Paths, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>]) -> Result<TestReport> {
+    let dir = paths.reports().join("test-spread");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let list = dir.join("cases.json");
+    let mut cmd = Cmd::new(driver).arg("--list").arg("--json").arg(list.display().to_string()).quiet();
+    if let Some(f) = &opts.filter {
+        cmd = cmd.arg("--filter").arg(f.clone());
+    }
+    cmd.run_checked().context("listing the cases")?;
+    let listed: Vec<ListedCase> = read_json(&list)?;
+    let (mine, shard) = match opts.shard {
+        Some(s) => {
+            let assigned = spread::partition(&listed, s.count).swap_remove(s.index as usize - 1);
+            let mut universe: Vec<String> = listed.iter().map(|c| c.name.clone()).collect();
+            universe.sort();
+            let mine = listed.iter().filter(|c| assigned.contains(&c.name)).cloned().collect();
+            (mine, Some(ShardRecord { shard: s, universe, assigned }))
+        }
+        None => (listed.clone(), None),
+    };
+    let batches = if gpus.len() == 1 {
+        vec![mine.iter().map(|c| c.name.clone()).collect()]
+    } else {
+        spread::batches(&mine, gpus.len())
+    };
+    let queue = Mutex::new(batches.into_iter().enumerate().collect::<VecDeque<_>>());
+    let done: Mutex<Vec<(usize, TestRun)>> = Mutex::new(Vec::new());
+    let lost: Mutex<Vec<LostBatch>> = Mutex::new(Vec::new());
+    let (progress, hook) = case_progress("test", Some(mine.len() as u64));
+    let hook = Arc::new(hook);
+    let devices: Mutex<Vec<DeviceInfo>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for gpu in gpus {
+            let (queue, done, lost, hook, devices, dir) = (&queue, &done, &lost, hook.clone(), &devices, &dir);
+            let progress = &progress;
+            s.spawn(move || {
+                let uuid = gpu.as_ref().map(|g| g.uuid.clone());
+                if let Some(g) = gpu {
+                    // Preflight of this GPU: the driver opens it and loads the kernels.
+                    let info = Cmd::new(driver)
+                        .arg("--info")
+                        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
+                        .env("CUDA_VISIBLE_DEVICES", g.uuid.clone())
+                        .env("FA_DEVICE", "0")
+                        .quiet()
+                        .timeout(Duration::from_secs(60))
+                        .run();
+                    match info.ok().filter(|o| o.success()).and_then(|o| serde_json::from_str(o.stdout.trim()).ok()) {
+                        Some(d) => devices.lock().unwrap_or_else(|e| e.into_inner()).push(d),
+                        None => {
+                            let why = format!("GPU {} ({}) failed fa-test --info", g.uuid, g.name);
+                            progress.println(&format!("test: {why}; its worker does not start"));
+                            return;
+                        }
+                    }
+                }
+                loop {
+                    let Some((k, names)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else { break };
+                    match run_batch(paths, opts, driver, dir, k, &names, gpu.as_ref(), hook.clone()) {
+                        Ok(run) => done.lock().unwrap_or_else(|e| e.into_inner()).push((k, run)),
+                        Err(why) => {
+                            progress.println(&format!("test: batch {k} lost ({why}); its worker stops"));
+                            lost.lock().unwrap_or_else(|e| e.into_inner()).push((k, names, uuid, why));
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    drop(progress);
+    let mut lost = lost.into_inner().unwrap_or_else(|e| e.into_inner());
+    for (k, names) in queue.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        lost.push((k, names, None, "no worker was left to run it".into()));
+    }
+    let mut done = done.into_inner().unwrap_or_else(|e| e.into_inner());
+    done.sort_by_key(|(k, _)| *k);
+    let Some(first) = done.first().map(|(_, r)| r.clone()) else {
+        let why: Vec<String> = lost.iter().map(|(k, _, _, why)| format!("batch {k}: {why}")).collect();
+        return Err(CannotRun(format!("no batch of cases ran: {}", why.join("; "))).into());
+    };
+    let mut cases: Vec<TestCase> = Vec::new();
+    for (_, run) in done {
+        let uuid = run.device.uuid.clone();
+        cases.extend(run.cases.into_iter().map(|c| TestCase { gpu: uuid.clone(), ..c }));
+    }
+    for (_, names, gpu, why) in lost {
+        cases.extend(names.into_iter().map(|name| lost_case(name, gpu.clone(), &why)));
+    }
+    let order: std::collections::HashMap<&str, usize> =
+        listed.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
+    cases.sort_by_key(|c| order.get(c.name.as_str()).copied().unwrap_or(usize::MAX));
+    let mut devices = devices.into_inner().unwrap_or_else(|e| e.into_inner());
+    devices.sort_by(|a, b| a.uuid.cmp(&b.uuid));
+    Ok(TestReport { run: TestRun { cases, ..first }, shard, gpus: devices })
+}
+
+/// A batch no worker finished: its number, cases, GPU, and why.
+type LostBatch = (usize, Vec<String>, Option<String>, String);
+
+/// One batch in one fa-test process: its results, or why there are none.
+#[allow(clippy::too_many_arguments)]
+fn run_batch(
+    paths: &Paths,
+    opts: &Options,
+    driver: &Path,
+    dir: &Path,
+    k: usize,
+    names: &[String],
+    gpu: Option<&ListedGpu>,
+    hook: Arc<impl Fn(&str) + Send + Sync + 'static>,
+) -> std::result::Result<TestRun, String> {
+    let (list, json) = (dir.join(format!("batch-{k}.txt")), dir.join(format!("batch-{k}.json")));
+    write_file(&list, names.join("\n") + "\n").map_err(|e| format!("{e:#}"))?;
+    let mut cmd = command(driver.to_path_buf(), paths, opts, &json)
+        .arg("--cases")
+        .arg(list.display().to_string())
+        .log(dir.join(format!("batch-{k}.log")))
+        .on_line(move |line| hook(line));
+    if let Some(g) = gpu {
+        cmd = cmd.env("CUDA_VISIBLE_DEVICES", g.uuid.clone()).env("FA_DEVICE", "0");
+    }
+    let out = cmd.run().map_err(|e| format!("{e:#}"))?;
+    let run = std::fs::read_to_string(&json).ok().and_then(|t| serde_json::from_str::<TestRun>(&t).ok());
+    match run {
+        Some(run) if out.success() || out.status.code() == Some(1) => Ok(run),
+        _ => Err(format!("fa-test exited with {} and wrote no results: {}", out.status, out.tail().trim())),
+    }
+}
+
+/// `cargo xtask report merge`: shard reports (`test.json` of each `--shard I/N`
+/// run) into one report at `out`, failing on a missing or repeated shard or case.
+pub fn merge(paths: &Paths, files: &[PathBuf], out: Option<&Path>) -> Result<()> {
+    let mut parts: Vec<Envelope<TestReport>> = Vec::new();
+    for f in files {
+        let env: Envelope<TestReport> =
+            read_json(f).with_context(|| format!("reading the shard report {}", f.display()))?;
+        if env.kind != "test" {
+            return Err(
+                CannotRun(format!("{} is a `{}` report; merge takes test reports", f.display(), env.kind)).into()
+            );
+        }
+        parts.push(env);
+    }
+    let mut records = Vec::new();
+    for (f, p) in files.iter().zip(&parts) {
+        let rec = p.payload.shard.clone().ok_or_else(|| {
+            CannotRun(format!("{} is not a shard's report (it was run without --shard)", f.display()))
+        })?;
+        records.push((rec, p.payload.run.cases.iter().map(|c| c.name.clone()).collect()));
+    }
+    spread::check_parts(&records).map_err(|e| CheckFailed(format!("the shard reports do not join: {e}")))?;
+    parts.sort_by_key(|p| p.payload.shard.as_ref().map_or(0, |s| s.shard.index));
+    let mut it = parts.into_iter();
+    let Some(mut merged) = it.next() else { return Err(CannotRun("no shard reports to merge".into()).into()) };
+    for p in it {
+        merged.payload.run.cases.extend(p.payload.run.cases);
+        merged.payload.gpus.extend(p.payload.gpus);
+    }
+    merged.payload.shard = None;
+    let path = out.map_or_else(|| paths.report("test"), Path::to_path_buf);
+    let run = &merged.payload.run;
+    let failed: Vec<&str> = run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
+    merged.write(&path)?;
+    println!("{} shards, {} cases, {} failed; report: {}", files.len(), run.cases.len(), failed.len(), path.display());
+    if !failed.is_empty() {
+        let more = if failed.len() > 10 { ", …" } else { "" };
+        return Err(CheckFailed(format!(
+            "{} case(s) failed: {}{more}",
+            failed.len(),
+            failed[..failed.len().min(10)].join(", ")
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The record of a case a lost batch held: failed, with the reason.
+fn lost_case(name: String, gpu: Option<String>, why: &str) -> TestCase {
+    TestCase {
+        name,
+        gpu,
+        rel_l2: f64::NAN,
+        max_abs: f64::NAN,
+        lse_max_abs: f64::NAN,
+        passed: false,
+        error: Some(format!("not run: {why}")),
+        ..TestCase::default()
+    }
+}
+
 /// A progress bar fed by fa-test's stderr: `fa-test: N cases on …` sets the
 /// total, each `[i/N] ok|FAIL …` line is one case (a failing one shown in full).
-pub fn case_progress(label: &str) -> (Arc<Progress>, impl Fn(&str) + Send + Sync + 'static) {
-    let progress = Arc::new(Progress::bar(label, 0));
+/// Where `total` is given (a run over several processes), it stands.
+pub fn case_progress(label: &str, total: Option<u64>) -> (Arc<Progress>, impl Fn(&str) + Send + Sync + 'static) {
+    let progress = Arc::new(Progress::bar(label, total.unwrap_or(0)));
     let feed = progress.clone();
     let hook = move |line: &str| match fa_test_line(line) {
-        Some(FaTestLine::Cases(n)) => feed.set_total(n),
+        Some(FaTestLine::Cases(n)) if total.is_none() => feed.set_total(n),
+        Some(FaTestLine::Cases(_)) => {}
         Some(FaTestLine::Case { passed: true }) => feed.item(line),
         Some(FaTestLine::Case { passed: false }) => feed.report(line),
         None => {}
@@ -135,6 +391,73 @@ fn case_table<'a>(cases: impl Iterator<Item = &'a TestCase>) -> String {
 mod tests {
     use super::*;
 
+    fn fake(dir: &Path) -> (Paths, PathBuf) {
+        let target = dir.join("target");
+        let paths = Paths { root: dir.to_path_buf(), cuda_wheels: target.join("cuda"), kernels: dir.join("k"), target };
+        (paths, Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fake-fa-test.py"))
+    }
+
+    pub(super) fn opts(shard: Option<&str>) -> Options {
+        Options { filter: None, timeout: Duration::from_secs(60), gpus: None, shard: shard.map(|s| s.parse().unwrap()) }
+    }
+
+    fn gpu(uuid: &str) -> Option<ListedGpu> {
+        Some(ListedGpu { name: "Fake GPU".into(), uuid: uuid.into() })
+    }
+
+    fn names(r: &TestReport) -> Vec<String> {
+        r.run.cases.iter().map(|c| c.name.clone()).collect()
+    }
+
+    #[test]
+    fn spread_runs_keep_every_case_once_in_matrix_order_with_its_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let (paths, driver) = fake(dir.path());
+        let all: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+        let two = run_spread(&paths, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
+        assert_eq!(names(&two), all);
+        assert!(
+            two.run.cases.iter().all(|c| c.passed && c.gpu.as_deref().is_some_and(|g| g == "GPU-a" || g == "GPU-b"))
+        );
+        assert_eq!(two.gpus.len(), 2);
+        // Shards on one GPU each: their union is the matrix, and they merge.
+        let mut files = Vec::new();
+        for i in 1..=3 {
+            let part = run_spread(&paths, &opts(Some(&format!("{i}/3"))), &driver, &[None]).unwrap();
+            let file = dir.path().join(format!("shard-{i}.json"));
+            Envelope::new("test", Toolchain::default(), None, &part).write(&file).unwrap();
+            files.push(file);
+        }
+        let out = dir.path().join("merged.json");
+        merge(&paths, &files, Some(&out)).unwrap();
+        let merged: Envelope<TestReport> = read_json(&out).unwrap();
+        let mut got = names(&merged.payload);
+        got.sort();
+        let mut want = all.clone();
+        want.sort();
+        assert_eq!(got, want);
+        assert!(merged.payload.shard.is_none());
+        let gap = merge(&paths, &files[..2], Some(&out)).unwrap_err().to_string();
+        assert!(gap.contains("missing shard report(s): 3/3"), "{gap}");
+        let twice = merge(&paths, &[files[0].clone(), files[0].clone()], Some(&out)).unwrap_err().to_string();
+        assert!(twice.contains("appears twice"), "{twice}");
+    }
+
+    #[test]
+    fn a_worker_that_dies_is_reported_and_its_cases_are_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let (paths, driver) = fake(dir.path());
+        write_file(&paths.kernels.join("die"), "c0").unwrap();
+        let r = run_spread(&paths, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
+        assert_eq!(r.run.cases.len(), 10, "every case is reported");
+        let c0 = r.run.cases.iter().find(|c| c.name == "c0").unwrap();
+        assert!(!c0.passed && c0.error.as_deref().is_some_and(|e| e.starts_with("not run:")), "{c0:?}");
+        assert!(c0.rel_l2.is_nan());
+        // c0's batch (the two longest cases) is lost with it; the other worker ran the rest.
+        let failed: Vec<&str> = r.run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
+        assert_eq!(failed, ["c0", "c1"]);
+    }
+
     #[test]
     fn fa_test_progress_lines_are_read_as_it_writes_them() {
         assert_eq!(
@@ -160,7 +483,7 @@ mod tests {
     fn fa_test_loads_the_kernel_set_the_user_named() {
         let mut paths = Paths::discover().unwrap();
         paths.kernels = PathBuf::from("/elsewhere/kernels");
-        let opts = Options { filter: None, timeout: Duration::from_secs(1) };
+        let opts = Options { timeout: Duration::from_secs(1), ..super::tests::opts(None) };
         let cmd = command(PathBuf::from("fa-test"), &paths, &opts, Path::new("raw.json"));
         assert_eq!(cmd.env_value("FA_KERNEL_DIR"), Some("/elsewhere/kernels"));
     }
