@@ -1,6 +1,6 @@
 //! What the command-line tools share: exit codes (0 passed, 1 a check failed,
 //! 2 could not run) with one error line and no backtrace, stdout that a closed
-//! pipe ends quietly, atomic output files, and the entry-flag check that runs
+//! pipe ends quietly, atomic output files, and the kernel-choice check that runs
 //! against the kernel manifest before any CUDA call.
 
 use std::io::Write;
@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
-use crate::attention::{Entry, Variant};
+use crate::attention::{Family, KernelChoice};
 use crate::manifest::Manifest;
 use crate::tensor::Dtype;
 
@@ -69,31 +69,37 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     written
 }
 
-/// Refuses entry flags (`--variant`, `--block-m`, `--key-groups`, `--persistent`)
+/// Refuses kernel choices (`--variant`, `--block-m`, `--key-groups`, `--persistent`)
 /// that no forward entry of the manifest for (dtype, head dim, causal) has, on
 /// any arch: such a flag is wrong whatever the GPU. What the device in hand
-/// loads is checked again at the launch. Entry names follow `Attention`'s:
+/// loads is checked again at the launch. Entry names follow `Family::entry_stem`:
 /// `flash_fwd[_hopper]_<dtype>_d<D>[_causal]` with `_m64` or `_kg2`, and a
 /// `_persistent` twin.
-pub fn check_entry(manifest: &Manifest, entry: &Entry, dtype: Dtype, head_dim: usize, causal: bool) -> Result<()> {
-    let free = Entry { variant: Variant::Auto, block_m: None, key_groups: None, persistent: None };
-    if *entry == free {
+pub fn check_choice(
+    manifest: &Manifest,
+    choice: &KernelChoice,
+    dtype: Dtype,
+    head_dim: usize,
+    causal: bool,
+) -> Result<()> {
+    if *choice == KernelChoice::default() {
         return Ok(());
     }
-    let geometries = entry_geometries(manifest, entry.variant, dtype, head_dim, causal);
-    let fits = |&(_, m, g, p): &(Variant, u32, u32, bool)| {
-        entry.block_m.is_none_or(|want| want == m)
-            && entry.key_groups.is_none_or(|want| want == g)
-            && entry.persistent.is_none_or(|want| want == p)
+    let families = choice.variant.family().map_or(Family::ALL.to_vec(), |f| vec![f]);
+    let geometries = entry_geometries(manifest, &families, dtype, head_dim, causal);
+    let fits = |&(_, m, g, p): &(Family, u32, u32, bool)| {
+        choice.block_m.is_none_or(|want| want == m)
+            && choice.key_groups.is_none_or(|want| want == g)
+            && choice.persistent.is_none_or(|want| want == p)
     };
     if geometries.iter().any(fits) {
         return Ok(());
     }
     let asked = [
-        (entry.variant != Variant::Auto).then(|| format!("--variant {}", entry.variant.name())),
-        entry.block_m.map(|m| format!("--block-m {m}")),
-        entry.key_groups.map(|g| format!("--key-groups {g}")),
-        entry.persistent.map(|p| format!("--persistent {p}")),
+        choice.variant.family().map(|f| format!("--variant {}", f.name())),
+        choice.block_m.map(|m| format!("--block-m {m}")),
+        choice.key_groups.map(|g| format!("--key-groups {g}")),
+        choice.persistent.map(|p| format!("--persistent {p}")),
     ];
     let asked: Vec<String> = asked.into_iter().flatten().collect();
     let problem = format!("{} D={head_dim}{}", dtype.name(), if causal { " causal" } else { "" });
@@ -111,27 +117,22 @@ pub fn check_entry(manifest: &Manifest, entry: &Entry, dtype: Dtype, head_dim: u
     )
 }
 
-/// (kernel, query rows, key groups, persistent) of the manifest's forward entries
-/// of `variant` (`Auto`: both kernels) for (dtype, head dim, causal).
+/// (family, query rows, key groups, persistent) of the manifest's forward entries
+/// of `families` for (dtype, head dim, causal).
 fn entry_geometries(
     manifest: &Manifest,
-    variant: Variant,
+    families: &[Family],
     dtype: Dtype,
     head_dim: usize,
     causal: bool,
-) -> Vec<(Variant, u32, u32, bool)> {
-    let kernels = match variant {
-        Variant::Auto => vec![Variant::Portable, Variant::Hopper],
-        v => vec![v],
-    };
+) -> Vec<(Family, u32, u32, bool)> {
     let mut out = Vec::new();
-    for v in kernels {
-        let family = if v == Variant::Hopper { "flash_fwd_hopper" } else { "flash_fwd" };
-        let base = format!("{family}_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" });
+    for &family in families {
+        let base = family.entry_stem(dtype, head_dim, causal);
         for name in [format!("{base}_m64"), base.clone(), format!("{base}_kg2")] {
             for name in [name.clone(), format!("{name}_persistent")] {
                 if let Some(l) = manifest.kernel(&name).and_then(|k| k.launch) {
-                    out.push((v, l.block_m, l.key_groups, l.persistent));
+                    out.push((family, l.block_m, l.key_groups, l.persistent));
                 }
             }
         }
@@ -145,13 +146,19 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FA_
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::Variant;
 
     fn manifest() -> Manifest {
         Manifest::parse(include_str!("../../kernels/manifest.json")).unwrap()
     }
 
-    fn entry(variant: Variant, block_m: Option<u32>, key_groups: Option<u32>, persistent: Option<bool>) -> Entry {
-        Entry { variant, block_m, key_groups, persistent }
+    fn choice(
+        variant: Variant,
+        block_m: Option<u32>,
+        key_groups: Option<u32>,
+        persistent: Option<bool>,
+    ) -> KernelChoice {
+        KernelChoice { variant, block_m, key_groups, persistent }
     }
 
     #[test]
@@ -166,23 +173,24 @@ mod tests {
     #[test]
     fn entry_flags_no_compiled_entry_has_are_refused_before_the_gpu() {
         let m = manifest();
-        let check = |e: Entry, causal| check_entry(&m, &e, Dtype::F16, 64, causal).map_err(|e| format!("{e:#}"));
-        assert!(check(Entry::default(), false).is_ok());
-        assert!(check(entry(Variant::Portable, Some(64), Some(2), None), false).is_ok());
-        assert!(check(entry(Variant::Hopper, Some(64), None, Some(true)), false).is_ok());
-        assert!(check(entry(Variant::Auto, Some(128), None, None), true).is_ok());
-        let e = check(entry(Variant::Auto, Some(96), None, None), false).unwrap_err();
+        let check =
+            |c: KernelChoice, causal| check_choice(&m, &c, Dtype::F16, 64, causal).map_err(|e| format!("{e:#}"));
+        assert!(check(KernelChoice::default(), false).is_ok());
+        assert!(check(choice(Variant::Portable, Some(64), Some(2), None), false).is_ok());
+        assert!(check(choice(Variant::Hopper, Some(64), None, Some(true)), false).is_ok());
+        assert!(check(choice(Variant::Auto, Some(128), None, None), true).is_ok());
+        let e = check(choice(Variant::Auto, Some(96), None, None), false).unwrap_err();
         assert!(e.starts_with("--block-m 96: no forward entry for f16 D=64 has that"), "{e}");
         assert!(
             e.contains("portable 64 rows 2 key group(s)") && e.contains("hopper 64 rows 1 key group(s) persistent")
         );
-        let e = check(entry(Variant::Hopper, None, Some(2), None), false).unwrap_err();
+        let e = check(choice(Variant::Hopper, None, Some(2), None), false).unwrap_err();
         assert!(e.starts_with("--variant hopper --key-groups 2: no forward entry"), "{e}");
         assert!(!e.contains("portable"), "only the Hopper kernel's entries are offered: {e}");
-        let e = check(entry(Variant::Portable, Some(128), Some(2), None), false).unwrap_err();
+        let e = check(choice(Variant::Portable, Some(128), Some(2), None), false).unwrap_err();
         assert!(e.contains("--block-m 128 --key-groups 2"), "{e}");
         // The portable kernel's entries are not persistent.
-        assert!(check(entry(Variant::Portable, None, None, Some(true)), true).is_err());
+        assert!(check(choice(Variant::Portable, None, None, Some(true)), true).is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub mod reference;
 pub mod rng;
 pub mod tensor;
 
-pub use attention::{Attention, Entry, Launched, Options, Splits, Tensor, Variant};
+pub use attention::{Attention, Family, KernelChoice, Launched, Options, Splits, Tensor, Variant};
 pub use device::Gpu;
 pub use error::{Error, Result};
 pub use fa_schema::{manifest, schema};

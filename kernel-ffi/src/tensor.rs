@@ -106,6 +106,13 @@ pub struct Problem {
     pub scale: f32,
 }
 
+impl Problem {
+    /// Query rows in all: batch × heads × seqlen_q.
+    pub fn rows(&self) -> usize {
+        self.batch * self.heads * self.seqlen_q
+    }
+}
+
 /// The head dims the kernels are compiled for.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
 /// Grid y is batch × heads, and gridDim.y is at most 65535.

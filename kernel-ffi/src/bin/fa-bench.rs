@@ -25,7 +25,7 @@ use kernel_ffi::probe::Probes;
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{BenchCase, BenchRun, SERVE_PROTOCOL, ServeReply, ServeRequest, ShapeRecord};
 use kernel_ffi::tensor::HEAD_DIMS;
-use kernel_ffi::{Attention, Desc, Dtype, Entry, Launched, Layout, Options, Splits, Tensor, cli, kernel_dir};
+use kernel_ffi::{Attention, Desc, Dtype, KernelChoice, Launched, Layout, Options, Splits, Tensor, cli, kernel_dir};
 
 #[derive(Parser)]
 #[command(about = "Time the FlashAttention kernels", version = kernel_ffi::cli::VERSION)]
@@ -44,7 +44,7 @@ struct Args {
     #[arg(long, default_value = "auto")]
     splits: Splits,
     #[command(flatten)]
-    entry: Entry,
+    choice: KernelChoice,
     /// Time budget per case in milliseconds (at least 1).
     #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..))]
     budget_ms: u64,
@@ -105,13 +105,13 @@ fn fraction(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Refuses entry flags that no compiled entry has, before any CUDA call: for every
+/// Refuses kernel choices that no compiled entry has, before any CUDA call: for every
 /// shape and dtype to time, or, serving (shapes come later), for at least one.
-fn check_entry(manifest: &Manifest, args: &Args, shapes: &[Shape]) -> Result<()> {
+fn check_choice(manifest: &Manifest, args: &Args, shapes: &[Shape]) -> Result<()> {
     if !args.serve {
         for &dtype in &args.dtype {
             for s in shapes {
-                cli::check_entry(manifest, &args.entry, dtype, s.head_dim, s.causal)
+                cli::check_choice(manifest, &args.choice, dtype, s.head_dim, s.causal)
                     .with_context(|| format!("--shape {}", s.spec()))?;
             }
         }
@@ -121,7 +121,7 @@ fn check_entry(manifest: &Manifest, args: &Args, shapes: &[Shape]) -> Result<()>
     for dtype in [Dtype::F16, Dtype::Bf16] {
         for head_dim in HEAD_DIMS {
             for causal in [false, true] {
-                match cli::check_entry(manifest, &args.entry, dtype, head_dim, causal) {
+                match cli::check_choice(manifest, &args.choice, dtype, head_dim, causal) {
                     Ok(()) => return Ok(()),
                     Err(e) => first_err = first_err.or(Some(e)),
                 }
@@ -142,7 +142,7 @@ fn run() -> Result<()> {
     // the first CUDA call, `Attention::with_kernel_dir`.
     let kernels = kernel_dir::find()?;
     let manifest_path = kernels.join("manifest.json");
-    check_entry(&Manifest::load(&manifest_path)?, &args, &shapes)
+    check_choice(&Manifest::load(&manifest_path)?, &args, &shapes)
         .with_context(|| format!("checking the flags against {}", manifest_path.display()))?;
     let att = Attention::with_kernel_dir(&args.device, &kernels).context("setting up the kernels")?;
     // 256 MiB: several times any L2 (50-60 MB on H100/H200, 48 MB on L4).
@@ -239,8 +239,8 @@ fn random_tensor(att: &Attention, dtype: Dtype, desc: Desc, seed: u64) -> Result
 impl<'a> Case<'a> {
     /// Uploads one input set of fixed-seed random data (the same on every side
     /// of a comparison) and runs one warm-up call.
-    fn new(att: &'a Attention, dtype: Dtype, shape: Shape, splits: Splits, entry: Entry) -> Result<Case<'a>> {
-        let opts = Options { causal: shape.causal, scale: None, splits, entry };
+    fn new(att: &'a Attention, dtype: Dtype, shape: Shape, splits: Splits, choice: KernelChoice) -> Result<Case<'a>> {
+        let opts = Options { causal: shape.causal, scale: None, splits, choice };
         let mut case = Case { att, shape, dtype, sets: Vec::new(), next: 0, opts, launched: Launched::default() };
         case.add_sets(1)?;
         Ok(case)
@@ -355,7 +355,7 @@ fn bench_case(
     shape: &Shape,
     flush: &mut CudaSlice<u8>,
 ) -> Result<Option<BenchCase>> {
-    let mut case = Case::new(att, dtype, *shape, args.splits, args.entry)?;
+    let mut case = Case::new(att, dtype, *shape, args.splits, args.choice)?;
     if let Some(n) = args.launches_only {
         for _ in 1..n {
             case.call()?;
@@ -468,7 +468,7 @@ fn setup<'a>(
     method: Option<&str>,
 ) -> Result<Served<'a>> {
     let shape = Shape::parse(shape).map_err(anyhow::Error::msg)?;
-    let mut case = Case::new(att, parse_dtype(dtype).map_err(anyhow::Error::msg)?, shape, args.splits, args.entry)?;
+    let mut case = Case::new(att, parse_dtype(dtype).map_err(anyhow::Error::msg)?, shape, args.splits, args.choice)?;
     let estimate = case.estimate_us(flush)?;
     let l2_bytes = att
         .context()
@@ -638,14 +638,14 @@ mod tests {
     fn serving_needs_entry_flags_some_shape_can_run() {
         let m = Manifest::parse(include_str!("../../../kernels/manifest.json")).unwrap();
         let args = |extra: &[&str]| Args::try_parse_from([&["fa-bench", "--serve"], extra].concat()).unwrap();
-        assert!(check_entry(&m, &args(&["--variant", "hopper", "--block-m", "128"]), &[]).is_ok());
-        let e = check_entry(&m, &args(&["--variant", "hopper", "--key-groups", "2"]), &[]).unwrap_err();
+        assert!(check_choice(&m, &args(&["--variant", "hopper", "--block-m", "128"]), &[]).is_ok());
+        let e = check_choice(&m, &args(&["--variant", "hopper", "--key-groups", "2"]), &[]).unwrap_err();
         assert!(format!("{e:#}").starts_with("--serve: no shape could run"), "{e:#}");
         let timed =
             |extra: &[&str]| Args::try_parse_from([&["fa-bench", "--dtype", "f16,bf16"], extra].concat()).unwrap();
         let shapes = [Shape::parse("1,1,128,128").unwrap(), Shape::parse("1,1,128,64,causal").unwrap()];
-        assert!(check_entry(&m, &timed(&["--block-m", "128"]), &shapes).is_ok());
-        let e = check_entry(&m, &timed(&["--variant", "portable", "--block-m", "128"]), &shapes).unwrap_err();
+        assert!(check_choice(&m, &timed(&["--block-m", "128"]), &shapes).is_ok());
+        let e = check_choice(&m, &timed(&["--variant", "portable", "--block-m", "128"]), &shapes).unwrap_err();
         let e = format!("{e:#}");
         assert!(e.starts_with("--shape 1,1,128,64,causal: --variant portable --block-m 128"), "{e}");
     }

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use kernel_ffi::io::{self, HostTensor16, read_qkv, write_outputs};
 use kernel_ffi::manifest::Manifest;
-use kernel_ffi::{Attention, Entry, Layout, Options, Splits, cli, kernel_dir, tensor};
+use kernel_ffi::{Attention, KernelChoice, Layout, Options, Splits, cli, kernel_dir, tensor};
 
 #[derive(Parser)]
 #[command(about = "Run the FlashAttention forward kernel on tensors from a safetensors file", version = kernel_ffi::cli::VERSION)]
@@ -39,7 +39,7 @@ struct Args {
     #[arg(long, default_value = "auto")]
     splits: Splits,
     #[command(flatten)]
-    entry: Entry,
+    choice: KernelChoice,
     /// Also write the per-row log-sum-exp (F32 [B, H, Sq]).
     #[arg(long)]
     lse: bool,
@@ -106,7 +106,7 @@ fn run() -> Result<()> {
     }
     let kernels = kernel_dir::find()?;
     let manifest_path = kernels.join("manifest.json");
-    cli::check_entry(&Manifest::load(&manifest_path)?, &args.entry, q.dtype, problem.head_dim, args.causal)
+    cli::check_choice(&Manifest::load(&manifest_path)?, &args.choice, q.dtype, problem.head_dim, args.causal)
         .with_context(|| format!("checking the flags against {}", manifest_path.display()))?;
     let att = Attention::with_kernel_dir(&args.device, &kernels).context("setting up the kernels")?;
     let (qd, kd, vd) = (
@@ -117,7 +117,7 @@ fn run() -> Result<()> {
     let mut out = att.alloc_poisoned(q.dtype, q.desc)?;
     let [b, h, s, _] = q.desc.dims;
     let mut lse = if args.lse { Some(att.alloc_lse(b * h * s)?) } else { None };
-    let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits, entry: args.entry };
+    let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits, choice: args.choice };
     let launched = att.forward(&qd, &kd, &vd, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let out = HostTensor16 { dtype: q.dtype, desc: q.desc, bits: att.download(&out)? };
@@ -132,7 +132,7 @@ fn run() -> Result<()> {
         q.dtype.name(),
         q.desc.dims,
         att.device().name,
-        launched.variant.name(),
+        launched.family.name(),
         launched.num_splits,
         launched.ctas,
         args.output.display()

@@ -10,10 +10,11 @@ use kernel_ffi::cli::{self, CheckFailed};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, TestCase, TestRun};
-use kernel_ffi::{Attention, Desc, Dtype, Entry, Layout, Options, Problem, Splits, Variant};
+use kernel_ffi::{Attention, Desc, Dtype, KernelChoice, Layout, Options, Problem, Splits, Variant};
 
 /// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
-const PORTABLE: Entry = Entry { variant: Variant::Portable, block_m: None, key_groups: None, persistent: None };
+const PORTABLE: KernelChoice =
+    KernelChoice { variant: Variant::Portable, block_m: None, key_groups: None, persistent: None };
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -32,7 +33,7 @@ struct Case {
     gpu_reference: bool,
     /// The kernel, and the query rows, key groups per CTA and persistence that
     /// `on_every_entry` names (`None`: the planner's choice).
-    entry: Entry,
+    choice: KernelChoice,
 }
 
 impl Case {
@@ -75,10 +76,10 @@ impl Case {
             self.splits,
             if self.lse { "-lse" } else { "" },
             if self.scale.is_some() { "-scaled" } else { "" },
-            if self.entry.variant == Variant::Hopper { "-hopper" } else { "" },
-            self.entry.block_m.map_or(String::new(), |m| format!("-m{m}")),
-            self.entry.key_groups.filter(|&g| g > 1).map_or(String::new(), |g| format!("-kg{g}")),
-            if self.entry.persistent == Some(true) { "-persistent" } else { "" },
+            if self.choice.variant == Variant::Hopper { "-hopper" } else { "" },
+            self.choice.block_m.map_or(String::new(), |m| format!("-m{m}")),
+            self.choice.key_groups.filter(|&g| g > 1).map_or(String::new(), |g| format!("-kg{g}")),
+            if self.choice.persistent == Some(true) { "-persistent" } else { "" },
         )
     }
 }
@@ -129,7 +130,7 @@ fn on_every_entry(cases: Vec<Case>) -> Vec<Case> {
         .flat_map(|variant| entries.clone().map(move |e| (variant, e)))
         .flat_map(|(variant, (m, g, pers))| {
             cases.iter().map(move |c| Case {
-                entry: Entry { variant, block_m: Some(m), key_groups: Some(g), persistent: Some(pers) },
+                choice: KernelChoice { variant, block_m: Some(m), key_groups: Some(g), persistent: Some(pers) },
                 ..c.clone()
             })
         })
@@ -151,7 +152,7 @@ fn sanitize_set_ref(dtype: Dtype) -> Case {
         lse: true,
         scale: None,
         gpu_reference: true,
-        entry: PORTABLE,
+        choice: PORTABLE,
     }
 }
 
@@ -182,7 +183,7 @@ fn matrix() -> Vec<Case> {
                             lse: (i + si + usize::from(causal)) % 2 == 0,
                             scale: (i % 3 == 0).then_some(0.3),
                             gpu_reference: false,
-                            entry: PORTABLE,
+                            choice: PORTABLE,
                         });
                     }
                 }
@@ -203,7 +204,7 @@ fn matrix() -> Vec<Case> {
         lse: true,
         scale: None,
         gpu_reference: false,
-        entry: PORTABLE,
+        choice: PORTABLE,
     };
     // The seed problems, as the planner sees them.
     cases.extend([seed(Dtype::F16, 128, 1, 1), seed(Dtype::F16, 512, 1, 1), seed(Dtype::Bf16, 512, 2, 8)]);
@@ -222,7 +223,7 @@ fn matrix() -> Vec<Case> {
         lse: true,
         scale: None,
         gpu_reference: true,
-        entry: PORTABLE,
+        choice: PORTABLE,
     };
     cases.extend([
         large(Dtype::F16, 64, true, 2, 8, 8, 1024, 1024, Layout::Bshd, Splits::Auto),
@@ -258,7 +259,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
     let mut out = att.alloc_poisoned(dtype, qd)?;
     let rows = b * h * sq;
     let mut lse = if case.lse { Some(att.alloc_lse(rows)?) } else { None };
-    let opts = Options { causal: case.causal, scale: case.scale, splits: case.splits, entry: case.entry };
+    let opts = Options { causal: case.causal, scale: case.scale, splits: case.splits, choice: case.choice };
     let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let got_bits = att.download(&out)?;
@@ -341,10 +342,10 @@ fn not_run(case: &Case, e: &anyhow::Error) -> TestCase {
         shape: case.shape(),
         layout: case.layout_label().into(),
         entry: EntryRecord {
-            variant: case.entry.variant.name().into(),
-            block_m: case.entry.block_m.unwrap_or(0),
-            key_groups: case.entry.key_groups.unwrap_or(0),
-            persistent: case.entry.persistent.unwrap_or(false),
+            variant: case.choice.variant.name().into(),
+            block_m: case.choice.block_m.unwrap_or(0),
+            key_groups: case.choice.key_groups.unwrap_or(0),
+            persistent: case.choice.persistent.unwrap_or(false),
         },
         splits: case.splits.to_string(),
         num_splits: 0,
@@ -461,7 +462,7 @@ fn run() -> Result<()> {
     let mut cases: Vec<Case> = all
         .into_iter()
         .filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str())))
-        .filter(|c| variant.is_none_or(|v| v == c.entry.variant))
+        .filter(|c| variant.is_none_or(|v| v == c.choice.variant))
         .collect();
     if let Some(file) = only {
         let text = std::fs::read_to_string(&file).with_context(|| format!("reading --cases {}", file.display()))?;
@@ -486,16 +487,18 @@ fn run() -> Result<()> {
             anyhow::bail!("--variant hopper: {} has no Hopper kernel (needs sm_90)", att.device().name);
         }
         let before = cases.len();
-        cases.retain(|c| c.entry.variant != Variant::Hopper);
+        cases.retain(|c| c.choice.variant != Variant::Hopper);
         eprintln!("fa-test: {} Hopper cases not run: {} is not sm_90", before - cases.len(), att.device().name);
     }
     // Cases for an entry their configuration does not have.
     cases.retain(|c| {
-        let loaded = att.geometries(c.entry.variant, c.dtype, c.head_dim, c.causal);
-        loaded.iter().any(|&(m, g, pers)| {
-            c.entry.block_m.is_none_or(|cm| cm == m)
-                && c.entry.key_groups.is_none_or(|cg| cg == g)
-                && c.entry.persistent.is_none_or(|cp| cp == pers)
+        c.choice.variant.family().is_none_or(|family| {
+            let loaded = att.geometries(family, c.dtype, c.head_dim, c.causal);
+            loaded.iter().any(|&(m, g, pers)| {
+                c.choice.block_m.is_none_or(|cm| cm == m)
+                    && c.choice.key_groups.is_none_or(|cg| cg == g)
+                    && c.choice.persistent.is_none_or(|cp| cp == pers)
+            })
         })
     });
     eprintln!(

@@ -1,0 +1,202 @@
+//! Which loaded entry runs a call, and its split plan: the caller's
+//! `KernelChoice` where it names one, else `planner`'s measured rules.
+
+use super::{Attention, Chosen, Family, Kernel, Options, Splits, Variant};
+use crate::error::{Error, Result, invalid};
+use crate::planner::{self, Plan};
+use crate::tensor::{Dtype, Problem};
+
+impl Attention {
+    /// The family `forward` runs for this problem: `Auto` takes the Hopper kernel
+    /// where loaded and measured faster (`planner::prefer_hopper`).
+    pub fn resolve(&self, p: &Problem, variant: Variant) -> Result<Family> {
+        match variant {
+            Variant::Auto if self.has_hopper() && planner::prefer_hopper(p.seqlen_k) => Ok(Family::Hopper),
+            Variant::Auto | Variant::Portable => Ok(Family::Portable),
+            Variant::Hopper if self.has_hopper() => Ok(Family::Hopper),
+            Variant::Hopper => Err(Error::Unsupported(format!(
+                "the Hopper kernel needs compute capability 9.0 (sm_90a fatbins); {} is {}; use the portable variant",
+                self.device.name, self.device.compute_capability
+            ))),
+        }
+    }
+
+    /// The split plan `forward` would use for this problem.
+    pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
+        let family = self.resolve(p, opts.choice.variant)?;
+        Ok(self.choose_entry(family, dtype, p, opts)?.plan)
+    }
+
+    /// (query rows per CTA, key groups, persistent) of the loaded entries for
+    /// (dtype, head dim, causal) and their persistent twins: what
+    /// `KernelChoice::block_m`, `KernelChoice::key_groups` and
+    /// `KernelChoice::persistent` may name.
+    pub fn geometries(&self, family: Family, dtype: Dtype, head_dim: usize, causal: bool) -> Vec<(u32, u32, bool)> {
+        let entries = self.fwd_entries(family, dtype, head_dim, causal).1;
+        let mut out = Vec::new();
+        for (name, k) in entries {
+            out.push((k.launch.block_m, k.launch.key_groups, k.launch.persistent));
+            if let Some(twin) = self.persistent_twin(&name) {
+                out.push((twin.launch.block_m, twin.launch.key_groups, true));
+            }
+        }
+        out
+    }
+
+    /// The loaded forward entries of a family for (dtype, head dim, causal), one-group
+    /// entries first (64 rows, 128 rows, then the two-group `_kg2`), and their
+    /// common name stem.
+    fn fwd_entries(
+        &self,
+        family: Family,
+        dtype: Dtype,
+        head_dim: usize,
+        causal: bool,
+    ) -> (String, Vec<(String, &Kernel)>) {
+        let base = family.entry_stem(dtype, head_dim, causal);
+        let loaded = [format!("{base}_m64"), base.clone(), format!("{base}_kg2")]
+            .into_iter()
+            .filter_map(|name| self.kernels.get(&name).map(|k| (name, k)))
+            .collect();
+        (base, loaded)
+    }
+
+    /// The persistent twin of a non-persistent entry, where loaded.
+    fn persistent_twin(&self, name: &str) -> Option<&Kernel> {
+        self.kernels.get(&format!("{name}_persistent")).filter(|k| k.launch.persistent)
+    }
+
+    /// Query blocks × batch × heads: the grid of an unsplit launch of `k`.
+    fn work_ctas(k: &Kernel, p: &Problem) -> u64 {
+        (p.batch * p.heads) as u64 * (p.seqlen_q as u64).div_ceil(u64::from(k.launch.block_m))
+    }
+
+    /// The forward entry for this problem: `flash_fwd[_hopper]_<dtype>_d<D>[_causal]`
+    /// or the same with `_m64` (64-row CTAs) or `_kg2` (64-row CTAs of two key
+    /// groups), whichever is loaded. Rows per CTA: `block_m`, or else
+    /// `planner::prefer_m64` between the one-group entries (Hopper causal D=64:
+    /// `planner::prefer_wide_causal_d64`); then key groups:
+    /// `key_groups`, or else `planner::prefer_key_groups` from the one-group entry's plan.
+    /// With the entry's split plan (the twin's, where that was already made).
+    pub(super) fn choose_entry(&self, family: Family, dtype: Dtype, p: &Problem, opts: &Options) -> Result<Chosen<'_>> {
+        let causal = opts.causal;
+        let (base, loaded) = self.fwd_entries(family, dtype, p.head_dim, causal);
+        let single: Vec<&Kernel> = loaded.iter().map(|(_, k)| *k).filter(|k| k.launch.key_groups == 1).collect();
+        let slots = |k: &Kernel| u64::from(self.device.sm_count) * u64::from(k.ctas_per_sm.max(1));
+        let rows = opts.choice.block_m.or_else(|| match single.as_slice() {
+            [narrow, wide] => {
+                let r = |k: &Kernel| u64::from(k.launch.block_m);
+                let ctas = Self::work_ctas(narrow, p);
+                let m64 = if family == Family::Hopper && causal && p.head_dim == 64 {
+                    !planner::prefer_wide_causal_d64(Self::work_ctas(wide, p), slots(wide), p.seqlen_k)
+                } else {
+                    planner::prefer_m64(causal, ctas, slots(narrow), r(narrow), slots(wide), r(wide))
+                };
+                Some(if m64 { narrow.launch.block_m } else { wide.launch.block_m })
+            }
+            _ => None,
+        });
+        let mut twin_plan = None;
+        let groups = opts.choice.key_groups.or_else(|| {
+            let (_, grouped) =
+                loaded.iter().find(|(_, k)| k.launch.key_groups > 1 && rows.is_none_or(|m| k.launch.block_m == m))?;
+            let one = single.iter().find(|k| k.launch.block_m == grouped.launch.block_m)?;
+            let plan = self.plan_for(family, one, p, opts).ok()?;
+            twin_plan = Some(((one.launch.block_m, one.launch.block_n), plan));
+            let ctas = Self::work_ctas(one, p) * u64::from(plan.num_splits);
+            let blocks = plan.keys_per_split / one.launch.block_n.max(1);
+            Some(if planner::prefer_key_groups(ctas, self.device.sm_count, blocks) {
+                grouped.launch.key_groups
+            } else {
+                1
+            })
+        });
+        let found: Vec<(u32, u32)> = loaded.iter().map(|(_, k)| (k.launch.block_m, k.launch.key_groups)).collect();
+        let (name, kern) = loaded
+            .into_iter()
+            .find(|(_, k)| rows.is_none_or(|m| k.launch.block_m == m) && groups.is_none_or(|g| k.launch.key_groups == g))
+            .ok_or_else(|| {
+                if found.is_empty() {
+                    Error::MissingKernels(format!("entry {base} (or {base}_m64, {base}_kg2) is not in the loaded fatbins"))
+                } else {
+                    let shown = |x: Option<u32>| x.map_or_else(|| "any".to_string(), |v| v.to_string());
+                    Error::Invalid(format!(
+                        "block_m {}, key_groups {}: {base} is loaded with (rows, key groups) {found:?}; pick one of those or leave it to the planner",
+                        shown(rows),
+                        shown(groups)
+                    ))
+                }
+            })?;
+        // The planner counts one useful CTA per SM, so the twin's plan is the chosen
+        // entry's wherever both tile the problem alike.
+        let plan = match twin_plan {
+            Some((tiles, plan)) if tiles == (kern.launch.block_m, kern.launch.block_n) => plan,
+            _ => self.plan_for(family, kern, p, opts)?,
+        };
+        // A persistent twin runs the same tiles and plan: taken for grids over a wave.
+        let twin = self.persistent_twin(&name);
+        let persistent = match opts.choice.persistent {
+            Some(want) if want != kern.launch.persistent && (!want || twin.is_none()) => invalid!(
+                "persistent {want}: {name} is loaded {} a persistent twin; leave it to the planner",
+                if kern.launch.persistent { "as persistent, without" } else { "without" }
+            ),
+            Some(want) => want && !kern.launch.persistent,
+            None => {
+                twin.is_some()
+                    && planner::prefer_persistent(Self::work_ctas(kern, p) * u64::from(plan.num_splits), slots(kern))
+            }
+        };
+        match twin {
+            Some(twin) if persistent => Ok(Chosen { name: format!("{name}_persistent"), kern: twin, plan }),
+            _ => Ok(Chosen { name, kern, plan }),
+        }
+    }
+
+    /// A launch of `k` for this problem as the planner sees it.
+    pub(super) fn launch_grid(k: &Kernel, p: &Problem, causal: bool) -> planner::LaunchGrid {
+        planner::LaunchGrid {
+            causal,
+            heads: (p.batch * p.heads) as u64,
+            seqlen_q: p.seqlen_q as u32,
+            seqlen_k: p.seqlen_k as u32,
+            block_m: k.launch.block_m,
+            block_n: k.launch.block_n,
+            ctas_per_sm: k.ctas_per_sm,
+            persistent: k.launch.persistent,
+        }
+    }
+
+    /// The split plan of entry `k` of `family` for this problem: `opts.splits`, or
+    /// the model and constants `planner::grid_cost` picks for the family.
+    fn plan_for(&self, family: Family, k: &Kernel, p: &Problem, opts: &Options) -> Result<Plan> {
+        let block_n = k.launch.block_n;
+        let n_blocks = (p.seqlen_k as u32).div_ceil(block_n).max(1);
+        let plan = match opts.splits {
+            Splits::Fixed(0) => invalid!("a fixed split count must be at least 1"),
+            Splits::Fixed(n) => {
+                let per = n_blocks.div_ceil(n.min(planner::MAX_SPLITS));
+                Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n }
+            }
+            Splits::Auto => match planner::grid_cost(family == Family::Hopper, p.head_dim, opts.causal) {
+                Some(cost) => {
+                    let grid = Self::launch_grid(k, p, opts.causal);
+                    // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
+                    let mut plans = self.sim_plans.lock().unwrap_or_else(|e| e.into_inner());
+                    *plans
+                        .entry((grid, family))
+                        .or_insert_with(|| planner::plan_simulated(self.device.sm_count, &grid, &cost))
+                }
+                // A two-group entry gets its one-group twin's plan (the planner counts one
+                // useful CTA per SM either way), the plan prefer_key_groups chose it by.
+                None => planner::plan(
+                    self.device.sm_count,
+                    k.ctas_per_sm,
+                    Self::work_ctas(k, p),
+                    p.seqlen_k as u32,
+                    block_n,
+                ),
+            },
+        };
+        Ok(plan)
+    }
+}

@@ -1,0 +1,301 @@
+//! The forward call's launches: split partials, kernel parameters, the grid,
+//! and the `unsafe` launches of the forward and combine entries, each with the
+//! `.cu` signature it matches.
+
+use cudarc::driver::sys::{
+    self as cu, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion,
+    CUtensorMapSwizzle,
+};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::memory::{device_ptr, strides};
+use super::{Attention, Chosen, Family, Kernel, Tensor};
+use crate::error::{CudaContext, Error, Result};
+use crate::params::{CombineParams, FastDiv, FlashParams, HopperParams, HopperSched, TmaDesc};
+use crate::planner::{self, Plan};
+use crate::schema::EntryRecord;
+use crate::tensor::{Desc, Dtype, Problem};
+
+/// What a forward call launched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Launched {
+    pub num_splits: u32,
+    /// CTAs of the attention kernel (0 when nothing was launched).
+    pub ctas: u64,
+    /// The kernel family that ran.
+    pub family: Family,
+    /// Its query rows per CTA (0 when nothing was launched).
+    pub block_m: u32,
+    /// Its key groups per CTA (0 when nothing was launched).
+    pub key_groups: u32,
+    /// Whether its CTAs were persistent.
+    pub persistent: bool,
+}
+
+impl Launched {
+    /// The entry as the reports record it.
+    pub fn entry_record(&self) -> EntryRecord {
+        EntryRecord {
+            variant: self.family.name().into(),
+            block_m: self.block_m,
+            key_groups: self.key_groups,
+            persistent: self.persistent,
+        }
+    }
+}
+
+/// Each split's results, which the combine entry merges: fp32 outputs
+/// (splits · rows · D) and LSEs (splits · rows).
+pub(super) struct Partials {
+    o: CudaSlice<f32>,
+    lse: CudaSlice<f32>,
+}
+
+/// A forward launch's grid. A persistent entry: as many CTAs as are resident at
+/// once, each looping over its units from a 1-D grid (causal: pairs of query
+/// blocks, longest with shortest; else single blocks); the others take (query
+/// block, batch × head, split) from a 3-D grid.
+pub(super) struct Grid {
+    cfg: LaunchConfig,
+    /// Query blocks per (batch, head).
+    m_blocks: u32,
+    /// Units per (split, batch, head).
+    per_head: u32,
+    /// Units in all.
+    units: u64,
+}
+
+impl Grid {
+    pub(super) fn new(sm_count: u32, c: &Chosen, p: &Problem, causal: bool) -> Result<Grid> {
+        let (kern, splits) = (c.kern, c.plan.num_splits);
+        let m_blocks = (p.seqlen_q as u32).div_ceil(kern.launch.block_m);
+        let per_head = planner::blocks_to_units(m_blocks, causal);
+        let units = u64::from(per_head) * (p.batch * p.heads) as u64 * u64::from(splits);
+        let blocks = u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits);
+        if kern.launch.persistent && blocks > i32::MAX as u64 {
+            return Err(Error::Unsupported(format!(
+                "{blocks} query blocks × batch × heads × splits exceed {}; {} decodes them in 32 bits",
+                i32::MAX,
+                c.name
+            )));
+        }
+        let grid_dim = if kern.launch.persistent {
+            let slots = u64::from(sm_count) * u64::from(kern.ctas_per_sm.max(1));
+            (units.min(slots) as u32, 1, 1)
+        } else {
+            (m_blocks, (p.batch * p.heads) as u32, splits)
+        };
+        let cfg =
+            LaunchConfig { grid_dim, block_dim: (kern.launch.threads, 1, 1), shared_mem_bytes: kern.dynamic_smem };
+        Ok(Grid { cfg, m_blocks, per_head, units })
+    }
+
+    pub(super) fn ctas(&self) -> u64 {
+        let (x, y, z) = self.cfg.grid_dim;
+        u64::from(x) * u64::from(y) * u64::from(z)
+    }
+}
+
+impl Attention {
+    /// The split partials of a plan of `splits` (none for one split).
+    pub(super) fn alloc_partials(&self, p: &Problem, splits: u32) -> Result<Option<Partials>> {
+        if splits <= 1 {
+            return Ok(None);
+        }
+        let n = splits as usize * p.rows();
+        // SAFETY: every element is written by the forward kernel before the combine reads it
+        // (each split writes all its rows, including those that saw no key).
+        let o = unsafe { self.stream.alloc::<f32>(n * p.head_dim) }.cuda("allocating split partials")?;
+        let lse = unsafe { self.stream.alloc::<f32>(n) }.cuda("allocating split LSEs")?;
+        Ok(Some(Partials { o, lse }))
+    }
+
+    /// The forward entries' parameters for these buffers (`lse`: its device
+    /// address, 0 for none) and this plan.
+    pub(super) fn flash_params(
+        &self,
+        [q, k, v, out]: [&Tensor; 4],
+        lse: u64,
+        partials: Option<&Partials>,
+        p: &Problem,
+        plan: &Plan,
+    ) -> FlashParams {
+        let s = &self.stream;
+        let ptr = |t: &Tensor| device_ptr(&t.data, s);
+        FlashParams {
+            q: ptr(q),
+            k: ptr(k),
+            v: ptr(v),
+            o: ptr(out),
+            lse,
+            o_partial: partials.map_or(0, |b| device_ptr(&b.o, s)),
+            lse_partial: partials.map_or(0, |b| device_ptr(&b.lse, s)),
+            q_strides: strides(&q.desc),
+            k_strides: strides(&k.desc),
+            v_strides: strides(&v.desc),
+            o_strides: strides(&out.desc),
+            batch: p.batch as i32,
+            heads: p.heads as i32,
+            kv_heads: p.kv_heads as i32,
+            seqlen_q: p.seqlen_q as i32,
+            seqlen_k: p.seqlen_k as i32,
+            num_splits: plan.num_splits as i32,
+            keys_per_split: plan.keys_per_split as i32,
+            scale_log2: p.scale * std::f32::consts::LOG2_E,
+        }
+    }
+
+    pub(super) fn launch_portable(&self, c: &Chosen, grid: &Grid, params: &FlashParams) -> Result<()> {
+        // SAFETY: matches `flash_fwd_<dtype>_d<D>[_causal][_m64|_kg2](const FlashParams p)` in
+        // kernels/flash_fwd_<dtype>.cu. tensor::validate proved every (b, h, s) row of q/k/v/out
+        // lies inside its buffer and strides are 16-byte multiples, validate::aligned that
+        // pointers are 16-byte aligned; lse (if any) holds B·H·Sq floats; the partials hold
+        // splits·B·H·Sq(·D). The buffers outlive the launch because the stream frees in order.
+        unsafe { self.stream.launch_builder(&c.kern.func).arg(params).launch(grid.cfg) }
+            .cuda(format!("launching {}", c.name))?;
+        Ok(())
+    }
+
+    /// A Hopper entry takes the portable entries' parameters with TMA maps of
+    /// q, k and v and the schedule of its grid.
+    pub(super) fn launch_hopper(
+        &self,
+        c: &Chosen,
+        grid: &Grid,
+        [q, k, v]: [&Tensor; 3],
+        p: &Problem,
+        params: FlashParams,
+        causal: bool,
+    ) -> Result<()> {
+        let kern = c.kern;
+        // The 128-row causal entries read a schedule (the kernel's kScheduled); the
+        // 64-row one always runs the pairs.
+        let scheduled = kern.launch.persistent && causal && kern.launch.block_m >= 128;
+        let (order, order_stride) =
+            if scheduled { self.causal_order(kern, p, &c.plan, grid.cfg.grid_dim.0)? } else { (0, 0) };
+        let map = |t: &Tensor, rows: u32| tensor_map(device_ptr(&t.data, &self.stream), t.dtype, &t.desc, rows);
+        let hparams = HopperParams {
+            q_map: map(q, kern.launch.block_m)?,
+            k_map: map(k, kern.launch.block_n)?,
+            v_map: map(v, kern.launch.block_n)?,
+            p: params,
+            sched: HopperSched {
+                units: grid.units as i32,
+                per_head: FastDiv::new(grid.per_head),
+                bh: FastDiv::new((p.batch * p.heads) as u32),
+                heads: FastDiv::new(p.heads as u32),
+                group: FastDiv::new((p.heads / p.kv_heads) as u32),
+                blocks: FastDiv::new(grid.m_blocks),
+                order,
+                order_stride,
+                pad: 0,
+            },
+        };
+        // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal][_m64](const __grid_constant__
+        // HopperParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
+        // exactly the validated q/k/v extents (TMA zero-fills and never reads past them);
+        // `sched` describes this grid (units checked < 2^31 by Grid::new; a causal schedule holds
+        // grid × order_stride block indices below m_blocks × B·H × splits, and stays in
+        // `causal_orders` while launches that read it may run); the rest as for the
+        // portable kernel (launch_portable).
+        unsafe { self.stream.launch_builder(&kern.func).arg(&hparams).launch(grid.cfg) }
+            .cuda(format!("launching {}", c.name))?;
+        Ok(())
+    }
+
+    /// Merges the splits' partials into `out` and `lse` (its device address, 0 for none).
+    pub(super) fn launch_combine(
+        &self,
+        dtype: Dtype,
+        p: &Problem,
+        splits: u32,
+        partials: &Partials,
+        out: &Tensor,
+        lse: u64,
+    ) -> Result<()> {
+        let s = &self.stream;
+        let cname = format!("flash_combine_{}_d{}", dtype.name(), p.head_dim);
+        let comb = self.kernel(&cname)?;
+        let rows_per_block = comb.launch.threads / 32;
+        let cparams = CombineParams {
+            o_partial: device_ptr(&partials.o, s),
+            lse_partial: device_ptr(&partials.lse, s),
+            o: device_ptr(&out.data, s),
+            lse,
+            o_strides: strides(&out.desc),
+            batch: p.batch as i32,
+            heads: p.heads as i32,
+            seqlen_q: p.seqlen_q as i32,
+            num_splits: splits as i32,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: ((p.rows() as u32).div_ceil(rows_per_block), 1, 1),
+            block_dim: (comb.launch.threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `flash_combine_<dtype>_d<D>(const CombineParams p)`; it reads
+        // splits·rows(·D) partials the forward launch wrote before it on the stream, and
+        // writes `out` rows validated as for that launch.
+        unsafe { s.launch_builder(&comb.func).arg(&cparams).launch(cfg) }.cuda(format!("launching {cname}"))?;
+        Ok(())
+    }
+
+    /// The device address and row length of a persistent causal launch's schedule
+    /// (`planner::causal_order`; (0, 0): the kernel's own pairs), computed and
+    /// uploaded once per launch geometry.
+    fn causal_order(&self, kern: &Kernel, p: &Problem, plan: &Plan, grid: u32) -> Result<(u64, i32)> {
+        let lg = Self::launch_grid(kern, p, true);
+        let per = plan.keys_per_split / kern.launch.block_n.max(1);
+        // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
+        let mut orders = self.causal_orders.lock().unwrap_or_else(|e| e.into_inner());
+        let schedule = match orders.entry((lg, per, grid)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(match planner::causal_order(&lg, per, grid) {
+                Some((stride, table)) => {
+                    Some((stride, self.stream.clone_htod(&table).cuda("copying a causal schedule to the device")?))
+                }
+                None => None,
+            }),
+        };
+        Ok(schedule.as_ref().map_or((0, 0), |(stride, table)| (device_ptr(table, &self.stream), *stride as i32)))
+    }
+}
+
+/// A TMA map of a [B, H, S, D] tensor at `ptr`: 4-D innermost first (d, seq, head,
+/// batch), boxes of 64 columns × `rows` rows with the 128-byte swizzle the wgmma
+/// descriptors expect. A zero-length sequence is described as one row; the kernel
+/// issues no load for it.
+fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Result<TmaDesc> {
+    let [b, h, seq, d] = desc.dims.map(|x| x as u64);
+    let [sb, sh, ss] = desc.strides.map(|x| x as u64 * 2);
+    let dims = [d, seq.max(1), h, b];
+    let strides = [ss, sh, sb];
+    let boxes = [64u32, rows, 1, 1];
+    let element_strides = [1u32; 4];
+    let data_type = match dtype {
+        Dtype::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        Dtype::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    };
+    let mut map = std::mem::MaybeUninit::<cu::CUtensorMap>::uninit();
+    // SAFETY: the four-element arrays outlive the call, which only writes the 128-byte map
+    // (CUtensorMap is 128-byte aligned, above the 64 bytes the driver requires).
+    let res = unsafe {
+        cu::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            data_type,
+            4,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            element_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    res.result().cuda(format!("encoding a TMA map of dims {dims:?} with byte strides {strides:?}"))?;
+    // SAFETY: written by the successful call above.
+    Ok(TmaDesc(unsafe { map.assume_init() }.opaque))
+}

@@ -1,0 +1,146 @@
+//! Setting up: the driver, a context and stream on the GPU, the device's
+//! description, and the fatbins of its arch, each entry with its shared-memory
+//! opt-in and occupancy.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaContext as Ctx, CudaModule};
+use cudarc::nvrtc::Ptx;
+
+use super::{Attention, Kernel};
+use crate::device::Gpu;
+use crate::error::{CudaContext, Error, Result};
+use crate::manifest::{Manifest, is_hopper_entry};
+use crate::schema::DeviceInfo;
+
+/// The kernel folder `kernel_dir::find` picks (`FA_KERNEL_DIR`, the checkout's
+/// `target/kernels`, beside the executable), else the first place it looked.
+pub fn default_kernel_dir() -> PathBuf {
+    crate::kernel_dir::find().unwrap_or_else(|e| e.fallback())
+}
+
+impl Attention {
+    pub fn new(gpu: &Gpu) -> Result<Attention> {
+        Attention::with_kernel_dir(gpu, &default_kernel_dir())
+    }
+
+    pub fn with_kernel_dir(gpu: &Gpu, dir: &Path) -> Result<Attention> {
+        let manifest_path = dir.join("manifest.json");
+        if !manifest_path.is_file() {
+            return Err(Error::MissingKernels(format!(
+                "{} does not exist; run `cargo xtask build` (or set FA_KERNEL_DIR to its target/kernels)",
+                manifest_path.display()
+            )));
+        }
+        let manifest = Manifest::load(&manifest_path).map_err(|e| Error::MissingKernels(format!("{e:#}")))?;
+        // SAFETY: only tries to open the driver library; cudarc would panic on first use otherwise.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::Unsupported(
+                "no NVIDIA driver here (libcuda.so cannot be loaded); run on a machine with a GPU".into(),
+            ));
+        }
+        let ordinal = gpu.ordinal()?;
+        let ctx = Ctx::new(ordinal).cuda(format!("creating a context on GPU {gpu}"))?;
+        // One stream, launches in order: per-buffer event tracking is pure overhead.
+        // SAFETY: every buffer is used on `stream` only, so stream order is the only order needed.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().cuda("reading the compute capability")?;
+        let device = DeviceInfo {
+            name: ctx.name().cuda("reading the device name")?,
+            compute_capability: format!("{major}.{minor}"),
+            sm_count: ctx
+                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .cuda("reading the SM count")? as u32,
+            driver: driver_version(),
+            uuid: ctx.uuid().ok().map(|u| uuid_string(&u.bytes)),
+        };
+        let arch = manifest.pick_arch(major, minor).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "{} is sm_{major}{minor}; the manifest builds for {}; add a matching arch to kernels/manifest.json",
+                device.name,
+                manifest.archs.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        // A created stream, not the legacy default one, so that it can be captured into graphs.
+        let stream = ctx.new_stream().cuda("creating a stream")?;
+        let Loaded { kernels, modules } = load(&ctx, dir, &manifest, &arch)?;
+        let hopper = kernels.keys().any(|k| is_hopper_entry(k));
+        Ok(Attention {
+            ctx,
+            stream,
+            device,
+            kernels,
+            hopper,
+            sim_plans: Mutex::default(),
+            causal_orders: Mutex::default(),
+            _modules: modules,
+        })
+    }
+}
+
+/// The entries the manifest builds for an arch, by name, and the modules that hold them.
+struct Loaded {
+    kernels: HashMap<String, Kernel>,
+    modules: Vec<Arc<CudaModule>>,
+}
+
+/// Loads every entry the manifest builds for `arch` from the fatbins in `dir`.
+fn load(ctx: &Arc<Ctx>, dir: &Path, manifest: &Manifest, arch: &str) -> Result<Loaded> {
+    let mut kernels = HashMap::new();
+    let mut modules = Vec::new();
+    for src in manifest.sources.iter().filter(|s| s.archs.iter().any(|a| a == arch)) {
+        let stem = Path::new(&src.file).file_stem().and_then(|s| s.to_str()).unwrap_or(&src.file);
+        let path = dir.join(format!("{stem}.{arch}.fatbin"));
+        let image = std::fs::read(&path)
+            .map_err(|e| Error::MissingKernels(format!("{}: {e}; run `cargo xtask build`", path.display())))?;
+        let module = ctx.load_module(Ptx::from_binary(image)).cuda(format!("loading {}", path.display()))?;
+        for k in &src.kernels {
+            let func = module.load_function(&k.entry).cuda(format!("finding {} in {}", k.entry, path.display()))?;
+            // Opt in whenever dynamic shared memory is used: static + dynamic may pass
+            // 48 KB even when the dynamic part alone does not.
+            if k.dynamic_smem > 0 {
+                func.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    k.dynamic_smem as i32,
+                )
+                .cuda(format!("raising {}'s shared memory to {} bytes", k.entry, k.dynamic_smem))?;
+            }
+            let launch = k.launch.ok_or_else(|| {
+                Error::MissingKernels(format!("{} has no \"launch\" geometry in the manifest", k.entry))
+            })?;
+            let ctas_per_sm = func
+                .occupancy_max_active_blocks_per_multiprocessor(launch.threads, k.dynamic_smem as usize, None)
+                .cuda(format!("querying {}'s occupancy", k.entry))?;
+            kernels.insert(k.entry.clone(), Kernel { func, dynamic_smem: k.dynamic_smem, launch, ctas_per_sm });
+        }
+        modules.push(module);
+    }
+    Ok(Loaded { kernels, modules })
+}
+
+fn driver_version() -> Option<String> {
+    let mut v = 0;
+    // SAFETY: cuDriverGetVersion writes one int; the driver is loaded by Ctx::new.
+    let ok = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    (ok == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
+}
+
+/// A CUDA device UUID in NVML's and nvidia-smi's form: `GPU-` and 8-4-4-4-12 hex digits.
+pub fn uuid_string(bytes: &[std::ffi::c_char; 16]) -> String {
+    let hex: String = bytes.iter().map(|&b| format!("{:02x}", b as u8)).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_read_as_nvidia_smi_prints_them() {
+        let bytes: [std::ffi::c_char; 16] = std::array::from_fn(|i| (i as u8 * 17) as std::ffi::c_char);
+        assert_eq!(uuid_string(&bytes), "GPU-00112233-4455-6677-8899-aabbccddeeff");
+    }
+}

@@ -1,0 +1,70 @@
+//! Device tensors, their addresses, and the copies between host and device.
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+
+use super::Attention;
+use crate::error::{CudaContext, Result, invalid};
+use crate::tensor::{Arg, Desc, Dtype};
+
+/// A device tensor of 16-bit elements (f16 or bf16 bits).
+pub struct Tensor {
+    pub data: CudaSlice<u16>,
+    pub dtype: Dtype,
+    pub desc: Desc,
+}
+
+impl Tensor {
+    /// The tensor as `tensor::validate` sees it.
+    pub(super) fn arg<'a>(&self, name: &'a str) -> Arg<'a> {
+        Arg { name, dtype: self.dtype, desc: self.desc, len: self.data.len() }
+    }
+}
+
+impl Attention {
+    /// Copies host bits to a new device tensor.
+    pub fn upload(&self, dtype: Dtype, desc: Desc, bits: &[u16]) -> Result<Tensor> {
+        if bits.len() < desc.span() {
+            invalid!(
+                "host data has {} elements; dims {:?} with strides {:?} need {}",
+                bits.len(),
+                desc.dims,
+                desc.strides,
+                desc.span()
+            );
+        }
+        let data = self.stream.clone_htod(bits).cuda("copying a tensor to the device")?;
+        Ok(Tensor { data, dtype, desc })
+    }
+
+    /// A new device tensor filled with NaN (outputs start poisoned).
+    pub fn alloc_poisoned(&self, dtype: Dtype, desc: Desc) -> Result<Tensor> {
+        self.upload(dtype, desc, &vec![dtype.nan(); desc.span()])
+    }
+
+    /// A new LSE buffer for `rows` rows, filled with NaN (at least one element, so
+    /// that an empty problem still has a valid allocation).
+    pub fn alloc_lse(&self, rows: usize) -> Result<CudaSlice<f32>> {
+        self.stream.clone_htod(&vec![f32::NAN; rows.max(1)]).cuda("allocating the LSE buffer")
+    }
+
+    /// The first `rows` values of an LSE buffer.
+    pub fn download_lse(&self, lse: &CudaSlice<f32>, rows: usize) -> Result<Vec<f32>> {
+        let mut all = self.stream.clone_dtoh(lse).cuda("copying the LSE to the host")?;
+        all.truncate(rows);
+        Ok(all)
+    }
+
+    pub fn download(&self, t: &Tensor) -> Result<Vec<u16>> {
+        self.stream.clone_dtoh(&t.data).cuda("copying a tensor to the host")
+    }
+}
+
+pub(super) fn device_ptr<T>(buf: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    let (ptr, _sync) = buf.device_ptr(stream);
+    ptr
+}
+
+/// Element strides of batch, head and seq as the kernels' parameters take them.
+pub(super) fn strides(desc: &Desc) -> [i64; 3] {
+    desc.strides.map(|x| x as i64)
+}

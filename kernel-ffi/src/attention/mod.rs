@@ -1,0 +1,141 @@
+//! The CUDA side: loads the fatbins `cargo xtask build` wrote, validates every
+//! launch, and launches. Never spawns processes.
+//!
+//! - `options`: what a call asks for (`Options`, `KernelChoice`, `Variant`) and
+//!   the `Family` a variant resolves to.
+//! - `load`: the context, the device's description and the loaded entries.
+//! - `memory`: device tensors and host copies.
+//! - `choose`: which entry runs a call, and its split plan.
+//! - `validate`: a forward call's checks, before anything is launched.
+//! - `launch`: the forward and combine launches.
+//! - `gpu_reference`: the fp32 GPU reference.
+
+mod choose;
+mod gpu_reference;
+mod launch;
+mod load;
+mod memory;
+mod options;
+mod validate;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext as Ctx, CudaFunction, CudaModule, CudaSlice, CudaStream};
+
+use launch::Grid;
+pub use launch::Launched;
+pub use load::{default_kernel_dir, uuid_string};
+pub use memory::Tensor;
+use memory::device_ptr;
+pub use options::{Family, KernelChoice, Options, Splits, Variant};
+
+use crate::error::{CudaContext, Error, Result};
+use crate::manifest::Launch;
+use crate::planner::{LaunchGrid, Plan};
+use crate::schema::DeviceInfo;
+
+/// A loaded entry: its function, launch geometry and residency.
+struct Kernel {
+    func: CudaFunction,
+    dynamic_smem: u32,
+    launch: Launch,
+    /// Resident CTAs per SM at this launch geometry (the occupancy calculator, once).
+    ctas_per_sm: u32,
+}
+
+/// The forward entry chosen for a call, and its split plan.
+struct Chosen<'a> {
+    name: String,
+    kern: &'a Kernel,
+    plan: Plan,
+}
+
+/// A persistent causal launch's schedule on the device: (row length, the rows).
+type CausalOrder = (u32, CudaSlice<u32>);
+
+pub struct Attention {
+    ctx: Arc<Ctx>,
+    stream: Arc<CudaStream>,
+    device: DeviceInfo,
+    kernels: HashMap<String, Kernel>,
+    /// The Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
+    hopper: bool,
+    /// Simulated split plans already made (`planner::plan_simulated`: up to a
+    /// few hundred µs of CPU), one per launch geometry.
+    sim_plans: Mutex<HashMap<(LaunchGrid, Family), Plan>>,
+    /// Persistent causal launches' schedules on the device (planner::causal_order),
+    /// by (grid, tiles per split, CTAs); kept because they are read by launches in flight.
+    causal_orders: Mutex<HashMap<(LaunchGrid, u32, u32), Option<CausalOrder>>>,
+    _modules: Vec<Arc<CudaModule>>,
+}
+
+impl Attention {
+    pub fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    pub fn context(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Whether the Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
+    pub fn has_hopper(&self) -> bool {
+        self.hopper
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().cuda("waiting for the stream (a kernel failed)")
+    }
+
+    fn kernel(&self, name: &str) -> Result<&Kernel> {
+        self.kernels
+            .get(name)
+            .ok_or_else(|| Error::MissingKernels(format!("entry {name} is not in the loaded fatbins")))
+    }
+
+    /// out = softmax(q·kᵀ·scale [+ causal mask]) · v, and optionally the per-row
+    /// log-sum-exp into `lse` ([B, H, Sq] fp32). Enqueued on the stream; errors in
+    /// the kernel surface at the next synchronising call.
+    pub fn forward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &mut Tensor,
+        lse: Option<&mut CudaSlice<f32>>,
+        opts: &Options,
+    ) -> Result<Launched> {
+        let p = validate::forward(q, k, v, out, lse.as_deref(), opts.scale)?;
+        let family = self.resolve(&p, opts.choice.variant)?;
+        if p.rows() == 0 {
+            return Ok(Launched { family, ..Launched::default() }); // empty result: nothing to launch
+        }
+        let chosen = self.choose_entry(family, q.dtype, &p, opts)?;
+        let partials = self.alloc_partials(&p, chosen.plan.num_splits)?;
+        validate::aligned([("q", q), ("k", k), ("v", v), ("out", out)], &self.stream)?;
+        let lse = lse.map_or(0, |l| device_ptr(l, &self.stream));
+        let params = self.flash_params([q, k, v, out], lse, partials.as_ref(), &p, &chosen.plan);
+        let grid = Grid::new(self.device.sm_count, &chosen, &p, opts.causal)?;
+        match family {
+            Family::Portable => self.launch_portable(&chosen, &grid, &params)?,
+            Family::Hopper => self.launch_hopper(&chosen, &grid, [q, k, v], &p, params, opts.causal)?,
+        }
+        if let Some(partials) = &partials {
+            self.launch_combine(q.dtype, &p, chosen.plan.num_splits, partials, out, lse)?;
+        }
+        let geometry = chosen.kern.launch;
+        Ok(Launched {
+            num_splits: chosen.plan.num_splits,
+            ctas: grid.ctas(),
+            family,
+            block_m: geometry.block_m,
+            key_groups: geometry.key_groups,
+            persistent: geometry.persistent,
+        })
+    }
+}

@@ -1,0 +1,158 @@
+//! What a forward call asks for (`Options`: mask, scale, splits, `KernelChoice`)
+//! and the kernel families a `Variant` resolves to.
+
+use crate::tensor::Dtype;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub causal: bool,
+    /// Defaults to 1/sqrt(head_dim).
+    pub scale: Option<f32>,
+    pub splits: Splits,
+    pub choice: KernelChoice,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Splits {
+    /// Let the planner choose from SM count, shape and occupancy.
+    Auto,
+    /// Exactly this many (clamped so no split is empty).
+    Fixed(u32),
+}
+
+impl std::str::FromStr for Splits {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Splits, String> {
+        match s {
+            "auto" => Ok(Splits::Auto),
+            n => match n.parse::<u32>() {
+                Ok(n) if n >= 1 => Ok(Splits::Fixed(n)),
+                _ => Err(format!("`{s}` is not a split count; use auto or a number ≥ 1")),
+            },
+        }
+    }
+}
+
+/// `auto` or the count, as `FromStr` reads it.
+impl std::fmt::Display for Splits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Splits::Auto => f.write_str("auto"),
+            Splits::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// Which compiled entry runs a call; `Variant::Auto` and every `None` leave that
+/// choice to the planner. The binaries take these fields as flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::Args)]
+pub struct KernelChoice {
+    /// Kernel: auto (Hopper where loaded), portable or hopper.
+    #[arg(long, default_value = "auto")]
+    pub variant: Variant,
+    /// Query rows per CTA (64 or 128) where the kernel has both; default: the planner's choice.
+    ///
+    /// Both: an `_m64` entry beside the 128-row one; the planner's rule is `planner::prefer_m64`.
+    #[arg(long)]
+    pub block_m: Option<u32>,
+    /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.
+    ///
+    /// The planner's rule is `planner::prefer_key_groups`.
+    #[arg(long)]
+    pub key_groups: Option<u32>,
+    /// Persistent CTAs (true/false) where the entry has a persistent twin; default: the planner's choice.
+    ///
+    /// Some entries are persistent only; one (Hopper non-causal D=64) has a persistent
+    /// twin (`…_persistent`), chosen by `planner::prefer_persistent`.
+    #[arg(long)]
+    pub persistent: Option<bool>,
+}
+
+/// Which kernel family a call asks for (`--variant`); `Attention::resolve`
+/// turns it into the `Family` that runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    /// The Hopper kernel where it is loaded (sm_90a), else the portable one.
+    #[default]
+    Auto,
+    /// The sm_80+ mma.sync kernel.
+    Portable,
+    /// The sm_90a wgmma/TMA kernel; an error on other devices.
+    Hopper,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 3] = [Variant::Auto, Variant::Portable, Variant::Hopper];
+
+    pub fn name(self) -> &'static str {
+        self.family().map_or("auto", Family::name)
+    }
+
+    /// The family this variant names; `None` for `Auto`.
+    pub fn family(self) -> Option<Family> {
+        match self {
+            Variant::Auto => None,
+            Variant::Portable => Some(Family::Portable),
+            Variant::Hopper => Some(Family::Hopper),
+        }
+    }
+}
+
+impl std::str::FromStr for Variant {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Variant, String> {
+        Variant::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown kernel variant `{s}`: expected auto, portable or hopper"))
+    }
+}
+
+/// A forward kernel family: what a `Variant` resolves to and what a launch ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Family {
+    /// The sm_80+ mma.sync kernel (`Launched::default()`'s).
+    #[default]
+    Portable,
+    /// The sm_90a wgmma/TMA kernel.
+    Hopper,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::Portable, Family::Hopper];
+
+    /// As `--variant` and the reports (`EntryRecord::variant`) name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Portable => "portable",
+            Family::Hopper => "hopper",
+        }
+    }
+
+    /// The name stem of its forward entries for (dtype, head dim, causal),
+    /// `flash_fwd[_hopper]_<dtype>_d<D>[_causal]`, which `_m64` (64-row CTAs),
+    /// `_kg2` (two key groups) and `_persistent` extend.
+    pub fn entry_stem(self, dtype: Dtype, head_dim: usize, causal: bool) -> String {
+        let family = match self {
+            Family::Portable => "flash_fwd",
+            Family::Hopper => "flash_fwd_hopper",
+        };
+        format!("{family}_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variant_names_round_trip_and_unknown_ones_say_what_is_accepted() {
+        for v in Variant::ALL {
+            assert_eq!(v.name().parse::<Variant>(), Ok(v));
+        }
+        let err = "wgmma".parse::<Variant>().unwrap_err();
+        assert!(err.contains("`wgmma`") && err.contains("auto, portable or hopper"), "{err}");
+        assert_eq!(Variant::default(), Variant::Auto);
+    }
+}

@@ -1,0 +1,79 @@
+//! Split-KV planner: how many key splits make a small problem fill the GPU, and
+//! which compiled entry runs it. Pure functions of the device and the shape, so
+//! they are tested without a GPU.
+//!
+//! - `uniform`: `plan`, the split model where every key block costs the same.
+//! - `grid`: `LaunchGrid`, a launch as the simulation and the schedule see it.
+//! - `simulate`: `plan_simulated`, the split model that simulates the grid on the SMs.
+//! - `schedule`: `causal_order`, the work lists of persistent causal CTAs.
+//! - `prefer`: the measured rules for which entry runs.
+
+mod grid;
+mod prefer;
+mod schedule;
+mod simulate;
+mod uniform;
+
+pub use grid::{LaunchGrid, blocks_to_units};
+pub use prefer::{prefer_hopper, prefer_key_groups, prefer_m64, prefer_persistent, prefer_wide_causal_d64};
+pub use schedule::causal_order;
+pub use simulate::{
+    GridCost, HOPPER_D64, HOPPER_D64_CAUSAL, HOPPER_D128, HOPPER_D128_CAUSAL, PORTABLE_D64_CAUSAL,
+    PORTABLE_D128_CAUSAL, grid_cost, plan_simulated,
+};
+pub use uniform::plan;
+
+/// Most splits the planner will choose (the combine kernel loops over them).
+pub const MAX_SPLITS: u32 = 128;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub num_splits: u32,
+    /// Keys per split, a multiple of the kernel's key tile.
+    pub keys_per_split: u32,
+}
+
+/// Matrix-product FLOPs of an attention forward by the usual convention (the
+/// one FlashAttention papers and the bench's TFLOP/s use): 4·B·H·Sq·Sk·D, halved
+/// for causal.
+pub fn attention_flops(
+    batch: usize,
+    heads: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+    head_dim: usize,
+    causal: bool,
+) -> f64 {
+    let f = 4.0 * (batch * heads) as f64 * seqlen_q as f64 * seqlen_k as f64 * head_dim as f64;
+    if causal { f / 2.0 } else { f }
+}
+
+/// Devices and launches the tests of several planners share.
+#[cfg(test)]
+mod fixtures {
+    use super::LaunchGrid;
+
+    pub const H200_SMS: u32 = 132;
+    pub const L4_SMS: u32 = 58;
+
+    /// 64-row query blocks × batch × heads.
+    pub fn ctas(b: u64, h: u64, sq: u64) -> u64 {
+        b * h * sq.div_ceil(64)
+    }
+
+    /// A causal launch of `heads` heads of `s` queries and keys.
+    pub fn grid(heads: u64, s: u32, block_m: u32, block_n: u32, ctas_per_sm: u32, persistent: bool) -> LaunchGrid {
+        LaunchGrid { causal: true, heads, seqlen_q: s, seqlen_k: s, block_m, block_n, ctas_per_sm, persistent }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causal_attention_counts_half_the_flops() {
+        assert_eq!(attention_flops(1, 1, 2048, 2048, 128, true), attention_flops(1, 1, 2048, 2048, 128, false) / 2.0);
+        assert_eq!(attention_flops(2, 8, 512, 256, 64, false), 4.0 * 16.0 * 512.0 * 256.0 * 64.0);
+    }
+}
