@@ -64,6 +64,8 @@ pub enum Task {
         /// Also build each planted defect and require its tool to catch it.
         #[arg(long)]
         defects: bool,
+        #[command(flatten)]
+        spread: SpreadArgs,
     },
     /// Time the kernels; gate against a revision, a prebuilt base or the stored baseline.
     #[command(args_conflicts_with_subcommands = true)]
@@ -233,10 +235,17 @@ pub struct TestArgs {
     /// Timeout for the whole correctness run, in seconds.
     #[arg(long, default_value_t = 600)]
     pub test_timeout: u64,
+    #[command(flatten)]
+    pub spread: SpreadArgs,
+}
+
+/// How test and sanitize spread their cases over GPUs and runners.
+#[derive(Args, Clone)]
+pub struct SpreadArgs {
     /// Deal the cases out to these GPUs, one worker each: all, a count, or indices/UUIDs (0,2).
     #[arg(long, value_name = "all|N|LIST")]
     pub gpus: Option<String>,
-    /// Run only part I of N of the cases (for a CI matrix over runners); `report merge` joins the parts.
+    /// Run only part I of N of the cases (for a CI matrix over runners); `report merge` joins test parts.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<crate::verify::spread::Shard>,
 }
@@ -302,8 +311,8 @@ impl TestArgs {
         test::Options {
             filter: self.filter.clone(),
             timeout: Duration::from_secs(self.test_timeout),
-            gpus: self.gpus.clone(),
-            shard: self.shard,
+            gpus: self.spread.gpus.clone(),
+            shard: self.spread.shard,
         }
     }
 }

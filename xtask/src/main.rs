@@ -67,7 +67,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         Task::Check { build, require_gpu, sanitize, test } => {
             check::run(&paths, &check::Options { build: build.options(), require_gpu, sanitize, test: test.options() })
         }
-        Task::Sanitize { build, tool, tool_timeout, defects } => {
+        Task::Sanitize { build, tool, tool_timeout, defects, spread } => {
             kernel_set::prepare(&paths, &build.options(), build.kernels.is_some())?;
             let b = build.options();
             let tools = if tool.is_empty() { sanitize::Tool::ALL.to_vec() } else { tool };
@@ -79,6 +79,8 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
                     defects,
                     build_timeout: b.timeout,
                     jobs: b.jobs,
+                    gpus: spread.gpus,
+                    shard: spread.shard,
                 },
             )
         }

@@ -14,11 +14,15 @@ use crate::manifest::Manifest;
 use crate::parse::sanitizer::{self, Finding, Summary};
 use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain};
+use crate::schema::ListedCase;
 use crate::schema::TestRun;
 use crate::table;
 use crate::tools::drivers;
-use crate::tools::process::Cmd;
+use crate::tools::gpu::ListedGpu;
+use crate::tools::process::{Cmd, write_file};
 use crate::tools::toolchain;
+use crate::verify::spread::{self, Shard, ShardRecord};
+use crate::verify::test;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -73,13 +77,35 @@ pub struct Options {
     pub defects: bool,
     pub build_timeout: Duration,
     pub jobs: usize,
+    /// `--gpus all|N|LIST`: the sanitize set in one part per GPU, run side by side.
+    pub gpus: Option<String>,
+    /// `--shard I/N`: only this part of the sanitize set.
+    pub shard: Option<Shard>,
 }
 
 impl Options {
-    /// All four tools at their default timeouts, no planted defects.
+    /// All four tools at their default timeouts, no planted defects, one GPU.
     pub fn all(build_timeout: Duration, jobs: usize) -> Options {
-        Options { tools: Tool::ALL.to_vec(), timeout: None, defects: false, build_timeout, jobs }
+        Options {
+            tools: Tool::ALL.to_vec(),
+            timeout: None,
+            defects: false,
+            build_timeout,
+            jobs,
+            gpus: None,
+            shard: None,
+        }
     }
+}
+
+/// What one sanitizer run's fa-test covers: the whole set, or a part on a GPU.
+#[derive(Debug, Clone, Default)]
+struct Part {
+    /// `2/4`, where the set was divided.
+    label: Option<String>,
+    /// The part's case names, for fa-test --cases.
+    cases: Option<PathBuf>,
+    gpu: Option<ListedGpu>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -101,6 +127,9 @@ pub struct ToolRun {
     pub tests: Option<Tally>,
     pub xml: PathBuf,
     pub log: PathBuf,
+    /// The part of the sanitize set, and its GPU, where the set was divided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<String>,
 }
 
 /// Correctness cases fa-test ran under a tool, and how many failed.
@@ -169,6 +198,8 @@ pub struct DefectRun {
 pub struct SanitizePayload {
     pub runs: Vec<ToolRun>,
     pub defects: Vec<DefectRun>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardRecord>,
 }
 
 pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
@@ -178,10 +209,12 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let dir = paths.reports().join("sanitize");
     let device = drivers::device_info(&driver, &paths.kernels_out())?;
 
-    let mut runs = Vec::new();
-    for &tool in &opts.tools {
-        runs.push(run_tool(&sanitizer, &driver, tool, &paths.kernels_out(), "release", &dir, opts)?);
-    }
+    let (parts, shard) = if opts.gpus.is_none() && opts.shard.is_none() {
+        (vec![Part::default()], None)
+    } else {
+        divide(&driver, &dir, opts)?
+    };
+    let runs = run_parts(&sanitizer, &driver, &dir, &paths.kernels_out(), opts, &parts)?;
 
     let mut defects = Vec::new();
     if opts.defects {
@@ -203,7 +236,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
                     ..build::Options::new(opts.build_timeout, opts.jobs)
                 },
             )?;
-            let run = run_tool(&sanitizer, &driver, tool, &kernels, define, &dir, opts)?;
+            let run = run_tool(&sanitizer, &driver, tool, &kernels, define, &dir, opts, &Part::default())?;
             defects.push(DefectRun { define: define.into(), expected_tool: tool, caught: run.errors() > 0, run });
         }
     }
@@ -213,7 +246,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     if !findings.is_empty() {
         println!("\nFINDINGS (by kernel and source line)\n{findings}");
     }
-    let payload = SanitizePayload { runs, defects };
+    let payload = SanitizePayload { runs, defects, shard };
     let report = paths.report("sanitize");
     let dev = Device::from(&device);
     let toolchain = Toolchain { driver: device.driver.clone(), ..Toolchain::default() };
@@ -235,6 +268,67 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     Ok(())
 }
 
+/// Every tool over every part of the release kernels: one thread per part, each
+/// running the tools in turn on its GPU; the runs in tool order.
+fn run_parts(
+    sanitizer: &Path,
+    driver: &Path,
+    dir: &Path,
+    kernels: &Path,
+    opts: &Options,
+    parts: &[Part],
+) -> Result<Vec<ToolRun>> {
+    // One thread per part, each running the tools in turn on its GPU.
+    let results: Vec<Result<Vec<ToolRun>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .iter()
+            .map(|part| {
+                let (sanitizer, driver, dir, kernels) = (sanitizer, driver, dir, kernels);
+                s.spawn(move || {
+                    opts.tools
+                        .iter()
+                        .map(|&tool| run_tool(sanitizer, driver, tool, kernels, "release", dir, opts, part))
+                        .collect::<Result<Vec<ToolRun>>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a sanitize worker panicked"))))
+            .collect()
+    });
+    let mut runs = Vec::new();
+    for r in results {
+        runs.extend(r?);
+    }
+    runs.sort_by_key(|r| opts.tools.iter().position(|&t| t == r.tool));
+    Ok(runs)
+}
+
+/// The sanitize set (or this shard of it) in one part per worker GPU, each
+/// written as a case list for fa-test --cases.
+fn divide(driver: &Path, dir: &Path, opts: &Options) -> Result<(Vec<Part>, Option<ShardRecord>)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let listed = test::list_cases(driver, dir, &["--set", "sanitize"], None)?;
+    let (mine, shard) = test::take_shard(&listed, opts.shard);
+    let gpus = test::workers(opts.gpus.as_deref(), "sanitize")?;
+    Ok((parts_of(&mine, gpus, dir)?, shard))
+}
+
+/// `cases` in one part per GPU, each part's names in `dir/part-I.txt`.
+fn parts_of(cases: &[ListedCase], gpus: Vec<Option<ListedGpu>>, dir: &Path) -> Result<Vec<Part>> {
+    let n = gpus.len();
+    let mut parts = Vec::new();
+    for (i, (names, gpu)) in spread::partition(cases, n as u32).into_iter().zip(gpus).enumerate() {
+        let cases = dir.join(format!("part-{}.txt", i + 1));
+        write_file(&cases, names.join("\n") + "\n")?;
+        let on = gpu.as_ref().map(|g| format!(" on {}", g.uuid)).unwrap_or_default();
+        parts.push(Part { label: Some(format!("{}/{n}{on}", i + 1)), cases: Some(cases), gpu });
+    }
+    Ok(parts)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run_tool(
     sanitizer: &Path,
     driver: &Path,
@@ -243,16 +337,21 @@ fn run_tool(
     label: &str,
     dir: &Path,
     opts: &Options,
+    part: &Part,
 ) -> Result<ToolRun> {
-    let stem = if label == "release" { tool.name().to_string() } else { format!("{}-{label}", tool.name()) };
+    let mut stem = if label == "release" { tool.name().to_string() } else { format!("{}-{label}", tool.name()) };
+    if let Some(cases) = &part.cases {
+        stem = format!("{stem}-{}", cases.file_stem().and_then(|s| s.to_str()).unwrap_or("part"));
+    }
     let xml = dir.join(format!("{stem}.xml"));
     let log = dir.join(format!("{stem}.log"));
     let results = dir.join(format!("{stem}.fa-test.json"));
     let _ = std::fs::remove_file(&xml);
     let _ = std::fs::remove_file(&results);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let (_progress, feed) = crate::verify::test::case_progress(&format!("sanitize {} ({label})", tool.name()), None);
-    let out = Cmd::new(sanitizer)
+    let what = part.label.as_ref().map_or(label.to_string(), |p| format!("{label}, part {p}"));
+    let (_progress, feed) = crate::verify::test::case_progress(&format!("sanitize {} ({what})", tool.name()), None);
+    let mut cmd = Cmd::new(sanitizer)
         .on_line(feed)
         .args(["--tool", tool.name()])
         .args(tool.extra_args().iter().copied())
@@ -264,8 +363,14 @@ fn run_tool(
         .arg(results.display().to_string())
         .env("FA_KERNEL_DIR", kernels.display().to_string())
         .timeout(opts.timeout.unwrap_or(tool.default_timeout()))
-        .log(&log)
-        .run()?;
+        .log(&log);
+    if let Some(cases) = &part.cases {
+        cmd = cmd.arg("--cases").arg(cases.display().to_string());
+    }
+    if let Some(g) = &part.gpu {
+        cmd = cmd.env("CUDA_VISIBLE_DEVICES", g.uuid.clone()).env("FA_DEVICE", "0");
+    }
+    let out = cmd.run()?;
     let text = format!("{}{}", out.stdout, out.stderr);
     let tests = std::fs::read_to_string(&results)
         .ok()
@@ -286,6 +391,7 @@ fn run_tool(
         tests,
         xml,
         log,
+        part: part.label.clone(),
     })
 }
 
@@ -304,7 +410,7 @@ fn run_table(runs: &[ToolRun], defects: &[DefectRun]) -> String {
         .map(|r| {
             vec![
                 r.tool.name().into(),
-                r.kernels.clone(),
+                r.part.as_ref().map_or(r.kernels.clone(), |p| format!("{} {p}", r.kernels)),
                 r.summary.map_or("none".into(), |s| format!("{} err, {} warn", s.errors, s.warnings)),
                 r.findings.len().to_string(),
                 format!("{:.1}", r.seconds),
@@ -377,7 +483,29 @@ mod tests {
             tests,
             xml: "r.xml".into(),
             log: "r.log".into(),
+            part: None,
         }
+    }
+
+    #[test]
+    fn parts_run_side_by_side_and_cover_the_set_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+        let cases: Vec<ListedCase> =
+            (0..10).map(|i| ListedCase { name: format!("c{i}"), work: 1.0 + i as f64 }).collect();
+        let gpus = ["a", "b", "c"].map(|u| Some(ListedGpu { name: "Fake GPU".into(), uuid: u.into() })).to_vec();
+        let parts = parts_of(&cases, gpus, dir.path()).unwrap();
+        let opts = Options { tools: vec![Tool::Memcheck, Tool::Racecheck], ..Options::all(Duration::from_secs(60), 1) };
+        let sanitizer = data.join("fake-compute-sanitizer.py");
+        let runs = run_parts(&sanitizer, &data.join("fake-fa-test.py"), dir.path(), dir.path(), &opts, &parts).unwrap();
+        assert_eq!(runs.len(), 6);
+        assert_eq!(runs.iter().map(|r| r.tool).collect::<Vec<_>>()[..3], [Tool::Memcheck; 3]);
+        assert!(runs.iter().all(|r| r.clean()), "{runs:?}");
+        for tool in [Tool::Memcheck, Tool::Racecheck] {
+            let ran: usize = runs.iter().filter(|r| r.tool == tool).map(|r| r.tests.unwrap().cases).sum();
+            assert_eq!(ran, 10, "{tool:?}: every case once");
+        }
+        assert!(runs.iter().any(|r| r.part.as_deref() == Some("2/3 on b")));
     }
 
     #[test]

@@ -50,17 +50,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let report = if opts.gpus.is_none() && opts.shard.is_none() {
         TestReport { run: run_whole(paths, opts, driver, &raw)?, shard: None, gpus: Vec::new() }
     } else {
-        let gpus: Vec<Option<ListedGpu>> = match &opts.gpus {
-            Some(spec) => {
-                if std::env::var_os("FA_DEVICE").is_some() {
-                    return Err(CannotRun("--device (or FA_DEVICE) and --gpus both choose GPUs: use one".into()).into());
-                }
-                let listed = crate::tools::gpu::list("test")?;
-                spread::choose_gpus(spec, &listed).map_err(CannotRun)?.into_iter().map(Some).collect()
-            }
-            None => vec![None], // the device CUDA picks, or --device
-        };
-        let report = run_spread(paths, opts, &driver, &gpus)?;
+        let report = run_spread(paths, opts, &driver, &workers(opts.gpus.as_deref(), "test")?)?;
         write_file(&raw, serde_json::to_string_pretty(&report.run)?)?;
         report
     };
@@ -128,23 +118,8 @@ fn run_spread(paths: &Paths, opts: &Options, driver: &Path, gpus: &[Option<Liste
     let dir = paths.reports().join("test-spread");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let list = dir.join("cases.json");
-    let mut cmd = Cmd::new(driver).arg("--list").arg("--json").arg(list.display().to_string()).quiet();
-    if let Some(f) = &opts.filter {
-        cmd = cmd.arg("--filter").arg(f.clone());
-    }
-    cmd.run_checked().context("listing the cases")?;
-    let listed: Vec<ListedCase> = read_json(&list)?;
-    let (mine, shard) = match opts.shard {
-        Some(s) => {
-            let assigned = spread::partition(&listed, s.count).swap_remove(s.index as usize - 1);
-            let mut universe: Vec<String> = listed.iter().map(|c| c.name.clone()).collect();
-            universe.sort();
-            let mine = listed.iter().filter(|c| assigned.contains(&c.name)).cloned().collect();
-            (mine, Some(ShardRecord { shard: s, universe, assigned }))
-        }
-        None => (listed.clone(), None),
-    };
+    let listed = list_cases(driver, &dir, &[], opts.filter.as_deref())?;
+    let (mine, shard) = take_shard(&listed, opts.shard);
     let batches = if gpus.len() == 1 {
         vec![mine.iter().map(|c| c.name.clone()).collect()]
     } else {
@@ -224,6 +199,38 @@ fn run_spread(paths: &Paths, opts: &Options, driver: &Path, gpus: &[Option<Liste
 
 /// A batch no worker finished: its number, cases, GPU, and why.
 type LostBatch = (usize, Vec<String>, Option<String>, String);
+
+/// One worker per GPU `--gpus` names, or one on the device CUDA picks (or `--device`).
+pub fn workers(spec: Option<&str>, task: &str) -> Result<Vec<Option<ListedGpu>>> {
+    let Some(spec) = spec else { return Ok(vec![None]) };
+    if std::env::var_os("FA_DEVICE").is_some() {
+        return Err(CannotRun("--device (or FA_DEVICE) and --gpus both choose GPUs: use one".into()).into());
+    }
+    let listed = crate::tools::gpu::list(task)?;
+    Ok(spread::choose_gpus(spec, &listed).map_err(CannotRun)?.into_iter().map(Some).collect())
+}
+
+/// fa-test's cases (`--list --json`, with `args` choosing the set), written to `dir/cases.json`.
+pub fn list_cases(driver: &Path, dir: &Path, args: &[&str], filter: Option<&str>) -> Result<Vec<ListedCase>> {
+    let list = dir.join("cases.json");
+    let mut cmd =
+        Cmd::new(driver).args(args.iter().copied()).arg("--list").arg("--json").arg(list.display().to_string());
+    if let Some(f) = filter {
+        cmd = cmd.arg("--filter").arg(f);
+    }
+    cmd.quiet().run_checked().context("listing the cases")?;
+    read_json(&list)
+}
+
+/// This shard's cases (all of them without `--shard`) and the record merge checks.
+pub fn take_shard(listed: &[ListedCase], shard: Option<Shard>) -> (Vec<ListedCase>, Option<ShardRecord>) {
+    let Some(s) = shard else { return (listed.to_vec(), None) };
+    let assigned = spread::partition(listed, s.count).swap_remove(s.index as usize - 1);
+    let mut universe: Vec<String> = listed.iter().map(|c| c.name.clone()).collect();
+    universe.sort();
+    let mine = listed.iter().filter(|c| assigned.contains(&c.name)).cloned().collect();
+    (mine, Some(ShardRecord { shard: s, universe, assigned }))
+}
 
 /// One batch in one fa-test process: its results, or why there are none.
 #[allow(clippy::too_many_arguments)]
