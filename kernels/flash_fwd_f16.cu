@@ -1,5 +1,6 @@
 // Stable extern "C" entry points of the sm_80+ forward kernel for f16.
 // Names: flash_fwd_<dtype>_d<head dim>[_causal][_m64|_kg2], flash_combine_<dtype>_d<head dim>.
+#include "combine.cuh"
 #include "flash_fwd.cuh"
 
 using namespace fa;

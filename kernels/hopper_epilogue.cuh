@@ -11,6 +11,7 @@
 #include "hopper.cuh"
 #include "hopper_layout.cuh"
 #include "hopper_scheduler.cuh"
+#include "row_store.cuh"
 #include "softmax.cuh"
 
 namespace fa {
@@ -31,7 +32,7 @@ __device__ __forceinline__ void consumer_sync(int cw) {
 template <typename T, typename Cfg>
 __device__ __forceinline__ void store_staged(const FlashParams& p, const HopperSmem<Cfg>& sm, const HopperItem& it,
                                              int cw, int warp, int g, int t, const float (&o)[Cfg::kHeadDim / 8][4],
-                                             const float (&row_max)[2], const float (&row_sum)[2]) {
+                                             const SoftmaxState<1>& softmax) {
   constexpr int BM = Cfg::kBlockM, D = Cfg::kHeadDim, DT = D / 8;
   if constexpr (Cfg::kPersistent) consumer_sync<Cfg>(cw);
   const uint32_t rows =
@@ -42,7 +43,7 @@ __device__ __forceinline__ void store_staged(const FlashParams& p, const HopperS
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float inv, lse;
-    row_finish(row_max, row_sum, r, inv, lse);
+    softmax.finish(0, r, inv, lse);
     const int row = 16 * warp + g + 8 * r;  // within the warpgroup's 64
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {

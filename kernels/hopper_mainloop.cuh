@@ -11,6 +11,8 @@
 #include "hopper_epilogue.cuh"
 #include "hopper_layout.cuh"
 #include "hopper_scheduler.cuh"
+#include "mask.cuh"
+#include "row_store.cuh"
 #include "softmax.cuh"
 
 namespace fa {
@@ -80,7 +82,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
   constexpr bool kPingPong = Cfg::kPingPong;
   constexpr bool kExpTurns = Cfg::kExpTurns;
   float o[DT][4];
-  float row_max[2], row_sum[2], correction[2];
+  SoftmaxState<1> softmax;
+  float correction[2];
   float s[NT][4];
   uint32_t pf[BN / 16][4];
   // S = Q·K_j, asynchronous: committed as its own wgmma group.
@@ -119,8 +122,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     const int wg_last_row = it.m0 + 64 * cw + 63;
 #pragma unroll
     for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    row_max[0] = row_max[1] = -INFINITY;
-    row_sum[0] = row_sum[1] = 0.f;
+    softmax.reset(0);
 
     // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
     // they come last, and only the barrier protocol runs for them. Ping-pong needs
@@ -128,9 +130,9 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     const int live =
         CAUSAL && !kPingPong ? max(0, min(it.tiles, (wg_last_row + diag + 1 - it.n_begin + BN - 1) / BN)) : it.tiles;
     auto mask = [&](int j) { mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, p.seqlen_k, diag); };
-    auto softmax = [&](int j) {
+    auto mask_softmax = [&](int j) {
       mask(j);
-      softmax_rows(s, row_max, row_sum, correction, scale_log2);
+      softmax.update(0, s, correction, scale_log2);
     };
     // Tile j's S has landed: its K stage is free, and after the item's last
     // Q·Kᵀ (persistent) so is Q.
@@ -187,14 +189,14 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         wgmma_wait<0>();
         qk_landed(cur, j);
         mask(j);
-        softmax_max(s, row_max, correction, scale_log2);
+        softmax.update_max(0, s, correction, scale_log2);
         take_turn();
         // The scale read from shared memory after the barrier: ptxas moves no
         // exponential above it (with the parameter's copy it hoisted most of them).
         float turn_scale;
         asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(turn_scale) : "r"(scale_slot) : "memory");
-        softmax_exp_pack<T>(s, row_max, row_sum, correction, turn_scale, pf);
-        rescale(o, correction);
+        softmax.update_exp_pack<T>(0, s, correction, turn_scale, pf);
+        softmax.rescale(o, correction);
         // Warpgroup 1's last hand-over of an item goes on to the next one (see above).
         named_bar_arrive(j < live - 1 || cw == 0 ? turn_of(cw ^ 1)
                          : chain_next            ? NamedBarrier::TurnWg0
@@ -214,7 +216,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         pass_turn();
         wgmma_wait<0>();
         qk_landed(cur, 0);
-        softmax(0);  // O is still zero: nothing to rescale
+        mask_softmax(0);  // O is still zero: nothing to rescale
         pack_p();
       }
       // After a tile's softmax (not at the top of the next, ahead of its waits):
@@ -234,12 +236,12 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         pass_turn();
         wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
         qk_landed(cur, j);
-        softmax(j);
+        mask_softmax(j);
         next = next_slot(cur);
         k_ready = mbar_test(next.bar, next.phase);
         v_ready = mbar_test(slot_full_v(cur), cur.phase);
         pv_landed(prev);
-        rescale(o, correction);
+        softmax.rescale(o, correction);
         pack_p();
       }
       if (live > 0) {
@@ -263,9 +265,9 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     }
     g0 += it.tiles;
     if (p.num_splits == 1) {
-      store_staged<T, Cfg>(p, sm, it, cw, warp, g, t, o, row_max, row_sum);
+      store_staged<T, Cfg>(p, sm, it, cw, warp, g, t, o, softmax);
     } else {
-      store_rows<T, D>(p, o, row_max, row_sum, row_lo, it.b, it.h, it.split, t);
+      store_rows<T, D>(p, o, softmax, 0, row_lo, it.b, it.h, it.split, t);
     }
   }
 }

@@ -1,0 +1,257 @@
+// The portable kernel's consumer mainloop: per key tile S = Q·Kᵀ on mma.sync,
+// masking, the online softmax, and O += P·V with P kept in registers, in one of
+// two schedules (serial, pipelined).
+#pragma once
+
+#include "common.cuh"
+#include "flash_params.h"
+#include "mask.cuh"
+#include "portable_layout.cuh"
+#include "portable_loads.cuh"
+#include "portable_scheduler.cuh"
+#include "softmax.cuh"
+
+namespace fa {
+
+// A warp's matrix products on its 16·MT rows (w0 …): Q fragments from the group's
+// Q tile, K and V fragments from the stage `koff` / `voff` bytes into the group's
+// K or V tiles.
+template <typename T, typename Cfg>
+struct WarpMma {
+  static constexpr int D = Cfg::kHeadDim, MT = Cfg::kRowTiles, BN = Cfg::kBlockN, NT = BN / 8;
+  // Q fragments stay in registers, loaded once, unless that would spill (two row
+  // tiles at D=128): then they are re-read from the resident Q tile per key tile.
+  static constexpr bool kQInRegs = D * MT <= 128;
+  using QFrags = uint32_t[kQInRegs ? MT : 1][kQInRegs ? D / 16 : 1][4];
+  QFrags& qf;
+  const T* const sq;
+  const int w0, lane;
+  // K fragments: matrices (keys +0..7, d +0..7), (keys +0..7, d +8..15), (keys +8..15, d +0..7), (…, d +8..15).
+  const FragAddr<D>& k_frag;
+  // V fragments, transposed: (keys +0..7, d +0..7), (keys +8..15, d +0..7), (keys +0..7, d +8..15), (…).
+  const FragAddr<D>& v_frag;
+
+  __device__ __forceinline__ WarpMma(QFrags& qf, const KeyGroup<T, Cfg>& grp, int w0, int lane,
+                                     const FragAddr<D>& k_frag, const FragAddr<D>& v_frag)
+      : qf(qf), sq(grp.q), w0(w0), lane(lane), k_frag(k_frag), v_frag(v_frag) {}
+
+  __device__ __forceinline__ uint32_t q_addr(int mt, int kk) const {
+    return smem_u32(sq + swizzle<D>(w0 + 16 * mt + (lane % 16), kk * 16 + (lane / 16) * 8));
+  }
+
+  // Once the Q tile has landed.
+  __device__ __forceinline__ void load_q_frags() const {
+    if constexpr (kQInRegs) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_addr(mt, kk));
+      }
+    }
+  }
+
+  // S = Q·Kᵀ for this warp's 16·MT rows × BN keys.
+  __device__ __forceinline__ void qk(float (&s)[MT][NT][4], uint32_t koff) const {
+    // Row tile mt's A fragment for k-step kk: from qf, or from this k-step's reads.
+    auto q_frag = [&](int mt, int kk, const uint32_t(&qs)[MT][4]) -> const uint32_t(&)[4] {
+      if constexpr (kQInRegs) {
+        return qf[mt][kk];
+      } else {
+        return qs[mt];
+      }
+    };
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < NT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qs[MT][4];
+      if constexpr (!kQInRegs) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qs[mt], q_addr(mt, kk));
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, k_frag.at(np, kk) + koff);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint32_t(&qa)[4] = q_frag(mt, kk, qs);
+          mma_16816<T>(s[mt][2 * np], qa, kf[0], kf[1]);
+          mma_16816<T>(s[mt][2 * np + 1], qa, kf[2], kf[3]);
+        }
+      }
+    }
+  }
+
+  // O += P·V, P as A fragments (`p_frag(f, mt, kk)`, kk: 16-key step).
+  template <typename PFrag>
+  __device__ __forceinline__ void pv(float (&o)[MT][D / 8][4], PFrag&& p_frag, uint32_t voff) const {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t pf[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) p_frag(pf[mt], mt, kk);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, v_frag.at(kk, dp) + voff);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(o[mt][2 * dp], pf[mt], vf[0], vf[1]);
+          mma_16816<T>(o[mt][2 * dp + 1], pf[mt], vf[2], vf[3]);
+        }
+      }
+    }
+  }
+};
+
+// The consumer mainloop of a key group's warps over their key tiles of the split:
+// group g takes tiles g, g + KG, ….
+template <typename T, typename Cfg, bool CAUSAL>
+struct PortableMainloop {
+  static constexpr int D = Cfg::kHeadDim, MT = Cfg::kRowTiles, BM = Cfg::kBlockM, BN = Cfg::kBlockN, NT = BN / 8;
+  static constexpr int kStep = Cfg::kKeyGroups * BN;  // between a group's key tiles
+  using Mma = WarpMma<T, Cfg>;
+  using QFrags = typename Mma::QFrags;
+  using O = float[MT][D / 8][4];
+  using S = float[MT][NT][4];
+  const FlashParams& p;
+  const PortableBlock<BM, CAUSAL>& blk;
+  const KeyRange<BM, CAUSAL>& keys;
+  const KeyGroup<T, Cfg>& grp;
+  const WarpRows<MT>& wr;
+  const int w0;
+  const float scale_log2;
+  const TileLoads<T, Cfg>& loads;
+  const FragAddr<D>& k_frag;
+  const FragAddr<D>& v_frag;
+
+  // K fragments: matrices (keys +0..7, d +0..7), (keys +0..7, d +8..15), (keys +8..15, d +0..7), (…, d +8..15).
+  __device__ __forceinline__ static FragAddr<D> k_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
+    return FragAddr<D>(smem_u32(grp.k), (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+  }
+  // V fragments, transposed: (keys +0..7, d +0..7), (keys +8..15, d +0..7), (keys +0..7, d +8..15), (…).
+  __device__ __forceinline__ static FragAddr<D> v_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
+    return FragAddr<D>(smem_u32(grp.v), ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+  }
+
+  // O and the softmax state before the first key tile.
+  __device__ __forceinline__ static void clear(O& o, SoftmaxState<MT>& softmax) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+      softmax.reset(mt);
+    }
+  }
+
+  // The group's first loads, one cp.async group: Q and its first K tile.
+  __device__ __forceinline__ void load_q_k0(int n_first) const {
+    loads.load_q(blk.m0);
+    loads.load_k(n_first, 0);
+    cp_async_commit();
+  }
+
+  // Row tile mt's scores of keys n0 …, masked only on tiles that cross the
+  // sequence end or the causal diagonal (this thread's rows: w0 + 16·mt + g and
+  // + 8 of the block).
+  __device__ __forceinline__ void mask(float (&s)[NT][4], int mt, int n0) const {
+    mask_tile<CAUSAL>(s, n0, blk.m0, blk.m0 + w0 + 16 * mt + wr.g, wr.t, p.seqlen_k, keys.diag);
+  }
+
+  // One K and one V tile per group: K(j+1) loads under P·V(j), V(j) under Q·Kᵀ(j)
+  // and the softmax.
+  __device__ __forceinline__ void serial(O& o, SoftmaxState<MT>& softmax, QFrags& qf, S& s) const {
+    const Mma mma(qf, grp, w0, wr.lane, k_frag, v_frag);
+    const int n_first = keys.begin + grp.id * BN, n_end = keys.end;
+    if (n_first < n_end) load_q_k0(n_first);
+    for (int n0 = n_first; n0 < n_end; n0 += kStep) {
+      // cp.async groups in flight: [Q+K0] [V0] [K1] [V1] …
+      loads.load_v(n0, 0);
+      cp_async_commit();
+      cp_async_wait<1>();  // K(n0) (and Q) landed
+      grp.sync();
+      if (n0 == n_first) mma.load_q_frags();
+
+      mma.qk(s, 0);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mask(s[mt], mt, n0);
+        softmax.step(mt, s[mt], o[mt], scale_log2);
+      }
+
+      cp_async_wait<0>();  // V(n0) landed
+      grp.sync();          // and every warp is done reading sK
+      if (n0 + kStep < n_end) {
+        loads.load_k(n0 + kStep, 0);
+        cp_async_commit();
+      }
+      // P straight from the S accumulators.
+      mma.pv(o, [&](uint32_t(&f)[4], int mt, int kk) { p_fragment<T>(f, s[mt], kk); }, 0);
+#ifdef FA_PLANT_SLOWDOWN
+      // A dependent FMA chain per tile: a measured, deliberate slowdown for proving the gate.
+      float chain = s[0][0][0];
+#pragma unroll 1
+      for (int i = 0; i < FA_PLANT_SLOWDOWN; ++i) chain = fmaf(chain, 0.999f, 1e-7f);
+      if (chain != chain) o[0][0][0] += chain;  // never true for finite input; keeps the chain alive
+#endif
+#ifndef FA_DEFECT_RACE
+      grp.sync();  // every warp is done reading sV before the next V load
+#endif
+    }
+  }
+
+  // Two K and V stages, software-pipelined: iteration j issues Q·Kᵀ(j) and
+  // P·V(j−1) together and runs softmax(j) while P·V(j−1) is in the tensor pipe,
+  // so a lone warp per scheduler still has independent work. K(j) and V(j) live
+  // in stage j % 2; iteration j loads K(j+1) and V(j) once its barrier shows
+  // iteration j−1 done with them, a whole iteration before they are read.
+  // pf: P(j − 1), packed; corr: O's rescale before P(j − 1)·V(j − 1) is added.
+  __device__ __forceinline__ void pipelined(O& o, SoftmaxState<MT>& softmax, QFrags& qf, uint32_t (&pf)[MT][BN / 16][4],
+                                            float (&corr)[MT][2], S& s) const {
+    const Mma mma(qf, grp, w0, wr.lane, k_frag, v_frag);
+    const int n_first = keys.begin + grp.id * BN, n_end = keys.end;
+    if (n_first >= n_end) return;
+    load_q_k0(n_first);
+    auto packed_p = [&](uint32_t(&f)[4], int mt, int kk) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f[i] = pf[mt][kk][i];
+    };
+    uint32_t kst = 0, vst = 0;  // byte offsets of K(j)'s and V(j − 1)'s stages
+    for (int n0 = n_first; n0 < n_end; n0 += kStep) {
+      cp_async_wait<0>();  // K(j), V(j − 1) (and Q) landed
+      grp.sync();          // and iteration j − 1 is done with K(j − 1), V(j − 2)
+      if (n0 + kStep < n_end) loads.load_k(n0 + kStep, kst ^ Cfg::kTileBytes);
+      loads.load_v(n0, n0 == n_first ? 0 : vst ^ Cfg::kTileBytes);
+      cp_async_commit();
+      if (n0 == n_first) {
+        mma.load_q_frags();
+        mma.qk(s, kst);
+      } else {
+        mma.qk(s, kst);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) softmax.rescale(o[mt], corr[mt]);
+        mma.pv(o, packed_p, vst);
+        vst ^= Cfg::kTileBytes;
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mask(s[mt], mt, n0);
+        softmax.update(mt, s[mt], corr[mt], scale_log2);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[mt][kk], s[mt], kk);
+      }
+      kst ^= Cfg::kTileBytes;
+    }
+    cp_async_wait<0>();  // the last V landed
+    grp.sync();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) softmax.rescale(o[mt], corr[mt]);
+    mma.pv(o, packed_p, vst);
+  }
+};
+
+}  // namespace fa
