@@ -107,6 +107,19 @@ fn kernel_ffi_never_spawns_and_every_unsafe_says_why() {
 }
 
 #[test]
+fn forward_checks_every_rule_before_it_allocates_or_launches() {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernel-ffi/src/attention/mod.rs"))
+            .unwrap();
+    let body = text.split("pub fn forward(").nth(1).expect("Attention::forward in attention/mod.rs");
+    let at = |what: &str| body.find(what).unwrap_or_else(|| panic!("forward no longer calls {what}"));
+    let first_cuda = at("self.alloc_partials(").min(at("self.launch_"));
+    for check in ["validate::forward(", "validate::aligned(", "Grid::new("] {
+        assert!(at(check) < first_cuda, "forward calls {check} after its first allocation or launch");
+    }
+}
+
+#[test]
 fn no_kernel_or_kernel_ffi_comment_cites_a_ledger_iteration() {
     let mut found = Vec::new();
     for (path, text) in

@@ -116,11 +116,12 @@ impl Attention {
             return Ok(Launched { family, ..Launched::default() }); // empty result: nothing to launch
         }
         let chosen = self.choose_entry(family, q.dtype, &p, opts)?;
-        let partials = self.alloc_partials(&p, chosen.plan.num_splits)?;
+        // Every rule is checked before the first allocation or launch.
         validate::aligned([("q", q), ("k", k), ("v", v), ("out", out)], &self.stream)?;
+        let grid = Grid::new(self.device.sm_count, &chosen, &p, opts.causal)?;
+        let partials = self.alloc_partials(&p, chosen.plan.num_splits)?;
         let lse = lse.map_or(0, |l| device_ptr(l, &self.stream));
         let params = self.flash_params([q, k, v, out], lse, partials.as_ref(), &p, &chosen.plan);
-        let grid = Grid::new(self.device.sm_count, &chosen, &p, opts.causal)?;
         match family {
             Family::Portable => self.launch_portable(&chosen, &grid, &params)?,
             Family::Hopper => self.launch_hopper(&chosen, &grid, [q, k, v], &p, params, opts.causal)?,
