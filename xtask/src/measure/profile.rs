@@ -154,7 +154,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     crate::tools::gpu::require("profile")?;
     let ncu = toolchain::cuda_tool("ncu")?;
     let bench = drivers::binary(paths, "fa-bench")?;
-    let info = drivers::device_info(&drivers::binary(paths, "fa-test")?, &paths.kernels_out())?;
+    let info = drivers::device_info(&drivers::binary(paths, "fa-test")?, &paths.kernels_out(), None)?;
     let mut metrics: Vec<&str> = METRICS.to_vec();
     if info.compute_capability.starts_with("9.") {
         metrics.extend(HOPPER_METRICS);

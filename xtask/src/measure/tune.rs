@@ -165,7 +165,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let manifest = Manifest::load(&paths.manifest())?;
     let fa_test = drivers::binary(paths, "fa-test")?;
     let fa_bench = drivers::binary(paths, "fa-bench")?;
-    let info = drivers::device_info(&fa_test, &paths.kernels_out())?;
+    let info = drivers::device_info(&fa_test, &paths.kernels_out(), None)?;
     let arch = manifest
         .arch_for(&info.compute_capability)
         .with_context(|| format!("no manifest arch runs on compute capability {}", info.compute_capability))?;

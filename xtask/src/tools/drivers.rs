@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use crate::errors::CannotRun;
 use crate::paths::Paths;
 use crate::schema::DeviceInfo;
+use crate::tools::gpu::ListedGpu;
 use crate::tools::process::Cmd;
 use crate::tools::progress::Progress;
 
@@ -42,14 +43,19 @@ pub fn binary(paths: &Paths, name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Asks the driver which device it sees (and proves it can load the fatbins).
-pub fn device_info(driver: &Path, kernels: &Path) -> Result<DeviceInfo> {
-    let out = Cmd::new(driver)
-        .arg("--info")
-        .env("FA_KERNEL_DIR", kernels.display().to_string())
-        .quiet()
-        .timeout(Duration::from_secs(60))
-        .run()?;
+/// `cmd` pinned to `gpu` (where one is named): it sees only that GPU, as device 0.
+pub fn on_gpu(cmd: Cmd, gpu: Option<&ListedGpu>) -> Cmd {
+    match gpu {
+        Some(g) => cmd.env("CUDA_VISIBLE_DEVICES", g.uuid.clone()).env("FA_DEVICE", "0"),
+        None => cmd,
+    }
+}
+
+/// Asks the driver which device it sees (and proves it can load the fatbins),
+/// on `gpu` where one is named.
+pub fn device_info(driver: &Path, kernels: &Path, gpu: Option<&ListedGpu>) -> Result<DeviceInfo> {
+    let cmd = Cmd::new(driver).arg("--info").env("FA_KERNEL_DIR", kernels.display().to_string());
+    let out = on_gpu(cmd, gpu).quiet().timeout(Duration::from_secs(60)).run()?;
     if !out.success() {
         return Err(CannotRun(format!("{} --info failed: {}", driver.display(), out.tail())).into());
     }

@@ -168,7 +168,7 @@ pub fn run(paths: &Paths) -> Result<()> {
     let info = driver
         .as_ref()
         .map_err(|e| anyhow::anyhow!("{e:#}"))
-        .and_then(|d| drivers::device_info(d, &paths.kernels_out()));
+        .and_then(|d| drivers::device_info(d, &paths.kernels_out(), None));
     let mut smi = smi::parse(&smi_out.stdout)?;
     let uuid = info.as_ref().ok().and_then(|d| d.uuid.clone());
     if let Some(uuid) = &uuid {

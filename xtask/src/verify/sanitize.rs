@@ -207,7 +207,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let sanitizer = toolchain::cuda_tool("compute-sanitizer")?;
     let driver = drivers::binary(paths, "fa-test")?;
     let dir = paths.reports().join("sanitize");
-    let device = drivers::device_info(&driver, &paths.kernels_out())?;
+    let device = drivers::device_info(&driver, &paths.kernels_out(), None)?;
 
     let (parts, shard) = if opts.gpus.is_none() && opts.shard.is_none() {
         (vec![Part::default()], None)
@@ -367,10 +367,7 @@ fn run_tool(
     if let Some(cases) = &part.cases {
         cmd = cmd.arg("--cases").arg(cases.display().to_string());
     }
-    if let Some(g) = &part.gpu {
-        cmd = cmd.env("CUDA_VISIBLE_DEVICES", g.uuid.clone()).env("FA_DEVICE", "0");
-    }
-    let out = cmd.run()?;
+    let out = drivers::on_gpu(cmd, part.gpu.as_ref()).run()?;
     let text = format!("{}{}", out.stdout, out.stderr);
     let tests = std::fs::read_to_string(&results)
         .ok()

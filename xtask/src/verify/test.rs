@@ -139,19 +139,13 @@ fn run_spread(paths: &Paths, opts: &Options, driver: &Path, gpus: &[Option<Liste
                 let uuid = gpu.as_ref().map(|g| g.uuid.clone());
                 if let Some(g) = gpu {
                     // Preflight of this GPU: the driver opens it and loads the kernels.
-                    let info = Cmd::new(driver)
-                        .arg("--info")
-                        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
-                        .env("CUDA_VISIBLE_DEVICES", g.uuid.clone())
-                        .env("FA_DEVICE", "0")
-                        .quiet()
-                        .timeout(Duration::from_secs(60))
-                        .run();
-                    match info.ok().filter(|o| o.success()).and_then(|o| serde_json::from_str(o.stdout.trim()).ok()) {
-                        Some(d) => devices.lock().unwrap_or_else(|e| e.into_inner()).push(d),
-                        None => {
-                            let why = format!("GPU {} ({}) failed fa-test --info", g.uuid, g.name);
-                            progress.println(&format!("test: {why}; its worker does not start"));
+                    match drivers::device_info(driver, &paths.kernels_out(), Some(g)) {
+                        Ok(d) => devices.lock().unwrap_or_else(|e| e.into_inner()).push(d),
+                        Err(e) => {
+                            progress.println(&format!(
+                                "test: GPU {} ({}): {e:#}; its worker does not start",
+                                g.uuid, g.name
+                            ));
                             return;
                         }
                     }
@@ -246,15 +240,12 @@ fn run_batch(
 ) -> std::result::Result<TestRun, String> {
     let (list, json) = (dir.join(format!("batch-{k}.txt")), dir.join(format!("batch-{k}.json")));
     write_file(&list, names.join("\n") + "\n").map_err(|e| format!("{e:#}"))?;
-    let mut cmd = command(driver.to_path_buf(), paths, opts, &json)
+    let cmd = command(driver.to_path_buf(), paths, opts, &json)
         .arg("--cases")
         .arg(list.display().to_string())
         .log(dir.join(format!("batch-{k}.log")))
         .on_line(move |line| hook(line));
-    if let Some(g) = gpu {
-        cmd = cmd.env("CUDA_VISIBLE_DEVICES", g.uuid.clone()).env("FA_DEVICE", "0");
-    }
-    let out = cmd.run().map_err(|e| format!("{e:#}"))?;
+    let out = drivers::on_gpu(cmd, gpu).run().map_err(|e| format!("{e:#}"))?;
     let run = std::fs::read_to_string(&json).ok().and_then(|t| serde_json::from_str::<TestRun>(&t).ok());
     match run {
         Some(run) if out.success() || out.status.code() == Some(1) => Ok(run),
