@@ -242,7 +242,7 @@ pub struct TestArgs {
 /// How test and sanitize spread their cases over GPUs and runners.
 #[derive(Args, Clone)]
 pub struct SpreadArgs {
-    /// Deal the cases out to these GPUs, one worker each: all, a count, or indices/UUIDs (0,2).
+    /// Deal the cases out to these GPUs, one worker each: all, a count N, or indices/UUIDs (0,2; one index: 1,).
     #[arg(long, value_name = "all|N|LIST")]
     pub gpus: Option<String>,
     /// Run only part I of N of the cases (for a CI matrix over runners); `report merge` joins test parts.

@@ -33,12 +33,16 @@ pub fn choose_gpus(spec: &str, listed: &[ListedGpu]) -> Result<Vec<ListedGpu>, S
     }
     if let Ok(n) = spec.parse::<usize>() {
         if n == 0 || n > listed.len() {
-            return Err(format!("--gpus {n}: this machine lists {} GPU(s)", listed.len()));
+            return Err(format!(
+                "--gpus {n}: a number counts GPUs, 1 to the {} this machine lists; name one GPU by its \
+                 index with a comma (--gpus {n},) or by UUID",
+                listed.len()
+            ));
         }
         return Ok(listed[..n].to_vec());
     }
     let mut chosen = Vec::new();
-    for item in spec.split(',').map(str::trim) {
+    for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let gpu = match item.parse::<usize>() {
             Ok(i) => listed.get(i),
             Err(_) => listed.iter().find(|g| !g.uuid.is_empty() && g.uuid == item),
@@ -48,6 +52,9 @@ pub fn choose_gpus(spec: &str, listed: &[ListedGpu]) -> Result<Vec<ListedGpu>, S
             return Err(format!("--gpus: GPU {item} named twice"));
         }
         chosen.push(gpu.clone());
+    }
+    if chosen.is_empty() {
+        return Err(format!("--gpus {spec:?} names no GPU"));
     }
     Ok(chosen)
 }
@@ -158,8 +165,11 @@ mod tests {
         assert_eq!(choose_gpus("all", &gpus(3)).unwrap().len(), 3);
         assert_eq!(choose_gpus("2", &gpus(3)).unwrap(), gpus(2));
         assert_eq!(choose_gpus("2,GPU-0", &gpus(3)).unwrap(), vec![gpus(3)[2].clone(), gpus(3)[0].clone()]);
-        assert!(choose_gpus("4", &gpus(3)).unwrap_err().contains("lists 3"));
-        assert!(choose_gpus("0", &gpus(3)).is_err());
+        assert!(choose_gpus("4", &gpus(3)).unwrap_err().contains("the 3 this machine lists"));
+        assert!(choose_gpus("0", &gpus(3)).unwrap_err().contains("--gpus 0,"));
+        assert_eq!(choose_gpus("0,", &gpus(3)).unwrap(), gpus(1));
+        assert_eq!(choose_gpus("2,", &gpus(3)).unwrap(), vec![gpus(3)[2].clone()]);
+        assert!(choose_gpus(",", &gpus(3)).unwrap_err().contains("names no GPU"));
         assert!(choose_gpus("1,1", &gpus(3)).unwrap_err().contains("twice"));
         assert!(choose_gpus("GPU-9", &gpus(3)).is_err());
     }
