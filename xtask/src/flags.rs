@@ -354,6 +354,17 @@ fn planted_fraction(s: &str) -> Result<f64, String> {
     if (0.005..0.5).contains(&f) { Ok(f) } else { Err("the planted slowdown is a fraction, 0.005 to 0.5".into()) }
 }
 
+impl Cli {
+    pub fn verbosity(&self) -> crate::tools::process::Verbosity {
+        use crate::tools::process::Verbosity;
+        match (self.quiet, self.verbose) {
+            (true, _) => Verbosity::Quiet,
+            (_, true) => Verbosity::Verbose,
+            _ => Verbosity::Normal,
+        }
+    }
+}
+
 impl Task {
     /// Paths for the task: its kernels are built into and loaded from `--out-dir`,
     /// or loaded from `--kernels`, where given.

@@ -32,11 +32,7 @@ use verify::{sanitize, test};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    process::set_verbosity(match (cli.quiet, cli.verbose) {
-        (true, _) => process::Verbosity::Quiet,
-        (_, true) => process::Verbosity::Verbose,
-        _ => process::Verbosity::Normal,
-    });
+    process::set_verbosity(cli.verbosity());
     if let Some(device) = &cli.device {
         // SAFETY: no other thread exists yet. The kernel-ffi binaries read FA_DEVICE,
         // so every child of every stage opens the GPU the user named.
