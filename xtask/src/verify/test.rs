@@ -103,11 +103,18 @@ pub fn finish(paths: &Paths, report: TestReport) -> Result<()> {
     if run.cases.is_empty() && report.shard.as_ref().is_none_or(|s| !s.assigned.is_empty()) {
         return Err(CheckFailed("no test case ran (filter matched nothing?)".into()).into());
     }
-    if !failed.is_empty() {
-        let names: Vec<&str> = failed.iter().take(10).map(|c| c.name.as_str()).collect();
-        return Err(CheckFailed(format!("{} case(s) failed: {}", failed.len(), names.join(", "))).into());
+    all_passed(&run.cases)
+}
+
+/// A `CheckFailed` naming the first ten failed cases, if any failed.
+fn all_passed(cases: &[TestCase]) -> Result<()> {
+    let failed: Vec<&str> = cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
+    if failed.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let more = if failed.len() > 10 { ", …" } else { "" };
+    let first = failed[..failed.len().min(10)].join(", ");
+    Err(CheckFailed(format!("{} case(s) failed: {first}{more}", failed.len())).into())
 }
 
 /// The matrix (or this shard of it) dealt out in batches, longest first, to one
@@ -285,19 +292,10 @@ pub fn merge(paths: &Paths, files: &[PathBuf], out: Option<&Path>) -> Result<()>
     merged.payload.shard = None;
     let path = out.map_or_else(|| paths.report("test"), Path::to_path_buf);
     let run = &merged.payload.run;
-    let failed: Vec<&str> = run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
+    let failed = run.cases.iter().filter(|c| !c.passed).count();
     merged.write(&path)?;
-    println!("{} shards, {} cases, {} failed; report: {}", files.len(), run.cases.len(), failed.len(), path.display());
-    if !failed.is_empty() {
-        let more = if failed.len() > 10 { ", …" } else { "" };
-        return Err(CheckFailed(format!(
-            "{} case(s) failed: {}{more}",
-            failed.len(),
-            failed[..failed.len().min(10)].join(", ")
-        ))
-        .into());
-    }
-    Ok(())
+    println!("{} shards, {} cases, {failed} failed; report: {}", files.len(), run.cases.len(), path.display());
+    all_passed(&run.cases)
 }
 
 /// The record of a case a lost batch held: failed, with the reason.
