@@ -162,6 +162,10 @@ pub enum Task {
         /// Timing budget per variant and shape, in ms.
         #[arg(long, default_value_t = 300)]
         budget_ms: u64,
+        /// Build and test the variants on these GPUs, one worker each (all, a count N,
+        /// or indices/UUIDs); every variant is timed on the first of them.
+        #[arg(long, value_name = "all|N|LIST")]
+        gpus: Option<String>,
     },
     /// GPU readiness: device, arch, nvcc vs driver, clocks, other processes, ncu, compute-sanitizer.
     Preflight,
@@ -173,9 +177,12 @@ pub enum Task {
         /// Profile at base clocks (`--clock-control base`) instead of the bench's clocks.
         #[arg(long)]
         base_clocks: bool,
-        /// Seconds the whole ncu run may take before it is stopped.
+        /// Seconds each ncu run may take before it is stopped.
         #[arg(long, default_value_t = 300)]
         profile_timeout: u64,
+        /// Deal the shapes out to these GPUs, one ncu each: all, a count N, or indices/UUIDs.
+        #[arg(long, value_name = "all|N|LIST")]
+        gpus: Option<String>,
     },
     /// Run the correctness matrix on the GPU against the references.
     Test {

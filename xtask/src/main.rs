@@ -82,7 +82,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         }
         Task::Preflight => preflight::run(&paths),
         Task::Summary => summary::run(&paths),
-        Task::Tune { build, apply, variant_timeout, budget_ms } => {
+        Task::Tune { build, apply, variant_timeout, budget_ms, gpus } => {
             let b = build.options();
             build::run(&paths, &b)?; // the committed configuration: fa-test --info loads it
             tune::run(
@@ -93,6 +93,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
                     jobs: b.jobs,
                     variant_timeout: Duration::from_secs(variant_timeout),
                     budget_ms,
+                    gpus,
                 },
             )
         }
@@ -139,9 +140,9 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             };
             bench::run(&paths, &opts)
         }
-        Task::Profile { shapes, base_clocks, profile_timeout } => profile::run(
+        Task::Profile { shapes, base_clocks, profile_timeout, gpus } => profile::run(
             &paths,
-            &profile::Options { shapes, base_clocks, timeout: Duration::from_secs(profile_timeout) },
+            &profile::Options { shapes, base_clocks, timeout: Duration::from_secs(profile_timeout), gpus },
         ),
         Task::Report { action: ReportAction::Merge { files, out } } => test::merge(&paths, &files, out.as_deref()),
         Task::Test { build, test } => {

@@ -1,7 +1,10 @@
 //! `cargo xtask profile`: Nsight Compute on the bench driver with a minimal
 //! metric set, one profiled launch per shape, and the flags a kernel engineer acts on.
+//! With `--gpus`, the shapes are dealt out in batches to one ncu per GPU, and each
+//! shape records the GPU it ran on.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -11,11 +14,15 @@ use crate::errors::CannotRun;
 use crate::parse::ncu::{self, Row};
 use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain};
+use crate::schema::ListedCase;
 use crate::table;
+use crate::tools::deal::deal;
 use crate::tools::drivers;
+use crate::tools::gpu::ListedGpu;
 use crate::tools::preflight;
 use crate::tools::process::Cmd;
 use crate::tools::toolchain;
+use crate::verify::spread;
 
 /// Metrics every sm_80+ chip has (checked against `ncu --query-metrics` for gh100 and ad104).
 const METRICS: &[&str] = &[
@@ -44,6 +51,8 @@ pub const DEFAULT_SHAPES: &[&str] = &["1,1,128,64", "1,1,512,64", "2,8,512,64", 
 
 pub struct Options {
     pub shapes: Vec<String>,
+    /// `--gpus all|N|LIST`: one ncu per GPU.
+    pub gpus: Option<String>,
     /// `--clock-control base` instead of `none` (none matches the bench's clocks).
     pub base_clocks: bool,
     pub timeout: Duration,
@@ -77,6 +86,9 @@ pub struct ShapeProfile {
     pub shape: String,
     pub launches: Vec<Launch>,
     pub flags: Vec<String>,
+    /// UUID of the GPU it was profiled on, where `--gpus` named GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
 }
 
 impl Launch {
@@ -142,9 +154,20 @@ pub fn flags(l: &Launch, intensity: f64) -> Vec<String> {
     out
 }
 
-fn intensity(shape: &str) -> f64 {
+/// B, H, S, D of a `B,H,S,D[,causal]` shape.
+fn dims(shape: &str) -> Option<[f64; 4]> {
     let n: Vec<f64> = shape.split(',').filter_map(|x| x.parse().ok()).collect();
-    let &[b, h, s, d] = &n[..4.min(n.len())] else { return 0.0 };
+    n.get(..4).map(|v| [v[0], v[1], v[2], v[3]])
+}
+
+/// Shapes as cases to deal out, each weighing B·H·S²·D.
+fn listed(shapes: &[String]) -> Vec<ListedCase> {
+    let work = |s: &str| dims(s).map_or(0.0, |[b, h, s, d]| b * h * s * s * d);
+    shapes.iter().map(|s| ListedCase { name: s.clone(), work: work(s) }).collect()
+}
+
+fn intensity(shape: &str) -> f64 {
+    let Some([b, h, s, d]) = dims(shape) else { return 0.0 };
     let flops = 4.0 * b * h * s * s * d;
     let bytes = 4.0 * b * h * s * d * 2.0;
     flops / bytes
@@ -154,44 +177,35 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     crate::tools::gpu::require("profile")?;
     let ncu = toolchain::cuda_tool("ncu")?;
     let bench = drivers::binary(paths, "fa-bench")?;
-    let info = drivers::device_info(&drivers::binary(paths, "fa-test")?, &paths.kernels_out(), None)?;
+    let fa_test = drivers::binary(paths, "fa-test")?;
+    let gpus = crate::verify::test::workers(opts.gpus.as_deref(), "profile")?;
+    let info = drivers::device_info(&fa_test, &paths.kernels_out(), gpus[0].as_ref())?;
     let mut metrics: Vec<&str> = METRICS.to_vec();
     if info.compute_capability.starts_with("9.") {
         metrics.extend(HOPPER_METRICS);
     }
-    let mut cmd = Cmd::new(&ncu)
-        .args(["--csv", "--page", "raw", "--kernel-name", "regex:flash_", "--clock-control"])
-        .arg(if opts.base_clocks { "base" } else { "none" })
-        .arg("--metrics")
-        .arg(metrics.join(","))
-        .arg(bench.display().to_string())
-        .args(["--launches-only", "1"])
-        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
-        .timeout(opts.timeout)
-        .log(paths.reports().join("profile/ncu.log"));
-    for s in &opts.shapes {
-        cmd = cmd.arg("--shape").arg(s.clone());
+    // One part per GPU of near-equal work, so each ncu starts once.
+    let mut batches = spread::partition(&listed(&opts.shapes), gpus.len() as u32);
+    batches.retain(|b| !b.is_empty());
+    let started = std::time::Instant::now();
+    let dealt = deal(
+        "batch",
+        &gpus,
+        batches,
+        |g| drivers::device_info(&fa_test, &paths.kernels_out(), Some(g)).map(drop).map_err(|e| format!("{e:#}")),
+        |k, shapes, gpu| {
+            profile_batch(paths, opts, &ncu, &bench, &metrics, k, shapes, gpu).map_err(|e| format!("{e:#}"))
+        },
+        |what| eprintln!("profile: {what}"),
+    );
+    let counter_hint = dealt.lost.iter().find(|l| l.why.contains(preflight::COUNTER_PERMISSION_HINT));
+    if let Some(l) = counter_hint {
+        return Err(CannotRun(l.why.clone()).into());
     }
-    let out = cmd.run()?;
-    let text = format!("{}{}", out.stdout, out.stderr);
-    if text.contains("ERR_NVGPUCTRPERM") {
-        return Err(CannotRun(preflight::COUNTER_PERMISSION_HINT.into()).into());
-    }
-    let table = ncu::parse(&out.stdout).with_context(|| format!("ncu exited with {}: {}", out.status, out.tail()))?;
-
-    // One fa-bench launch per shape, in order: a flash_fwd row, then its combine if split.
-    let mut shapes: Vec<ShapeProfile> = Vec::new();
-    let mut pending = opts.shapes.iter();
-    for row in &table.rows {
-        let launch = Launch::from_row(row, &table.units, &metrics);
-        if row.kernel.starts_with("flash_fwd") {
-            let shape = pending.next().cloned().unwrap_or_else(|| "?".into());
-            let f = flags(&launch, intensity(&shape));
-            shapes.push(ShapeProfile { shape, launches: vec![launch], flags: f });
-        } else if let Some(last) = shapes.last_mut() {
-            last.launches.push(launch);
-        }
-    }
+    let mut shapes: Vec<ShapeProfile> = dealt.done.into_iter().flat_map(|(_, p)| p).collect();
+    let order = |s: &ShapeProfile| opts.shapes.iter().position(|x| *x == s.shape).unwrap_or(usize::MAX);
+    shapes.sort_by_key(order);
+    let lost: Vec<String> = dealt.lost.iter().map(|l| format!("{} ({})", l.item.join(" "), l.why)).collect();
     let pct = |v: Option<f64>| v.map_or("n/a".into(), |x| format!("{x:.0}%"));
     let num = |v: Option<f64>| v.map_or("n/a".into(), |x| format!("{x:.0}"));
     let rows: Vec<Vec<String>> = shapes
@@ -231,8 +245,63 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let device = Device::from(&info);
     let toolchain = Toolchain { driver: info.driver.clone(), ..Toolchain::default() };
     Envelope::new("profile", toolchain, Some(device), &shapes).kernels(&paths.kernels).write(&report)?;
-    println!("report: {} ({:.1} s under ncu)", report.display(), out.elapsed.as_secs_f64());
+    println!("report: {} ({:.1} s under ncu)", report.display(), started.elapsed().as_secs_f64());
+    if !lost.is_empty() {
+        return Err(CannotRun(format!("shapes not profiled: {}", lost.join("; "))).into());
+    }
     Ok(())
+}
+
+/// One ncu run over `shapes` on `gpu`: a profile per shape, or why there is none.
+#[allow(clippy::too_many_arguments)]
+fn profile_batch(
+    paths: &Paths,
+    opts: &Options,
+    ncu: &Path,
+    bench: &Path,
+    metrics: &[&str],
+    k: usize,
+    shapes: &[String],
+    gpu: Option<&ListedGpu>,
+) -> Result<Vec<ShapeProfile>> {
+    let mut cmd = Cmd::new(ncu)
+        .args(["--csv", "--page", "raw", "--kernel-name", "regex:flash_", "--clock-control"])
+        .arg(if opts.base_clocks { "base" } else { "none" })
+        .arg("--metrics")
+        .arg(metrics.join(","))
+        .arg(bench.display().to_string())
+        .args(["--launches-only", "1"])
+        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
+        .timeout(opts.timeout)
+        .log(paths.reports().join(if k == 0 { "profile/ncu.log".into() } else { format!("profile/ncu-{k}.log") }));
+    for s in shapes {
+        cmd = cmd.arg("--shape").arg(s.clone());
+    }
+    let out = drivers::on_gpu(cmd, gpu).run()?;
+    let text = format!("{}{}", out.stdout, out.stderr);
+    if text.contains("ERR_NVGPUCTRPERM") {
+        anyhow::bail!("{}", preflight::COUNTER_PERMISSION_HINT);
+    }
+    let table = ncu::parse(&out.stdout).with_context(|| format!("ncu exited with {}: {}", out.status, out.tail()))?;
+    Ok(shape_profiles(&table, metrics, shapes, gpu.map(|g| g.uuid.clone())))
+}
+
+/// ncu's rows of one fa-bench run, in launch order: per shape a flash_fwd row,
+/// then its combine if split.
+fn shape_profiles(table: &ncu::Table, metrics: &[&str], shapes: &[String], gpu: Option<String>) -> Vec<ShapeProfile> {
+    let mut out: Vec<ShapeProfile> = Vec::new();
+    let mut pending = shapes.iter();
+    for row in &table.rows {
+        let launch = Launch::from_row(row, &table.units, metrics);
+        if row.kernel.starts_with("flash_fwd") {
+            let shape = pending.next().cloned().unwrap_or_else(|| "?".into());
+            let flags = flags(&launch, intensity(&shape));
+            out.push(ShapeProfile { shape, launches: vec![launch], flags, gpu: gpu.clone() });
+        } else if let Some(last) = out.last_mut() {
+            last.launches.push(launch);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -295,5 +364,27 @@ mod tests {
         assert!(l.duration_us.is_some_and(|us| us > 0.0 && us < 1e4), "{:?}", l.duration_us);
         assert_eq!(l.grid, Some(1024.0));
         assert!(l.missing.iter().any(|m| m == "launch__occupancy_limit_registers") || l.limit_registers.is_some());
+    }
+
+    #[test]
+    fn shapes_spread_over_gpus_keep_their_rows_and_gpu() {
+        // Three flash launches (a split one with its combine): each row goes to the
+        // shape of its batch, in launch order, and names the batch's GPU.
+        let header = "\"ID\",\"Kernel Name\",\"gpu__time_duration.sum\"\n\"\",\"\",\"ns\"\n";
+        let rows =
+            ["flash_fwd_f16_d64_m64", "flash_fwd_f16_d64_m64", "flash_combine_f16_d64", "flash_fwd_hopper_f16_d64"];
+        let body: String =
+            rows.iter().enumerate().map(|(i, k)| format!("\"{i}\",\"{k}\",\"{}\"\n", 1000 * (i + 1))).collect();
+        let t = ncu::parse(&format!("{header}{body}")).unwrap();
+        let batch = ["1,1,128,64".to_string(), "1,1,512,64".into(), "4,16,2048,64".into()];
+        let p = shape_profiles(&t, METRICS, &batch, Some("GPU-b".into()));
+        let got: Vec<(&str, usize)> = p.iter().map(|s| (s.shape.as_str(), s.launches.len())).collect();
+        assert_eq!(got, [("1,1,128,64", 1), ("1,1,512,64", 2), ("4,16,2048,64", 1)]);
+        assert!(p.iter().all(|s| s.gpu.as_deref() == Some("GPU-b")));
+        assert_eq!(p[1].launches[1].duration_us, Some(3.0));
+        // One part per GPU, none empty, every shape once.
+        let parts = spread::partition(&listed(&batch), 2);
+        assert_eq!(parts.iter().map(Vec::len).sum::<usize>(), 3);
+        assert_eq!(parts[0], ["4,16,2048,64"], "the largest shape alone on one GPU");
     }
 }

@@ -5,6 +5,11 @@
 //! set, then are timed. A variant that hangs is killed at its timeout, recorded,
 //! and the sweep goes on. `--apply` writes the winners into kernels/manifest.json,
 //! where the build and the launcher pick them up.
+//!
+//! With `--gpus`, the builds and correctness runs are dealt out to one worker per
+//! GPU; the timings then run one variant after another on the first of those
+//! GPUs, with nothing else running, because the ranking compares variants and
+//! timings from two GPUs (or taken beside a build) are not comparable.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,7 +25,9 @@ use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain, read_json};
 use crate::schema::{BenchRun, TestRun};
 use crate::table;
+use crate::tools::deal::deal;
 use crate::tools::drivers;
+use crate::tools::gpu::ListedGpu;
 use crate::tools::process::{Cmd, write_file};
 use crate::tools::progress::Progress;
 
@@ -31,6 +38,8 @@ pub struct Options {
     /// Per-variant limit for the correctness run and for the bench run.
     pub variant_timeout: Duration,
     pub budget_ms: u64,
+    /// `--gpus all|N|LIST`: build and test on every GPU named, time on the first.
+    pub gpus: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,6 +141,9 @@ pub struct VariantResult {
     /// Shape → median µs.
     pub medians_us: BTreeMap<String, f64>,
     pub geomean_us: Option<f64>,
+    /// UUID of the GPU its correctness run used, where `--gpus` named GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tested_on: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -165,19 +177,43 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let manifest = Manifest::load(&paths.manifest())?;
     let fa_test = drivers::binary(paths, "fa-test")?;
     let fa_bench = drivers::binary(paths, "fa-bench")?;
-    let info = drivers::device_info(&fa_test, &paths.kernels_out(), None)?;
+    let gpus = crate::verify::test::workers(opts.gpus.as_deref(), "tune")?;
+    // The timing GPU (the first named), whose device the report records.
+    let info = drivers::device_info(&fa_test, &paths.kernels_out(), gpus[0].as_ref())?;
     let arch = manifest
         .arch_for(&info.compute_capability)
         .with_context(|| format!("no manifest arch runs on compute capability {}", info.compute_capability))?;
     let dir = paths.reports().join("tune");
-    let mut results = Vec::new();
-    let progress = Progress::bar("tune", sweep().len() as u64);
-    for (i, config) in sweep().into_iter().enumerate() {
-        progress.message(&config.name());
-        let r = evaluate(paths, opts, &manifest, &arch, config, &dir.join(config.name()), &fa_test, &fa_bench);
+    let configs = sweep();
+    let total = configs.len();
+    let jobs = (opts.jobs / gpus.len()).max(1);
+    let progress = Progress::bar("tune: build and test", total as u64);
+    let dealt = deal(
+        "variant",
+        &gpus,
+        configs,
+        |g| drivers::device_info(&fa_test, &paths.kernels_out(), Some(g)).map(drop).map_err(|e| format!("{e:#}")),
+        |i, &config, gpu| {
+            progress.message(&config.name());
+            let r = prepare(paths, opts, jobs, &manifest, &arch, config, &dir.join(config.name()), &fa_test, gpu);
+            progress.report(&format!("tune [{}/{total}] {}: {}", i + 1, config.name(), r.status));
+            Ok(r)
+        },
+        |what| progress.println(&format!("tune: {what}")),
+    );
+    drop(progress);
+    let mut results: Vec<VariantResult> = dealt.done.into_iter().map(|(_, r)| r).collect();
+    for l in dealt.lost {
+        results.push(VariantResult { status: "failed".into(), detail: Some(l.why), ..VariantResult::new(l.item) });
+    }
+    results.sort_by_key(|r| (r.config.head_dim, r.config.warps, r.config.block_n));
+    let passing = results.iter().filter(|r| r.status == "ok").count() as u64;
+    let progress = Progress::bar("tune: time", passing);
+    for r in results.iter_mut().filter(|r| r.status == "ok") {
+        progress.message(&r.config.name());
+        time(opts, r, &dir.join(r.config.name()), &fa_bench, gpus[0].as_ref());
         let geomean = r.geomean_us.map_or(String::new(), |g| format!(", geomean {g:.2} us"));
-        progress.report(&format!("tune [{}/{}] {}: {}{geomean}", i + 1, sweep().len(), config.name(), r.status));
-        results.push(r);
+        progress.report(&format!("tune: {}: {}{geomean}", r.config.name(), r.status));
     }
     drop(progress);
     let winners = winners(&results);
@@ -203,31 +239,46 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     Ok(())
 }
 
+impl VariantResult {
+    fn new(config: Config) -> VariantResult {
+        VariantResult {
+            config,
+            status: String::new(),
+            detail: None,
+            medians_us: BTreeMap::new(),
+            geomean_us: None,
+            tested_on: None,
+        }
+    }
+
+    fn fail(&mut self, status: &str, e: anyhow::Error) {
+        self.status = status.into();
+        self.detail = Some(format!("{e:#}"));
+    }
+}
+
+/// A variant's build (for `arch` only, `jobs` nvcc at a time) and its
+/// correctness run on `gpu`: status `ok` when both passed.
 #[allow(clippy::too_many_arguments)]
-fn evaluate(
+fn prepare(
     paths: &Paths,
     opts: &Options,
+    jobs: usize,
     manifest: &Manifest,
     arch: &str,
     config: Config,
     dir: &Path,
     fa_test: &Path,
-    fa_bench: &Path,
+    gpu: Option<&ListedGpu>,
 ) -> VariantResult {
-    let mut result =
-        VariantResult { config, status: String::new(), detail: None, medians_us: BTreeMap::new(), geomean_us: None };
-    let fail = |mut r: VariantResult, status: &str, e: anyhow::Error| {
-        r.status = status.into();
-        r.detail = Some(format!("{e:#}"));
-        r
-    };
-    let kernels = dir.join("kernels");
+    let mut result = VariantResult { tested_on: gpu.map(|g| g.uuid.clone()), ..VariantResult::new(config) };
     let variant_manifest = dir.join("manifest.json");
     let written = serde_json::to_string_pretty(&config.apply_to(manifest))
         .map_err(anyhow::Error::from)
         .and_then(|t| write_file(&variant_manifest, t));
     if let Err(e) = written {
-        return fail(result, "failed", e);
+        result.fail("failed", e);
+        return result;
     }
     let built = build::run(
         paths,
@@ -235,66 +286,64 @@ fn evaluate(
             manifest: Some(variant_manifest),
             src_dir: Some(paths.root.join("kernels")),
             archs: Some(vec![arch.to_string()]),
-            out_dir: Some(kernels.clone()),
+            out_dir: Some(dir.join("kernels")),
             report: format!("tune/{}/build", config.name()),
-            ..build::Options::new(opts.build_timeout, opts.jobs)
+            ..build::Options::new(opts.build_timeout, jobs)
         },
     );
     if let Err(e) = built {
-        let status = if build::over_budget(&e) { "over budget" } else { "build failed" };
-        return fail(result, status, e);
+        result.fail(if build::over_budget(&e) { "over budget" } else { "build failed" }, e);
+        return result;
     }
     // Correctness on the covering set, this head dim only.
     let test_json = dir.join("fa-test.json");
-    let tested = Cmd::new(fa_test)
+    let cmd = Cmd::new(fa_test)
         // `--filter=…`: the value starts with '-'.
         .args(["--set", "sanitize", "--variant", "portable", &format!("--filter=-d{}-", config.head_dim), "--json"])
         .arg(test_json.display().to_string())
-        .env("FA_KERNEL_DIR", kernels.display().to_string())
+        .env("FA_KERNEL_DIR", dir.join("kernels").display().to_string())
         .timeout(opts.variant_timeout)
         .log(dir.join("fa-test.log"))
-        .quiet()
-        .run();
-    match tested {
-        Err(e) if format!("{e:#}").contains("timed out") => return fail(result, "hung", e),
-        Err(e) => return fail(result, "failed", e),
-        Ok(_) => {}
+        .quiet();
+    match drivers::on_gpu(cmd, gpu).run() {
+        Err(e) if format!("{e:#}").contains("timed out") => result.fail("hung", e),
+        Err(e) => result.fail("failed", e),
+        Ok(_) => match read_json::<TestRun>(&test_json) {
+            Ok(run) if !run.cases.is_empty() && run.cases.iter().all(|c| c.passed) => result.status = "ok".into(),
+            Ok(run) => {
+                let bad = run.cases.iter().filter(|c| !c.passed).count();
+                result.fail("incorrect", anyhow::anyhow!("{bad} of {} cases failed", run.cases.len()));
+            }
+            Err(e) => result.fail("failed", e),
+        },
     }
-    let run: Result<TestRun> = read_json(&test_json);
-    match run {
-        Ok(run) if !run.cases.is_empty() && run.cases.iter().all(|c| c.passed) => {}
-        Ok(run) => {
-            let bad = run.cases.iter().filter(|c| !c.passed).count();
-            return fail(result, "incorrect", anyhow::anyhow!("{bad} of {} cases failed", run.cases.len()));
-        }
-        Err(e) => return fail(result, "failed", e),
-    }
+    result
+}
+
+/// Times a prepared variant on `gpu`: its medians per shape and their geometric mean.
+fn time(opts: &Options, result: &mut VariantResult, dir: &Path, fa_bench: &Path, gpu: Option<&ListedGpu>) {
     let bench_json = dir.join("fa-bench.json");
     let mut cmd = Cmd::new(fa_bench)
         .args(["--variant", "portable", "--budget-ms", &opts.budget_ms.to_string(), "--json"])
         .arg(bench_json.display().to_string())
-        .env("FA_KERNEL_DIR", kernels.display().to_string())
+        .env("FA_KERNEL_DIR", dir.join("kernels").display().to_string())
         .timeout(opts.variant_timeout)
         .log(dir.join("fa-bench.log"))
         .quiet();
-    for s in shapes(config.head_dim) {
+    for s in shapes(result.config.head_dim) {
         cmd = cmd.arg("--shape").arg(s);
     }
-    match cmd.run() {
-        Err(e) if format!("{e:#}").contains("timed out") => return fail(result, "hung", e),
-        Err(e) => return fail(result, "failed", e),
-        Ok(out) if !out.success() => return fail(result, "failed", anyhow::anyhow!("{}", out.tail())),
-        Ok(_) => {}
-    }
-    let bench: Result<BenchRun> = read_json(&bench_json);
-    match bench {
-        Ok(b) => {
-            result.medians_us = b.cases.iter().map(|c| (c.name.clone(), c.median_us)).collect();
-            result.geomean_us = geomean(result.medians_us.values().copied());
-            result.status = "ok".into();
-            result
-        }
-        Err(e) => fail(result, "failed", e),
+    match drivers::on_gpu(cmd, gpu).run() {
+        Err(e) if format!("{e:#}").contains("timed out") => result.fail("hung", e),
+        Err(e) => result.fail("failed", e),
+        Ok(out) if !out.success() => result.fail("failed", anyhow::anyhow!("{}", out.tail())),
+        Ok(_) => match read_json::<BenchRun>(&bench_json) {
+            Ok(b) => {
+                result.medians_us = b.cases.iter().map(|c| (c.name.clone(), c.median_us)).collect();
+                result.geomean_us = geomean(result.medians_us.values().copied());
+            }
+            Err(e) => result.fail("failed", e),
+        },
     }
 }
 
@@ -407,11 +456,9 @@ mod tests {
     #[test]
     fn winners_per_head_dim_skip_failed_variants() {
         let r = |d, w, status: &str, g| VariantResult {
-            config: Config { head_dim: d, warps: w, block_n: 64 },
             status: status.into(),
-            detail: None,
-            medians_us: BTreeMap::new(),
             geomean_us: g,
+            ..VariantResult::new(Config { head_dim: d, warps: w, block_n: 64 })
         };
         let w = winners(&[
             r(64, 4, "ok", Some(10.0)),

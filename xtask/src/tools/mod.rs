@@ -1,6 +1,8 @@
 //! The process layer and the tools it runs: spawning with timeouts and group
-//! kill, the CUDA toolchain, the kernel-ffi drivers, the GPU and its readiness.
+//! kill, the CUDA toolchain, the kernel-ffi drivers, the GPU and its readiness,
+//! and work dealt out to several GPUs.
 
+pub mod deal;
 pub mod drivers;
 pub mod gpu;
 pub mod preflight;

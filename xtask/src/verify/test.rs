@@ -1,7 +1,6 @@
 //! `cargo xtask test`: the correctness matrix on the GPU, run by kernel-ffi's
 //! `fa-test` driver, reported as `target/xtask/test.json` and a table.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,6 +13,7 @@ use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain, read_json};
 use crate::schema::{DeviceInfo, ListedCase, TestCase, TestRun};
 use crate::table;
+use crate::tools::deal::deal;
 use crate::tools::drivers;
 use crate::tools::gpu::ListedGpu;
 use crate::tools::process::{Cmd, write_file};
@@ -132,63 +132,34 @@ fn run_spread(paths: &Paths, opts: &Options, driver: &Path, gpus: &[Option<Liste
     } else {
         spread::batches(&mine, gpus.len())
     };
-    let queue = Mutex::new(batches.into_iter().enumerate().collect::<VecDeque<_>>());
-    let done: Mutex<Vec<(usize, TestRun)>> = Mutex::new(Vec::new());
-    let lost: Mutex<Vec<LostBatch>> = Mutex::new(Vec::new());
     let (progress, hook) = case_progress("test", Some(mine.len() as u64));
     let hook = Arc::new(hook);
     let devices: Mutex<Vec<DeviceInfo>> = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for gpu in gpus {
-            let (queue, done, lost, hook, devices, dir) = (&queue, &done, &lost, hook.clone(), &devices, &dir);
-            let progress = &progress;
-            s.spawn(move || {
-                let uuid = gpu.as_ref().map(|g| g.uuid.clone());
-                if let Some(g) = gpu {
-                    // Preflight of this GPU: the driver opens it and loads the kernels.
-                    match drivers::device_info(driver, &paths.kernels_out(), Some(g)) {
-                        Ok(d) => devices.lock().unwrap_or_else(|e| e.into_inner()).push(d),
-                        Err(e) => {
-                            progress.println(&format!(
-                                "test: GPU {} ({}): {e:#}; its worker does not start",
-                                g.uuid, g.name
-                            ));
-                            return;
-                        }
-                    }
-                }
-                loop {
-                    let Some((k, names)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else { break };
-                    match run_batch(paths, opts, driver, dir, k, &names, gpu.as_ref(), hook.clone()) {
-                        Ok(run) => done.lock().unwrap_or_else(|e| e.into_inner()).push((k, run)),
-                        Err(why) => {
-                            progress.println(&format!("test: batch {k} lost ({why}); its worker stops"));
-                            lost.lock().unwrap_or_else(|e| e.into_inner()).push((k, names, uuid, why));
-                            break;
-                        }
-                    }
-                }
-            });
-        }
-    });
+    let dealt = deal(
+        "batch",
+        gpus,
+        batches,
+        |g| {
+            // Preflight of this GPU: the driver opens it and loads the kernels.
+            let d = drivers::device_info(driver, &paths.kernels_out(), Some(g)).map_err(|e| format!("{e:#}"))?;
+            devices.lock().unwrap_or_else(|e| e.into_inner()).push(d);
+            Ok(())
+        },
+        |k, names, gpu| run_batch(paths, opts, driver, &dir, k, names, gpu, hook.clone()),
+        |what| progress.println(&format!("test: {what}")),
+    );
     drop(progress);
-    let mut lost = lost.into_inner().unwrap_or_else(|e| e.into_inner());
-    for (k, names) in queue.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        lost.push((k, names, None, "no worker was left to run it".into()));
-    }
-    let mut done = done.into_inner().unwrap_or_else(|e| e.into_inner());
-    done.sort_by_key(|(k, _)| *k);
-    let Some(first) = done.first().map(|(_, r)| r.clone()) else {
-        let why: Vec<String> = lost.iter().map(|(k, _, _, why)| format!("batch {k}: {why}")).collect();
+    let Some(first) = dealt.done.first().map(|(_, r)| r.clone()) else {
+        let why: Vec<String> = dealt.lost.iter().map(|l| format!("batch {}: {}", l.index, l.why)).collect();
         return Err(CannotRun(format!("no batch of cases ran: {}", why.join("; "))).into());
     };
     let mut cases: Vec<TestCase> = Vec::new();
-    for (_, run) in done {
+    for (_, run) in dealt.done {
         let uuid = run.device.uuid.clone();
         cases.extend(run.cases.into_iter().map(|c| TestCase { gpu: uuid.clone(), ..c }));
     }
-    for (_, names, gpu, why) in lost {
-        cases.extend(names.into_iter().map(|name| lost_case(name, gpu.clone(), &why)));
+    for l in dealt.lost {
+        cases.extend(l.item.into_iter().map(|name| lost_case(name, l.gpu.clone(), &l.why)));
     }
     let order: std::collections::HashMap<&str, usize> =
         listed.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
@@ -197,9 +168,6 @@ fn run_spread(paths: &Paths, opts: &Options, driver: &Path, gpus: &[Option<Liste
     devices.sort_by(|a, b| a.uuid.cmp(&b.uuid));
     Ok(TestReport { run: TestRun { cases, ..first }, shard, gpus: devices })
 }
-
-/// A batch no worker finished: its number, cases, GPU, and why.
-type LostBatch = (usize, Vec<String>, Option<String>, String);
 
 /// One worker per GPU `--gpus` names, or one on the device CUDA picks (or `--device`).
 pub fn workers(spec: Option<&str>, task: &str) -> Result<Vec<Option<ListedGpu>>> {
