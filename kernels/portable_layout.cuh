@@ -53,6 +53,10 @@ struct FwdConfig {
   static constexpr int kSmemBytes = kGroupSmemBytes * KG;
   // A group's hand-over for the merge, in the CTA's tiles once both groups are
   // done with them: per thread its O accumulators, row maxima and sums.
+  // A split launch's epilogue stages the group's kBlockM rows of fp32 O in its
+  // tiles (portable_epilogue.cuh): twice the Q tile's bytes, so the K and V tiles
+  // must hold at least as many rows as Q.
+  static_assert(2 * ST * kBlockN >= kBlockM, "the split epilogue's fp32 O fits the group's tiles");
   static constexpr int kMergeFloats = (4 * D / 8 + 4) * MT;
   static_assert(KG == 1 || kMergeFloats * kGroupThreads * 4 <= kSmemBytes, "the merge hand-over fits the tiles");
   static_assert(kBlockN % 16 == 0 && D % 16 == 0, "mma k-steps are 16 wide");

@@ -609,6 +609,33 @@ extern "C" __global__ void bad(float* y) {
         assert!(!paths.report("build").exists());
     }
 
+    /// The portable kernel's tile rule: a split launch stages kBlockM rows of fp32 O
+    /// in the group's K and V tiles, so 8 warps (128 rows) on 32-key tiles, which
+    /// tune sweeps and which once overran shared memory on the GPU, do not compile.
+    #[test]
+    fn tiles_too_small_for_the_split_epilogue_do_not_compile() {
+        let header = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/portable_layout.cuh");
+        let source = format!(
+            "#include \"{}\"\nextern \"C\" __global__ void cfg(int* y) {{ y[0] = fa::FwdConfig<64, 1>::kSmemBytes; }}\n",
+            header.display()
+        );
+        let sources =
+            r#"[{"file": "cfg.cu", "archs": ["sm_89"], "kernels": [{"entry": "cfg", "max_registers": 255}]}]"#;
+        let build = |warps: u32, keys: u32| {
+            let dir = tempfile::tempdir().unwrap();
+            let manifest = planted(dir.path(), &[("cfg.cu", &source)], sources);
+            let opts = Options {
+                manifest: Some(manifest),
+                defines: vec![format!("FA_WARPS_D64={warps}"), format!("FA_BLOCK_N_D64={keys}")],
+                ..Options::new(Duration::from_secs(300), 2)
+            };
+            run(&paths_in(dir.path()), &opts).map_err(|e| format!("{e:#}"))
+        };
+        build(4, 64).expect("the shipped tiles compile");
+        let err = build(8, 32).unwrap_err();
+        assert!(err.contains("the split epilogue's fp32 O fits the group's tiles"), "{err}");
+    }
+
     #[test]
     fn grouped_report_and_a_failure_without_an_error_line() {
         let log = |n: &str| PathBuf::from(format!("/k/{n}.log"));
