@@ -192,7 +192,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         "batch",
         &gpus,
         batches,
-        |g| drivers::device_info(&fa_test, &paths.kernels_out(), Some(g)).map(drop).map_err(|e| format!("{e:#}")),
+        |g| drivers::check_gpu(&fa_test, &paths.kernels_out(), g).map(drop),
         |k, shapes, gpu| {
             profile_batch(paths, opts, &ncu, &bench, &metrics, k, shapes, gpu).map_err(|e| format!("{e:#}"))
         },

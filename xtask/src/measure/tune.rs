@@ -192,7 +192,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         "variant",
         &gpus,
         configs,
-        |g| drivers::device_info(&fa_test, &paths.kernels_out(), Some(g)).map(drop).map_err(|e| format!("{e:#}")),
+        |g| drivers::check_gpu(&fa_test, &paths.kernels_out(), g).map(drop),
         |i, &config, gpu| {
             progress.message(&config.name());
             let r = prepare(paths, opts, jobs, &manifest, &arch, config, &dir.join(config.name()), &fa_test, gpu);
@@ -255,6 +255,12 @@ impl VariantResult {
         self.status = status.into();
         self.detail = Some(format!("{e:#}"));
     }
+
+    /// A driver run that did not finish: hung at its timeout, or failed.
+    fn fail_run(&mut self, e: anyhow::Error) {
+        let status = if format!("{e:#}").contains("timed out") { "hung" } else { "failed" };
+        self.fail(status, e);
+    }
 }
 
 /// A variant's build (for `arch` only, `jobs` nvcc at a time) and its
@@ -306,8 +312,7 @@ fn prepare(
         .log(dir.join("fa-test.log"))
         .quiet();
     match drivers::on_gpu(cmd, gpu).run() {
-        Err(e) if format!("{e:#}").contains("timed out") => result.fail("hung", e),
-        Err(e) => result.fail("failed", e),
+        Err(e) => result.fail_run(e),
         Ok(_) => match read_json::<TestRun>(&test_json) {
             Ok(run) if !run.cases.is_empty() && run.cases.iter().all(|c| c.passed) => result.status = "ok".into(),
             Ok(run) => {
@@ -334,8 +339,7 @@ fn time(opts: &Options, result: &mut VariantResult, dir: &Path, fa_bench: &Path,
         cmd = cmd.arg("--shape").arg(s);
     }
     match drivers::on_gpu(cmd, gpu).run() {
-        Err(e) if format!("{e:#}").contains("timed out") => result.fail("hung", e),
-        Err(e) => result.fail("failed", e),
+        Err(e) => result.fail_run(e),
         Ok(out) if !out.success() => result.fail("failed", anyhow::anyhow!("{}", out.tail())),
         Ok(_) => match read_json::<BenchRun>(&bench_json) {
             Ok(b) => {

@@ -51,6 +51,12 @@ pub fn on_gpu(cmd: Cmd, gpu: Option<&ListedGpu>) -> Cmd {
     }
 }
 
+/// The start check of a `--gpus` worker on `gpu`: the driver opens it and loads
+/// the kernels; its device, or why not, as one line.
+pub fn check_gpu(driver: &Path, kernels: &Path, gpu: &ListedGpu) -> Result<DeviceInfo, String> {
+    device_info(driver, kernels, Some(gpu)).map_err(|e| format!("{e:#}"))
+}
+
 /// Asks the driver which device it sees (and proves it can load the fatbins),
 /// on `gpu` where one is named.
 pub fn device_info(driver: &Path, kernels: &Path, gpu: Option<&ListedGpu>) -> Result<DeviceInfo> {

@@ -141,7 +141,7 @@ fn run_spread(paths: &Paths, opts: &Options, driver: &Path, gpus: &[Option<Liste
         batches,
         |g| {
             // Preflight of this GPU: the driver opens it and loads the kernels.
-            let d = drivers::device_info(driver, &paths.kernels_out(), Some(g)).map_err(|e| format!("{e:#}"))?;
+            let d = drivers::check_gpu(driver, &paths.kernels_out(), g)?;
             devices.lock().unwrap_or_else(|e| e.into_inner()).push(d);
             Ok(())
         },
