@@ -18,11 +18,11 @@
 // of kBlockN: S = Q·Kᵀ (fp32), online softmax in the exp2 domain, O += P·V with P
 // kept in registers.
 //
-// With kKeyGroups = 2 (the `_kg2` entries, for grids of one CTA per SM or fewer)
-// the CTA is two such groups of warps over the same rows, each with its own
-// shared Q/K/V tiles and named barrier, taking alternate key tiles; at the end one
-// merges the other's (O, max, sum) through shared memory. Twice the warps per SM
-// and half the serial key loop, without a second launch to combine splits.
+// With kKeyGroups = 2 (the `_kg2` entries, for grids that leave SMs idle) the CTA
+// is two such groups of warps over the same rows, each with its own shared Q/K/V
+// tiles and named barrier, taking alternate key tiles; at the end one merges the
+// other's (O, max, sum) through shared memory. Each warp's chain of mma.sync is
+// half the key loop, without a second launch to combine splits.
 #pragma once
 
 #include "common.cuh"
@@ -41,16 +41,16 @@ namespace fa {
 // -DFA_DEFECT_* per build) to prove each compute-sanitizer tool catches its bug:
 //   FA_DEFECT_OOB_TAIL       tail rows past seqlen_q are stored (memcheck; row_store.cuh)
 //   FA_DEFECT_RACE           no barrier between P·V reads of sV and the next V load
-//                            (racecheck; PortableMainloop::serial)
+//                            (racecheck; PortableMainloop::run)
 //   FA_DEFECT_UNINIT         a split with no keys writes no partials; combine reads them (initcheck)
 //   FA_DEFECT_DIVERGENT_SYNC a barrier reached by half of each warp (synccheck)
 // and, for proving the CI gate: FA_PLANT_SLOWDOWN=N (a dependent FMA chain per key
-// tile, PortableMainloop::serial) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax
+// tile, PortableMainloop::run) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax
 // scale), e.g. `cargo xtask ci --gpu --define FA_PLANT_WRONG_RESULT …`.
 
-template <typename T, int D, bool CAUSAL, int MT, int KG, int ST>
+template <typename T, int D, bool CAUSAL, int MT, int KG>
 __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
-  using Cfg = FwdConfig<D, MT, KG, ST>;
+  using Cfg = FwdConfig<D, MT, KG>;
   using Mainloop = PortableMainloop<T, Cfg, CAUSAL>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -87,14 +87,9 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   const FragAddr<D> k_frag = Mainloop::k_frag_addr(grp, wr.lane);
   const FragAddr<D> v_frag = Mainloop::v_frag_addr(grp, wr.lane);
   const Mainloop mainloop{p, blk, keys, grp, wr, w0, scale_log2, loads, k_frag, v_frag};
-  if constexpr (ST == 1) {
+  {
     float s[MT][BN / 8][4];
-    mainloop.serial(o, softmax, qf, s);
-  } else {
-    uint32_t pf[MT][BN / 16][4];
-    float corr[MT][2];
-    float s[MT][BN / 8][4];
-    mainloop.pipelined(o, softmax, qf, pf, corr, s);
+    mainloop.run(o, softmax, qf, s);
   }
 
   if constexpr (KG == 2) {
@@ -108,25 +103,22 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 }  // namespace fa
 
 // One stable extern "C" forward entry: flash_fwd_<dtype>_d<D>[_causal][_m64|_kg2].
-// MT: 16-row tiles per warp; KG: key groups; ST: K/V stages (2: the pipelined schedule).
-#define FA_FWD_ENTRY(T, D, CAUSAL, MT, KG, ST, NAME)                                      \
-  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG, ST>::kThreads, 1) \
-      NAME(const fa::FlashParams p) {                                                     \
-    fa::flash_fwd<T, D, CAUSAL, MT, KG, ST>(p);                                           \
+// MT: 16-row tiles per warp; KG: key groups.
+#define FA_FWD_ENTRY(T, D, CAUSAL, MT, KG, NAME)                                      \
+  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG>::kThreads, 1) \
+      NAME(const fa::FlashParams p) {                                                 \
+    fa::flash_fwd<T, D, CAUSAL, MT, KG>(p);                                           \
   }
 // Every forward entry of one dtype: two 16-row tiles per warp, or one (`_m64`,
 // for problems that would not fill the GPU), or one with two key groups (`_kg2`,
-// for grids of at most one CTA per SM); causal D=64 one tile only (two lost 7%).
-// The D=64 two-group entry runs the pipelined schedule (two K/V stages: 80 KB, one
-// CTA per SM on an L4 as its registers allow anyway); elsewhere a second stage
-// would cost resident CTAs on an L4 (100 KB per SM) or not fit it (D=128: 160 KB).
-#define FA_FWD_ENTRIES(T, DT)                                       \
-  FA_FWD_ENTRY(T, 64, false, 2, 1, 1, flash_fwd_##DT##_d64)         \
-  FA_FWD_ENTRY(T, 64, false, 1, 1, 1, flash_fwd_##DT##_d64_m64)     \
-  FA_FWD_ENTRY(T, 64, false, 1, 2, 2, flash_fwd_##DT##_d64_kg2)     \
-  FA_FWD_ENTRY(T, 64, true, 1, 1, 1, flash_fwd_##DT##_d64_causal)   \
-  FA_FWD_ENTRY(T, 128, false, 2, 1, 1, flash_fwd_##DT##_d128)       \
-  FA_FWD_ENTRY(T, 128, false, 1, 1, 1, flash_fwd_##DT##_d128_m64)   \
-  FA_FWD_ENTRY(T, 128, false, 1, 2, 1, flash_fwd_##DT##_d128_kg2)   \
-  FA_FWD_ENTRY(T, 128, true, 2, 1, 1, flash_fwd_##DT##_d128_causal) \
-  FA_FWD_ENTRY(T, 128, true, 1, 1, 1, flash_fwd_##DT##_d128_causal_m64)
+// for grids that leave SMs idle); causal D=64 one tile only (two lost 7%).
+#define FA_FWD_ENTRIES(T, DT)                                    \
+  FA_FWD_ENTRY(T, 64, false, 2, 1, flash_fwd_##DT##_d64)         \
+  FA_FWD_ENTRY(T, 64, false, 1, 1, flash_fwd_##DT##_d64_m64)     \
+  FA_FWD_ENTRY(T, 64, false, 1, 2, flash_fwd_##DT##_d64_kg2)     \
+  FA_FWD_ENTRY(T, 64, true, 1, 1, flash_fwd_##DT##_d64_causal)   \
+  FA_FWD_ENTRY(T, 128, false, 2, 1, flash_fwd_##DT##_d128)       \
+  FA_FWD_ENTRY(T, 128, false, 1, 1, flash_fwd_##DT##_d128_m64)   \
+  FA_FWD_ENTRY(T, 128, false, 1, 2, flash_fwd_##DT##_d128_kg2)   \
+  FA_FWD_ENTRY(T, 128, true, 2, 1, flash_fwd_##DT##_d128_causal) \
+  FA_FWD_ENTRY(T, 128, true, 1, 1, flash_fwd_##DT##_d128_causal_m64)

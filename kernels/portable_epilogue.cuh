@@ -64,7 +64,7 @@ __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Po
       return;
     }
     // The fp32 partials are staged in all of the group's tiles (BM rows of D
-    // floats fit: 2·ST·BN ≥ BM), once every warp of the group is done with K and
+    // floats fit: 2·BN ≥ BM), once every warp of the group is done with K and
     // V; 16-byte chunks swizzled by row, so the 8-byte writes of 8 rows at a time
     // take two wavefronts.
     grp.sync();

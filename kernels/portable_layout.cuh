@@ -24,20 +24,19 @@ namespace fa {
 #define FA_BLOCK_N_D128 64
 #endif
 
-template <int D, int MT, int KG = 1, int ST = 1>
+template <int D, int MT, int KG = 1>
 struct FwdConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
-  // Warps per key group: the tuned count, but always 4 in the two-group entries,
-  // whose point is eight warps on 64 rows.
+  // Warps per key group: the tuned count, but fixed in the two-group entries. At
+  // D=64 two (32 rows per CTA: each warp walks half its 16 rows' keys, and a small
+  // problem spreads over twice the CTAs of the 64-row entry); at D=128 four (64
+  // rows), as a 64-thread group would copy 4 rows of 16 chunks per pass (TileCopy
+  // needs 8).
   static constexpr int kHeadDim = D;
-  static constexpr int kWarps = KG > 1 ? 4 : D == 64 ? FA_WARPS_D64 : FA_WARPS_D128;
-  static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
+  static constexpr int kWarps = KG > 1 ? (D == 64 ? 2 : 4) : D == 64 ? FA_WARPS_D64 : FA_WARPS_D128;
+  static_assert(KG > 1 || kWarps == 4 || kWarps == 8, "4 or 8 warps");
   static constexpr int kKeyGroups = KG;
   static_assert(KG == 1 || KG == 2, "1 or 2 key groups");
-  // K and V tiles per group: 1 (K(j+1) loads under P·V(j), V(j) under Q·Kᵀ(j) and
-  // the softmax) or 2 (the pipelined schedule; each loads a whole iteration ahead).
-  static constexpr int kStages = ST;
-  static_assert(ST == 1 || ST == 2, "1 or 2 K/V stages");
   static constexpr int kGroupThreads = 32 * kWarps;
   static constexpr int kThreads = kGroupThreads * KG;
   static constexpr int kRowTiles = MT;
@@ -46,17 +45,17 @@ struct FwdConfig {
   static constexpr int kBlockN = D == 64 ? FA_BLOCK_N_D64 : FA_BLOCK_N_D128;
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "32, 64 or 128 keys per tile");
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  // Per key group: Q tile, K tiles, V tiles, 16-bit elements. Must equal the
+  // Per key group: Q tile, K tile, V tile, 16-bit elements. Must equal the
   // manifest's dynamic_smem.
   static constexpr int kTileBytes = kBlockN * D * 2;
-  static constexpr int kGroupSmemBytes = kBlockM * D * 2 + 2 * ST * kTileBytes;
+  static constexpr int kGroupSmemBytes = kBlockM * D * 2 + 2 * kTileBytes;
   static constexpr int kSmemBytes = kGroupSmemBytes * KG;
   // A group's hand-over for the merge, in the CTA's tiles once both groups are
   // done with them: per thread its O accumulators, row maxima and sums.
   // A split launch's epilogue stages the group's kBlockM rows of fp32 O in its
   // tiles (portable_epilogue.cuh): twice the Q tile's bytes, so the K and V tiles
   // must hold at least as many rows as Q.
-  static_assert(2 * ST * kBlockN >= kBlockM, "the split epilogue's fp32 O fits the group's tiles");
+  static_assert(2 * kBlockN >= kBlockM, "the split epilogue's fp32 O fits the group's tiles");
   static constexpr int kMergeFloats = (4 * D / 8 + 4) * MT;
   static_assert(KG == 1 || kMergeFloats * kGroupThreads * 4 <= kSmemBytes, "the merge hand-over fits the tiles");
   static_assert(kBlockN % 16 == 0 && D % 16 == 0, "mma k-steps are 16 wide");
@@ -83,8 +82,8 @@ struct FragAddr {
   }
 };
 
-// This thread's key group, its index in it, the group's shared tiles (Q, then
-// kStages K tiles, then kStages V tiles, each swizzled [rows, D]) and its barrier.
+// This thread's key group, its index in it, the group's shared tiles (Q, K, V,
+// each swizzled [rows, D]) and its barrier.
 template <typename T, typename Cfg>
 struct KeyGroup {
   static constexpr int D = Cfg::kHeadDim, KG = Cfg::kKeyGroups, GT = Cfg::kGroupThreads;
@@ -92,7 +91,7 @@ struct KeyGroup {
   const unsigned tid;
   unsigned char* const smem;  // the group's tiles
   T* const q;                 // kBlockM rows
-  T* const k;                 // kStages tiles of kBlockN rows
+  T* const k;                 // kBlockN rows
   T* const v;                 // the same
 
   __device__ __forceinline__ explicit KeyGroup(unsigned char* smem_raw)
@@ -101,7 +100,7 @@ struct KeyGroup {
         smem(smem_raw + id * Cfg::kGroupSmemBytes),
         q(reinterpret_cast<T*>(smem)),
         k(q + Cfg::kBlockM * D),
-        v(k + Cfg::kStages * Cfg::kBlockN * D) {}
+        v(k + Cfg::kBlockN * D) {}
 
   // The group's warps meet at their own barrier, not the CTA's (compile-time ids,
   // so ptxas reserves three barriers, not all sixteen).

@@ -1,6 +1,5 @@
 // The portable kernel's consumer mainloop: per key tile S = Q·Kᵀ on mma.sync,
-// masking, the online softmax, and O += P·V with P kept in registers, in one of
-// two schedules (serial, pipelined).
+// masking, the online softmax, and O += P·V with P kept in registers.
 #pragma once
 
 #include "common.cuh"
@@ -164,7 +163,7 @@ struct PortableMainloop {
 
   // One K and one V tile per group: K(j+1) loads under P·V(j), V(j) under Q·Kᵀ(j)
   // and the softmax.
-  __device__ __forceinline__ void serial(O& o, SoftmaxState<MT>& softmax, QFrags& qf, S& s) const {
+  __device__ __forceinline__ void run(O& o, SoftmaxState<MT>& softmax, QFrags& qf, S& s) const {
     const Mma mma(qf, grp, w0, wr.lane, k_frag, v_frag);
     const int n_first = keys.begin + grp.id * BN, n_end = keys.end;
     if (n_first < n_end) load_q_k0(n_first);
@@ -202,55 +201,6 @@ struct PortableMainloop {
       grp.sync();  // every warp is done reading sV before the next V load
 #endif
     }
-  }
-
-  // Two K and V stages, software-pipelined: iteration j issues Q·Kᵀ(j) and
-  // P·V(j−1) together and runs softmax(j) while P·V(j−1) is in the tensor pipe,
-  // so a lone warp per scheduler still has independent work. K(j) and V(j) live
-  // in stage j % 2; iteration j loads K(j+1) and V(j) once its barrier shows
-  // iteration j−1 done with them, a whole iteration before they are read.
-  // pf: P(j − 1), packed; corr: O's rescale before P(j − 1)·V(j − 1) is added.
-  __device__ __forceinline__ void pipelined(O& o, SoftmaxState<MT>& softmax, QFrags& qf, uint32_t (&pf)[MT][BN / 16][4],
-                                            float (&corr)[MT][2], S& s) const {
-    const Mma mma(qf, grp, w0, wr.lane, k_frag, v_frag);
-    const int n_first = keys.begin + grp.id * BN, n_end = keys.end;
-    if (n_first >= n_end) return;
-    load_q_k0(n_first);
-    auto packed_p = [&](uint32_t(&f)[4], int mt, int kk) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) f[i] = pf[mt][kk][i];
-    };
-    uint32_t kst = 0, vst = 0;  // byte offsets of K(j)'s and V(j − 1)'s stages
-    for (int n0 = n_first; n0 < n_end; n0 += kStep) {
-      cp_async_wait<0>();  // K(j), V(j − 1) (and Q) landed
-      grp.sync();          // and iteration j − 1 is done with K(j − 1), V(j − 2)
-      if (n0 + kStep < n_end) loads.load_k(n0 + kStep, kst ^ Cfg::kTileBytes);
-      loads.load_v(n0, n0 == n_first ? 0 : vst ^ Cfg::kTileBytes);
-      cp_async_commit();
-      if (n0 == n_first) {
-        mma.load_q_frags();
-        mma.qk(s, kst);
-      } else {
-        mma.qk(s, kst);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) softmax.rescale(o[mt], corr[mt]);
-        mma.pv(o, packed_p, vst);
-        vst ^= Cfg::kTileBytes;
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mask(s[mt], mt, n0);
-        softmax.update(mt, s[mt], corr[mt], scale_log2);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[mt][kk], s[mt], kk);
-      }
-      kst ^= Cfg::kTileBytes;
-    }
-    cp_async_wait<0>();  // the last V landed
-    grp.sync();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) softmax.rescale(o[mt], corr[mt]);
-    mma.pv(o, packed_p, vst);
   }
 };
 

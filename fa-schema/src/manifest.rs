@@ -82,10 +82,6 @@ pub struct Launch {
     /// rows (the portable `_kg2` entries; threads = groups × warps per group × 32).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub key_groups: u32,
-    /// K and V tiles per key group in shared memory (the portable kernel's `ST`):
-    /// part of `dynamic_smem`, which `cargo xtask tune` recomputes from it.
-    #[serde(default = "one", skip_serializing_if = "is_one")]
-    pub kv_stages: u32,
 }
 
 // Defaults stay out of the written manifest, so `tune --apply` keeps it terse.
@@ -135,14 +131,13 @@ impl Manifest {
             }
             for k in &src.kernels {
                 if let Some(l) = k.launch
-                    && (l.key_groups == 0 || l.threads % (32 * l.key_groups) != 0 || l.kv_stages == 0)
+                    && (l.key_groups == 0 || l.threads % (32 * l.key_groups) != 0)
                 {
                     bail!(
-                        "{}: key_groups {} must be at least 1 and divide its {} threads into whole warps, kv_stages {} at least 1",
+                        "{}: key_groups {} must be at least 1 and divide its {} threads into whole warps",
                         k.entry,
                         l.key_groups,
-                        l.threads,
-                        l.kv_stages
+                        l.threads
                     );
                 }
             }
@@ -228,7 +223,6 @@ mod tests {
         let launch = |e: &str| m.kernel(e).and_then(|k| k.launch).unwrap();
         assert_eq!(launch("flash_fwd_f16_d64_m64").key_groups, 1);
         assert_eq!(launch("flash_fwd_f16_d64_kg2").key_groups, 2);
-        assert_eq!((launch("flash_fwd_f16_d64_kg2").kv_stages, launch("flash_fwd_f16_d128_kg2").kv_stages), (2, 1));
         let text = r#"{"static_smem_limit": 49152, "archs": {}, "sources": [{"file": "a.cu", "archs": [],
             "kernels": [{"entry": "k", "max_registers": 64, "launch": {"threads": 96, "key_groups": 2}}]}]}"#;
         let err = format!("{:#}", Manifest::parse(text).unwrap_err());

@@ -176,19 +176,20 @@ mod tests {
         let check =
             |c: KernelChoice, causal| check_choice(&m, &c, Dtype::F16, 64, causal).map_err(|e| format!("{e:#}"));
         assert!(check(KernelChoice::default(), false).is_ok());
-        assert!(check(choice(Variant::Portable, Some(64), Some(2), None), false).is_ok());
+        assert!(check(choice(Variant::Portable, Some(32), Some(2), None), false).is_ok());
+        assert!(check(choice(Variant::Portable, None, Some(2), None), false).is_ok());
         assert!(check(choice(Variant::Hopper, Some(64), None, Some(true)), false).is_ok());
         assert!(check(choice(Variant::Auto, Some(128), None, None), true).is_ok());
         let e = check(choice(Variant::Auto, Some(96), None, None), false).unwrap_err();
         assert!(e.starts_with("--block-m 96: no forward entry for f16 D=64 has that"), "{e}");
         assert!(
-            e.contains("portable 64 rows 2 key group(s)") && e.contains("hopper 64 rows 1 key group(s) persistent")
+            e.contains("portable 32 rows 2 key group(s)") && e.contains("hopper 64 rows 1 key group(s) persistent")
         );
         let e = check(choice(Variant::Hopper, None, Some(2), None), false).unwrap_err();
         assert!(e.starts_with("--variant hopper --key-groups 2: no forward entry"), "{e}");
         assert!(!e.contains("portable"), "only the Hopper kernel's entries are offered: {e}");
-        let e = check(choice(Variant::Portable, Some(128), Some(2), None), false).unwrap_err();
-        assert!(e.contains("--block-m 128 --key-groups 2"), "{e}");
+        let e = check(choice(Variant::Portable, Some(64), Some(2), None), false).unwrap_err();
+        assert!(e.contains("--block-m 64 --key-groups 2"), "{e}");
         // The portable kernel's entries are not persistent.
         assert!(check(choice(Variant::Portable, None, None, Some(true)), true).is_err());
     }

@@ -72,12 +72,12 @@ impl Attention {
     }
 
     /// The forward entry for this problem: `flash_fwd[_hopper]_<dtype>_d<D>[_causal]`
-    /// or the same with `_m64` (64-row CTAs) or `_kg2` (64-row CTAs of two key
-    /// groups), whichever is loaded. Rows per CTA: `block_m`, or else
-    /// `planner::prefer_m64` between the one-group entries (Hopper causal D=64:
-    /// `planner::prefer_wide_causal_d64`); then key groups:
-    /// `key_groups`, or else `planner::prefer_key_groups` from the one-group entry's plan.
-    /// With the entry's split plan (the twin's, where that was already made).
+    /// or the same with `_m64` (64-row CTAs) or `_kg2` (two key groups: 32-row CTAs
+    /// at D=64, 64-row ones at D=128), whichever is loaded. Rows per CTA: `block_m`,
+    /// or else `planner::prefer_m64` between the one-group entries (Hopper causal
+    /// D=64: `planner::prefer_wide_causal_d64`); then key groups: `key_groups`, or
+    /// else `choose_groups`. With the entry's split plan (the twin's, where that was
+    /// already made).
     pub(super) fn choose_entry(&self, family: Family, dtype: Dtype, p: &Problem, opts: &Options) -> Result<Chosen<'_>> {
         let causal = opts.causal;
         let (base, loaded) = self.fwd_entries(family, dtype, p.head_dim, causal);
@@ -96,21 +96,13 @@ impl Attention {
             }
             _ => None,
         });
-        let mut twin_plan = None;
-        let groups = opts.choice.key_groups.or_else(|| {
-            let (_, grouped) =
-                loaded.iter().find(|(_, k)| k.launch.key_groups > 1 && rows.is_none_or(|m| k.launch.block_m == m))?;
-            let one = single.iter().find(|k| k.launch.block_m == grouped.launch.block_m)?;
-            let plan = self.plan_for(family, one, p, opts).ok()?;
-            twin_plan = Some(((one.launch.block_m, one.launch.block_n), plan));
-            let ctas = Self::work_ctas(one, p) * u64::from(plan.num_splits);
-            let blocks = plan.keys_per_split / one.launch.block_n.max(1);
-            Some(if planner::prefer_key_groups(ctas, self.device.sm_count, blocks) {
-                grouped.launch.key_groups
-            } else {
-                1
-            })
-        });
+        let Groups { rows, groups, twin_plan } = match opts.choice.key_groups {
+            // A forced group count without forced rows takes that entry's own rows.
+            Some(g) => {
+                Groups { rows: opts.choice.block_m.or(rows.filter(|_| g == 1)), groups: Some(g), twin_plan: None }
+            }
+            None => self.choose_groups(family, &loaded, &single, rows, p, opts),
+        };
         let found: Vec<(u32, u32)> = loaded.iter().map(|(_, k)| (k.launch.block_m, k.launch.key_groups)).collect();
         let (name, kern) = loaded
             .into_iter()
@@ -152,6 +144,46 @@ impl Attention {
         }
     }
 
+    /// Key groups for a call whose rows per CTA are `rows` (`None`: any), and the
+    /// rows that go with them: a two-group entry of the same rows as the 64-row
+    /// one-group entry is its twin (`planner::prefer_key_groups`, from the twin's
+    /// plan, which is returned); one of fewer rows replaces it
+    /// (`planner::prefer_narrow_key_groups`, from its unsplit grid).
+    fn choose_groups(
+        &self,
+        family: Family,
+        loaded: &[(String, &Kernel)],
+        single: &[&Kernel],
+        rows: Option<u32>,
+        p: &Problem,
+        opts: &Options,
+    ) -> Groups {
+        let any = Groups { rows, groups: None, twin_plan: None };
+        let grouped = loaded.iter().map(|(_, k)| *k).find(|k| k.launch.key_groups > 1);
+        let narrow = single.iter().min_by_key(|k| k.launch.block_m);
+        let (Some(grouped), Some(narrow)) = (grouped, narrow) else { return any };
+        let (g, n) = (grouped.launch, narrow.launch);
+        if rows.is_some_and(|m| m != n.block_m) {
+            return any;
+        }
+        if g.block_m < n.block_m {
+            let blocks = (p.seqlen_k as u32).div_ceil(n.block_n.max(1));
+            return if planner::prefer_narrow_key_groups(Self::work_ctas(narrow, p), self.device.sm_count, blocks) {
+                Groups { rows: Some(g.block_m), groups: Some(g.key_groups), twin_plan: None }
+            } else {
+                Groups { groups: Some(1), ..any }
+            };
+        }
+        if g.block_m != n.block_m {
+            return any;
+        }
+        let Ok(plan) = self.plan_for(family, narrow, p, opts) else { return any };
+        let ctas = Self::work_ctas(narrow, p) * u64::from(plan.num_splits);
+        let blocks = plan.keys_per_split / n.block_n.max(1);
+        let groups = if planner::prefer_key_groups(ctas, self.device.sm_count, blocks) { g.key_groups } else { 1 };
+        Groups { rows, groups: Some(groups), twin_plan: Some(((n.block_m, n.block_n), plan)) }
+    }
+
     /// A launch of `k` for this problem as the planner sees it.
     pub(super) fn launch_grid(k: &Kernel, p: &Problem, causal: bool) -> planner::LaunchGrid {
         planner::LaunchGrid {
@@ -186,8 +218,17 @@ impl Attention {
                         .entry((grid, family))
                         .or_insert_with(|| planner::plan_simulated(self.device.sm_count, &grid, &cost))
                 }
-                // A two-group entry gets its one-group twin's plan (the planner counts one
-                // useful CTA per SM either way), the plan prefer_key_groups chose it by.
+                // A two-group entry of 64 rows gets its one-group twin's plan (the
+                // planner counts one useful CTA per SM either way), the plan
+                // prefer_key_groups chose it by; one of fewer rows its own.
+                None if k.launch.key_groups > 1 && k.launch.block_m < 64 => planner::plan_grouped(
+                    self.device.sm_count,
+                    k.ctas_per_sm,
+                    Self::work_ctas(k, p),
+                    p.seqlen_k as u32,
+                    block_n,
+                    k.launch.key_groups,
+                ),
                 None => planner::plan(
                     self.device.sm_count,
                     k.ctas_per_sm,
@@ -199,4 +240,12 @@ impl Attention {
         };
         Ok(plan)
     }
+}
+
+/// `Attention::choose_groups`' answer: rows per CTA and key groups (`None`: any
+/// loaded), and the twin's plan by (rows, key tile) where one was made.
+struct Groups {
+    rows: Option<u32>,
+    groups: Option<u32>,
+    twin_plan: Option<((u32, u32), Plan)>,
 }

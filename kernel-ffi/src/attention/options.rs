@@ -50,14 +50,17 @@ pub struct KernelChoice {
     /// Kernel: auto (Hopper where loaded), portable or hopper.
     #[arg(long, default_value = "auto")]
     pub variant: Variant,
-    /// Query rows per CTA (64 or 128) where the kernel has both; default: the planner's choice.
+    /// Query rows per CTA (32, 64 or 128) where the kernel has several; default: the planner's choice.
     ///
-    /// Both: an `_m64` entry beside the 128-row one; the planner's rule is `planner::prefer_m64`.
+    /// An `_m64` entry beside the 128-row one (the planner's rule is `planner::prefer_m64`),
+    /// and the portable D=64 `_kg2` entry's 32 rows.
     #[arg(long)]
     pub block_m: Option<u32>,
     /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.
     ///
-    /// The planner's rule is `planner::prefer_key_groups`.
+    /// The planner's rules are `planner::prefer_key_groups` (D=128) and
+    /// `planner::prefer_narrow_key_groups` (D=64, 32 rows); a forced 2 without
+    /// `--block-m` takes the `_kg2` entry's rows.
     #[arg(long)]
     pub key_groups: Option<u32>,
     /// Persistent CTAs (true/false) where the entry has a persistent twin; default: the planner's choice.

@@ -120,11 +120,12 @@ fn sanitize_set() -> Vec<Case> {
 }
 
 /// Every case on every entry: the portable kernel's and then the Hopper kernel's,
-/// each at 64 and 128 query rows per CTA, with one or two key groups, persistent
-/// or not (named `…-m64` / `…-m64-kg2` / `…-hopper-m128` / `…-persistent`); a case
-/// runs only where its entry is loaded (most configurations have one or two).
+/// each at 32 (two key groups only), 64 and 128 query rows per CTA, with one or
+/// two key groups, persistent or not (named `…-m64` / `…-m32-kg2` /
+/// `…-hopper-m128` / `…-persistent`); a case runs only where its entry is loaded
+/// (most configurations have one or two).
 fn on_every_entry(cases: Vec<Case>) -> Vec<Case> {
-    let entries = [(64, 1), (64, 2), (128, 1)].into_iter().flat_map(|(m, g)| [(m, g, false), (m, g, true)]);
+    let entries = [(32, 2), (64, 1), (64, 2), (128, 1)].into_iter().flat_map(|(m, g)| [(m, g, false), (m, g, true)]);
     [Variant::Portable, Variant::Hopper]
         .into_iter()
         .flat_map(|variant| entries.clone().map(move |e| (variant, e)))

@@ -15,13 +15,15 @@ mod simulate;
 mod uniform;
 
 pub use grid::{LaunchGrid, blocks_to_units};
-pub use prefer::{prefer_hopper, prefer_key_groups, prefer_m64, prefer_persistent, prefer_wide_causal_d64};
+pub use prefer::{
+    prefer_hopper, prefer_key_groups, prefer_m64, prefer_narrow_key_groups, prefer_persistent, prefer_wide_causal_d64,
+};
 pub use schedule::causal_order;
 pub use simulate::{
     GridCost, HOPPER_D64, HOPPER_D64_CAUSAL, HOPPER_D128, HOPPER_D128_CAUSAL, PORTABLE_D64_CAUSAL,
     PORTABLE_D128_CAUSAL, grid_cost, plan_simulated,
 };
-pub use uniform::plan;
+pub use uniform::{plan, plan_grouped};
 
 /// Most splits the planner will choose (the combine kernel loops over them).
 pub const MAX_SPLITS: u32 = 128;

@@ -87,23 +87,44 @@ pub fn prefer_persistent(grid_ctas: u64, slots: u64) -> bool {
     grid_ctas > slots
 }
 
-/// Whether a 64-row entry should run as its two-key-group twin (`_kg2`: eight warps,
-/// each group of four walking every other key block of the CTA's split), given the
-/// one-group entry's grid (query blocks × batch × heads × splits) and key blocks
-/// per CTA. Only a grid of at most one CTA per SM gains: there the second group
-/// doubles the warps per SM and halves the serial key loop, without a combine
-/// launch; where CTAs share SMs anyway, the two-group merge is pure cost. And each
-/// group needs two key blocks to beat its start-up.
+/// Whether a 64-row entry should run as its two-key-group twin of the same rows
+/// (the portable D=128 `_kg2`: eight warps, each group of four walking every
+/// other key block of the CTA's split), given the one-group entry's grid (query
+/// blocks × batch × heads × splits) and key blocks per CTA. Only a grid of at
+/// most one CTA per SM gains: there the second group doubles the warps per SM and
+/// halves the serial key loop, without a combine launch; where CTAs share SMs
+/// anyway, the two-group merge is pure cost. And each group needs two key blocks
+/// to beat its start-up.
 ///
 /// Measured on an H200 (`fa-bench --variant portable --key-groups 1|2`, 3 rounds
-/// in one run, f16 and bf16 alike): one CTA per SM of 8 or 16
-/// key blocks 5-11% faster (B2 H8 S512 D64 9.33 → 8.54 µs, B1 H16 S512 D128 13.48
-/// → 12.47, B1 H8 S1024 D128 22.77 → 20.36, B1 H1 S2048 D64 in 4 splits 11.37 →
-/// 10.81); of 4 blocks within ±3% (B1 H16 S256 D64 −3%, B1 H32 S256 D128 ±1%,
-/// B1 H8 S512 D128 in 2 splits −0.5%); of 2 blocks 7% slower (B1 H4 S512 D128 in
-/// 4 splits); two CTAs per SM 33% slower (B2 H16 S512 D64, 256 CTAs).
+/// in one run, f16 and bf16 alike; the D=64 figures are of a 64-row D=64 twin of
+/// the same build, since replaced by a 32-row one, `prefer_narrow_key_groups`):
+/// one CTA per SM of 8 or 16 key blocks 5-11% faster (B2 H8 S512 D64 9.33 →
+/// 8.54 µs, B1 H16 S512 D128 13.48 → 12.47, B1 H8 S1024 D128 22.77 → 20.36, B1
+/// H1 S2048 D64 in 4 splits 11.37 → 10.81); of 4 blocks within ±3% (B1 H16 S256
+/// D64 −3%, B1 H32 S256 D128 ±1%, B1 H8 S512 D128 in 2 splits −0.5%); of 2
+/// blocks 7% slower (B1 H4 S512 D128 in 4 splits); two CTAs per SM 33% slower
+/// (B2 H16 S512 D64, 256 CTAs).
 pub fn prefer_key_groups(grid_ctas: u64, sm_count: u32, blocks_per_cta: u32) -> bool {
     grid_ctas <= u64::from(sm_count) && blocks_per_cta >= 4
+}
+
+/// Whether a 64-row entry should give way to a two-key-group entry of fewer rows
+/// (the portable D=64 `_kg2`: 32 rows, two groups of two warps, each warp
+/// walking every other key block of its 16 rows), given the 64-row entry's
+/// unsplit grid (query blocks × batch × heads) and the head's 64-key blocks.
+/// Where that grid leaves SMs idle, the narrow entry runs twice the CTAs, each
+/// warp's chain of mma.sync half as long, and needs fewer splits
+/// (`plan_grouped`); where it fills them, twice the CTAs only queue.
+///
+/// Measured on an H100 (`fa-bench --variant portable`, 32-row two-group entry at
+/// its best split against the 64-row entry's planned launch, 2 rounds in one run,
+/// f16): B1 H1 S128 3.02 against 3.69 µs, S256 3.91 / 4.91, S512 5.22 / 5.46, S1024
+/// 6.39 / 6.73, B1 H4 S512 5.58 / 6.50, B2 H8 S512 (128 CTAs) 7.55 / 7.96; one
+/// key block (S64) has nothing to share; B2 H16 S512 and B4 H8 S512 (256 CTAs)
+/// 13.4 against 11.2.
+pub fn prefer_narrow_key_groups(narrow_ctas: u64, sm_count: u32, key_blocks: u32) -> bool {
+    narrow_ctas <= u64::from(sm_count) && key_blocks >= 2
 }
 
 #[cfg(test)]
@@ -183,6 +204,17 @@ mod tests {
         assert!(!prefer_key_groups(ctas(1, 1, 512) * u64::from(p.num_splits), L4_SMS, p.keys_per_split / 64));
         // Whatever the arch: at most one CTA per SM with four blocks each takes two groups.
         assert!(prefer_key_groups(u64::from(L4_SMS), L4_SMS, 4) && !prefer_key_groups(59, L4_SMS, 4));
+    }
+
+    #[test]
+    fn narrow_key_groups_while_64_row_ctas_leave_sms_idle() {
+        // H100/H200 (132 SMs): measured wins up to 128 64-row CTAs of two or more key blocks.
+        assert!(prefer_narrow_key_groups(ctas(1, 1, 128), H200_SMS, 2));
+        assert!(prefer_narrow_key_groups(ctas(2, 8, 512), H200_SMS, 8));
+        // One key block; 256 CTAs (measured 19% slower).
+        assert!(!prefer_narrow_key_groups(ctas(1, 1, 64), H200_SMS, 1));
+        assert!(!prefer_narrow_key_groups(ctas(2, 16, 512), H200_SMS, 8));
+        assert!(!prefer_narrow_key_groups(ctas(2, 8, 512), L4_SMS, 8));
     }
 
     #[test]

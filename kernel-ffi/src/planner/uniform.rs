@@ -21,9 +21,33 @@ const USEFUL_CTAS_PER_SM: u32 = 1;
 /// Otherwise each candidate split count is costed as waves × (key blocks per CTA
 /// + CTA overhead) + combine, and the cheapest wins, fewer splits on a tie.
 pub fn plan(sm_count: u32, ctas_per_sm: u32, work_ctas: u64, seqlen_k: u32, block_n: u32) -> Plan {
+    plan_with(sm_count, ctas_per_sm.clamp(1, USEFUL_CTAS_PER_SM), work_ctas, seqlen_k, block_n)
+}
+
+/// `plan` for an entry whose CTA is `key_groups` groups of two warps over the
+/// same rows (the portable D=64 `_kg2`, 32 rows): each step of its key loop
+/// covers `key_groups` blocks, and up to two CTAs per SM add throughput, as a
+/// 64-row CTA's four warps would. Measured on an H100 (`fa-bench --block-m 32
+/// --key-groups 2 --splits 1|2|4|8`, 2 rounds in one run): B1 H1 S2048 fastest
+/// in 4 splits (256 CTAs, 9.9 µs against 11.5 in 2), B1 H1 S512 in 4 (5.2
+/// against 5.6 unsplit), S128-S384 and B1 H4 S256 unsplit.
+pub fn plan_grouped(
+    sm_count: u32,
+    ctas_per_sm: u32,
+    work_ctas: u64,
+    seqlen_k: u32,
+    block_n: u32,
+    key_groups: u32,
+) -> Plan {
+    let step = block_n.max(1) * key_groups.max(1);
+    plan_with(sm_count, ctas_per_sm.clamp(1, 2), work_ctas, seqlen_k, step)
+}
+
+/// The model over `useful` CTAs per SM, for key blocks of `block_n`.
+fn plan_with(sm_count: u32, useful: u32, work_ctas: u64, seqlen_k: u32, block_n: u32) -> Plan {
     let block_n = block_n.max(1);
     let n_blocks = seqlen_k.div_ceil(block_n).max(1);
-    let slots = u64::from(sm_count.max(1)) * u64::from(ctas_per_sm.clamp(1, USEFUL_CTAS_PER_SM));
+    let slots = u64::from(sm_count.max(1)) * u64::from(useful);
     let unsplit = Plan { num_splits: 1, keys_per_split: n_blocks * block_n };
     if work_ctas == 0 || work_ctas * 5 >= slots * 4 || n_blocks == 1 {
         return unsplit;
@@ -112,7 +136,28 @@ mod tests {
     }
 
     #[test]
+    fn two_group_ctas_split_less() {
+        // H100, 32-row two-group CTAs (`fa-bench --splits 1|2|4|8`): unsplit to 384
+        // keys, 4 splits at 512 and 2048 keys (128-key steps, two CTAs per SM).
+        let grouped = |h: u64, s: u32| {
+            let p = plan_grouped(H200_SMS, 3, h * u64::from(s).div_ceil(32), s, 64, 2);
+            assert_eq!(p.keys_per_split % 128, 0, "{p:?}");
+            p.num_splits
+        };
+        for s in [128, 192, 256, 384] {
+            assert_eq!(grouped(1, s), 1, "S={s}");
+        }
+        assert_eq!(grouped(4, 256), 1);
+        assert_eq!(grouped(1, 512), 4);
+        assert_eq!(grouped(1, 2048), 4);
+        // Keys not a multiple of the 128-key step are still covered.
+        let p = plan_grouped(L4_SMS, 2, 3, 200, 64, 2);
+        assert!(p.num_splits * p.keys_per_split >= 200 && (p.num_splits - 1) * p.keys_per_split < 200, "{p:?}");
+    }
+
+    #[test]
     fn degenerate_inputs_do_not_panic() {
+        assert_eq!(plan_grouped(0, 0, 0, 0, 0, 0).num_splits, 1);
         assert_eq!(plan(0, 0, 0, 0, 0).num_splits, 1);
         assert_eq!(plan(132, 1, 1, 0, 64).num_splits, 1);
     }

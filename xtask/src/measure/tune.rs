@@ -59,10 +59,10 @@ impl Config {
         16 * self.warps * row_tiles
     }
 
-    /// Per key group a Q tile of `block_m` rows plus `kv_stages` K and V tiles, of
-    /// 16-bit elements (FwdConfig::kSmemBytes).
-    fn dynamic_smem(&self, block_m: u32, kv_stages: u32, key_groups: u32) -> u32 {
-        (block_m + 2 * kv_stages * self.block_n) * self.head_dim * 2 * key_groups
+    /// Per key group a Q tile of `block_m` rows plus a K and a V tile, of 16-bit
+    /// elements (FwdConfig::kSmemBytes).
+    fn dynamic_smem(&self, block_m: u32, key_groups: u32) -> u32 {
+        (block_m + 2 * self.block_n) * self.head_dim * 2 * key_groups
     }
 
     fn defines(&self) -> [String; 2] {
@@ -75,9 +75,10 @@ impl Config {
     /// The manifest with this configuration for its head dim: source defines and the
     /// launch geometry of every forward entry of that head dim. Row tiles per warp,
     /// key groups and K/V stages are the entry's own (fixed in its .cu
-    /// instantiation): the old geometry's block_m / (16 × warps per group),
-    /// key_groups and kv_stages. Two-group entries keep their warps and rows (four
-    /// warps per group on 64 rows, fixed in FwdConfig) and take only the key tile.
+    /// instantiation): the old geometry's block_m / (16 × warps per group) and
+    /// key_groups. Two-group entries keep their warps and rows (fixed in
+    /// FwdConfig: two warps per group on 32 rows at D=64, four on 64 at D=128) and
+    /// take only the key tile.
     pub fn apply_to(&self, manifest: &Manifest) -> Manifest {
         let mut m = manifest.clone();
         let prefixes = [format!("FA_WARPS_D{}=", self.head_dim), format!("FA_BLOCK_N_D{}=", self.head_dim)];
@@ -94,7 +95,6 @@ impl Config {
                 portable(&k.entry) && (k.entry.ends_with(&suffix) || k.entry.contains(&format!("{suffix}_")))
             }) {
                 let key_groups = k.launch.map_or(1, |l| l.key_groups.max(1));
-                let kv_stages = k.launch.map_or(1, |l| l.kv_stages.max(1));
                 let (threads, block_m) = match k.launch {
                     Some(l) if key_groups > 1 => (l.threads, l.block_m),
                     _ => {
@@ -103,9 +103,8 @@ impl Config {
                         (32 * self.warps, self.block_m(row_tiles))
                     }
                 };
-                k.launch =
-                    Some(Launch { threads, block_m, block_n: self.block_n, persistent: false, key_groups, kv_stages });
-                k.dynamic_smem = self.dynamic_smem(block_m, kv_stages, key_groups);
+                k.launch = Some(Launch { threads, block_m, block_n: self.block_n, persistent: false, key_groups });
+                k.dynamic_smem = self.dynamic_smem(block_m, key_groups);
             }
         }
         m
@@ -395,7 +394,7 @@ mod tests {
                 assert_eq!(l.block_n, 0, "{} is not a tiled kernel", k.entry);
             } else if k.entry.contains("_d128") {
                 if k.entry.ends_with("_kg2") {
-                    // Two groups of four warps on 64 rows whatever the warps; one K/V stage.
+                    // Two groups of four warps on 64 rows whatever the warps.
                     assert_eq!(
                         (l.threads, l.block_m, l.block_n, l.key_groups, k.dynamic_smem),
                         (256, 64, 32, 2, 2 * (64 + 64) * 128 * 2)
@@ -405,8 +404,10 @@ mod tests {
                 // 16 rows × 8 warps × the entry's row tiles (two, but one in the _m64 entries).
                 let rows = if k.entry.ends_with("_m64") { 128 } else { 256 };
                 assert_eq!((l.threads, l.block_m, l.block_n, k.dynamic_smem), (256, rows, 32, (rows + 64) * 128 * 2));
+            } else if k.entry.ends_with("_d64_kg2") {
+                assert_eq!((l.threads, l.block_m, l.block_n), (128, 32, 64), "{} untouched", k.entry);
             } else {
-                assert_eq!((l.threads / l.key_groups, l.block_n), (128, 64), "{} untouched", k.entry);
+                assert_eq!((l.threads, l.block_n), (128, 64), "{} untouched", k.entry);
             }
         }
         let reference = t.sources.iter().find(|s| s.file == "reference.cu").unwrap();
@@ -421,7 +422,7 @@ mod tests {
     fn applying_the_shipped_configuration_changes_nothing() {
         // The committed manifest is what `tune --apply` wrote for its winners (4 warps,
         // 64 keys for both head dims): re-applying them must reproduce every entry's
-        // geometry and shared memory, stages and key groups included.
+        // geometry and shared memory, key groups included.
         let m = Manifest::parse(include_str!("../../../kernels/manifest.json")).unwrap();
         let mut t = m.clone();
         for head_dim in [64, 128] {
@@ -453,8 +454,8 @@ mod tests {
         assert_eq!(geometry("flash_fwd_f16_d64"), (256, (256 + 64) * 64 * 2));
         assert_eq!(geometry("flash_fwd_f16_d64_m64"), (128, (128 + 64) * 64 * 2));
         assert_eq!(geometry("flash_fwd_f16_d64_causal"), (128, (128 + 64) * 64 * 2));
-        // The two-group entry keeps 64 rows and its two K/V stages: (64 + 2 × 2 × 32) × 2 groups.
-        assert_eq!(geometry("flash_fwd_f16_d64_kg2"), (64, 2 * (64 + 2 * 2 * 32) * 64 * 2));
+        // The two-group entry keeps its 32 rows: (32 + 2 × 32) × 2 groups.
+        assert_eq!(geometry("flash_fwd_f16_d64_kg2"), (32, 2 * (32 + 2 * 32) * 64 * 2));
     }
 
     #[test]
