@@ -5,7 +5,7 @@
 //   portable_scheduler.cuh  PortableBlock, KeyRange: the CTA's rows and keys
 //   portable_loads.cuh      TileLoads: Q, K and V tiles global→shared (cp.async)
 //   portable_mainloop.cuh   WarpMma (Q·Kᵀ, P·V) and PortableMainloop: masking,
-//                           the online softmax and the two schedules per key tile
+//                           the online softmax and the loop over key tiles
 //   portable_merge.cuh      KeyGroupMerge: two key groups' O and softmax state into one
 //   portable_epilogue.cuh   O (or the split's fp32 partial) and the LSE out
 // and, shared with the Hopper kernel, softmax.cuh (SoftmaxState), mask.cuh and
@@ -104,10 +104,9 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 
 // One stable extern "C" forward entry: flash_fwd_<dtype>_d<D>[_causal][_m64|_kg2].
 // MT: 16-row tiles per warp; KG: key groups.
-#define FA_FWD_ENTRY(T, D, CAUSAL, MT, KG, NAME)                                      \
-  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG>::kThreads, 1) \
-      NAME(const fa::FlashParams p) {                                                 \
-    fa::flash_fwd<T, D, CAUSAL, MT, KG>(p);                                           \
+#define FA_FWD_ENTRY(T, D, CAUSAL, MT, KG, NAME)                                                                      \
+  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG>::kThreads, 1) NAME(const fa::FlashParams p) { \
+    fa::flash_fwd<T, D, CAUSAL, MT, KG>(p);                                                                           \
   }
 // Every forward entry of one dtype: two 16-row tiles per warp, or one (`_m64`,
 // for problems that would not fill the GPU), or one with two key groups (`_kg2`,

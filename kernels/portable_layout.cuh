@@ -1,5 +1,5 @@
 // The portable kernel's configuration per entry (tile sizes, warps, key groups,
-// K/V stages, shared memory) and the addressing of its swizzled shared tiles.
+// shared memory) and the addressing of its swizzled shared tiles.
 #pragma once
 
 #include "common.cuh"

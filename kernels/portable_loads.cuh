@@ -35,14 +35,14 @@ struct TileCopy {
   }
 
   // Rows [row0, row0 + ROWS); `offset` = row0 × row_stride; into the tile
-  // `smem_offset` bytes past the constructor's. Rows ≥ rows_valid are zero-filled
+  // the constructor's. Rows ≥ rows_valid are zero-filled
   // so that 0 × garbage can never turn into NaN in P·V.
-  __device__ __forceinline__ void copy(int64_t offset, int row0, int rows_valid, uint32_t smem_offset = 0) const {
+  __device__ __forceinline__ void copy(int64_t offset, int row0, int rows_valid) const {
     const T* src = gmem + offset;
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const bool valid = row0 + row + i * kRowsPerPass < rows_valid;
-      cp_async_16(smem + smem_offset + i * kRowsPerPass * D * 2, valid ? src : gmem, valid ? 16 : 0);
+      cp_async_16(smem + i * kRowsPerPass * D * 2, valid ? src : gmem, valid ? 16 : 0);
       src += pass_stride;
     }
   }
@@ -62,8 +62,8 @@ struct HeadTensors {
         v(static_cast<const T*>(p.v) + blk.b * p.v_batch_stride + blk.kvh * p.v_head_stride) {}
 };
 
-// A key group's loads: its Q tile, and K and V tiles into the stage `off` bytes
-// into the group's K or V tiles. Rows past the sequence ends are zero-filled.
+// A key group's loads: its Q tile and its K and V tiles. Rows past the sequence
+// ends are zero-filled.
 template <typename T, typename Cfg>
 struct TileLoads {
   static constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, GT = Cfg::kGroupThreads;
@@ -86,12 +86,8 @@ struct TileLoads {
     TileCopy<T, BM, D, GT>(sq, q, p.q_row_stride, gtid).copy((int64_t)m0 * p.q_row_stride, m0, p.seqlen_q);
   }
   // Keys n … n + BN − 1.
-  __device__ __forceinline__ void load_k(int n, uint32_t off) const {
-    k_copy.copy((int64_t)n * p.k_row_stride, n, p.seqlen_k, off);
-  }
-  __device__ __forceinline__ void load_v(int n, uint32_t off) const {
-    v_copy.copy((int64_t)n * p.v_row_stride, n, p.seqlen_k, off);
-  }
+  __device__ __forceinline__ void load_k(int n) const { k_copy.copy((int64_t)n * p.k_row_stride, n, p.seqlen_k); }
+  __device__ __forceinline__ void load_v(int n) const { v_copy.copy((int64_t)n * p.v_row_stride, n, p.seqlen_k); }
 };
 
 }  // namespace fa

@@ -13,8 +13,7 @@
 namespace fa {
 
 // A warp's matrix products on its 16·MT rows (w0 …): Q fragments from the group's
-// Q tile, K and V fragments from the stage `koff` / `voff` bytes into the group's
-// K or V tiles.
+// Q tile, K and V fragments from the group's K and V tiles.
 template <typename T, typename Cfg>
 struct WarpMma {
   static constexpr int D = Cfg::kHeadDim, MT = Cfg::kRowTiles, BN = Cfg::kBlockN, NT = BN / 8;
@@ -50,7 +49,7 @@ struct WarpMma {
   }
 
   // S = Q·Kᵀ for this warp's 16·MT rows × BN keys.
-  __device__ __forceinline__ void qk(float (&s)[MT][NT][4], uint32_t koff) const {
+  __device__ __forceinline__ void qk(float (&s)[MT][NT][4]) const {
     // Row tile mt's A fragment for k-step kk: from qf, or from this k-step's reads.
     auto q_frag = [&](int mt, int kk, const uint32_t(&qs)[MT][4]) -> const uint32_t(&)[4] {
       if constexpr (kQInRegs) {
@@ -74,7 +73,7 @@ struct WarpMma {
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t kf[4];
-        ldmatrix_x4(kf, k_frag.at(np, kk) + koff);
+        ldmatrix_x4(kf, k_frag.at(np, kk));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint32_t(&qa)[4] = q_frag(mt, kk, qs);
@@ -87,7 +86,7 @@ struct WarpMma {
 
   // O += P·V, P as A fragments (`p_frag(f, mt, kk)`, kk: 16-key step).
   template <typename PFrag>
-  __device__ __forceinline__ void pv(float (&o)[MT][D / 8][4], PFrag&& p_frag, uint32_t voff) const {
+  __device__ __forceinline__ void pv(float (&o)[MT][D / 8][4], PFrag&& p_frag) const {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       uint32_t pf[MT][4];
@@ -96,7 +95,7 @@ struct WarpMma {
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vf[4];
-        ldmatrix_x4_trans(vf, v_frag.at(kk, dp) + voff);
+        ldmatrix_x4_trans(vf, v_frag.at(kk, dp));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816<T>(o[mt][2 * dp], pf[mt], vf[0], vf[1]);
@@ -150,7 +149,7 @@ struct PortableMainloop {
   // The group's first loads, one cp.async group: Q and its first K tile.
   __device__ __forceinline__ void load_q_k0(int n_first) const {
     loads.load_q(blk.m0);
-    loads.load_k(n_first, 0);
+    loads.load_k(n_first);
     cp_async_commit();
   }
 
@@ -169,13 +168,13 @@ struct PortableMainloop {
     if (n_first < n_end) load_q_k0(n_first);
     for (int n0 = n_first; n0 < n_end; n0 += kStep) {
       // cp.async groups in flight: [Q+K0] [V0] [K1] [V1] …
-      loads.load_v(n0, 0);
+      loads.load_v(n0);
       cp_async_commit();
       cp_async_wait<1>();  // K(n0) (and Q) landed
       grp.sync();
       if (n0 == n_first) mma.load_q_frags();
 
-      mma.qk(s, 0);
+      mma.qk(s);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mask(s[mt], mt, n0);
@@ -185,11 +184,11 @@ struct PortableMainloop {
       cp_async_wait<0>();  // V(n0) landed
       grp.sync();          // and every warp is done reading sK
       if (n0 + kStep < n_end) {
-        loads.load_k(n0 + kStep, 0);
+        loads.load_k(n0 + kStep);
         cp_async_commit();
       }
       // P straight from the S accumulators.
-      mma.pv(o, [&](uint32_t(&f)[4], int mt, int kk) { p_fragment<T>(f, s[mt], kk); }, 0);
+      mma.pv(o, [&](uint32_t(&f)[4], int mt, int kk) { p_fragment<T>(f, s[mt], kk); });
 #ifdef FA_PLANT_SLOWDOWN
       // A dependent FMA chain per tile: a measured, deliberate slowdown for proving the gate.
       float chain = s[0][0][0];

@@ -168,11 +168,8 @@ impl Attention {
         }
         if g.block_m < n.block_m {
             let blocks = (p.seqlen_k as u32).div_ceil(n.block_n.max(1));
-            return if planner::prefer_narrow_key_groups(Self::work_ctas(narrow, p), self.device.sm_count, blocks) {
-                Groups { rows: Some(g.block_m), groups: Some(g.key_groups), twin_plan: None }
-            } else {
-                Groups { groups: Some(1), ..any }
-            };
+            let prefer = planner::prefer_narrow_key_groups(Self::work_ctas(narrow, p), self.device.sm_count, blocks);
+            return Groups::narrow(rows, opts.choice.block_m.is_some(), prefer, (g.block_m, g.key_groups));
         }
         if g.block_m != n.block_m {
             return any;
@@ -244,8 +241,39 @@ impl Attention {
 
 /// `Attention::choose_groups`' answer: rows per CTA and key groups (`None`: any
 /// loaded), and the twin's plan by (rows, key tile) where one was made.
+#[derive(Debug, PartialEq)]
 struct Groups {
     rows: Option<u32>,
     groups: Option<u32>,
     twin_plan: Option<((u32, u32), Plan)>,
+}
+
+impl Groups {
+    /// Beside the narrow one-group entry chosen for `rows`: the two-group entry of
+    /// fewer rows, `grouped` = (rows, key groups), where the planner `prefer`s it
+    /// and the caller did not force the rows; else one group at those rows.
+    fn narrow(rows: Option<u32>, forced_rows: bool, prefer: bool, grouped: (u32, u32)) -> Groups {
+        if prefer && !forced_rows {
+            Groups { rows: Some(grouped.0), groups: Some(grouped.1), twin_plan: None }
+        } else {
+            Groups { rows, groups: Some(1), twin_plan: None }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Groups;
+
+    #[test]
+    fn forced_rows_are_never_traded_for_the_narrow_two_group_entry() {
+        let one = |rows| Groups { rows, groups: Some(1), twin_plan: None };
+        // `--block-m 64` on B1 H1 S128 D64, where the planner prefers 32-row two-group CTAs.
+        assert_eq!(Groups::narrow(Some(64), true, true, (32, 2)), one(Some(64)));
+        assert_eq!(
+            Groups::narrow(Some(64), false, true, (32, 2)),
+            Groups { rows: Some(32), groups: Some(2), twin_plan: None }
+        );
+        assert_eq!(Groups::narrow(Some(64), false, false, (32, 2)), one(Some(64)));
+    }
 }

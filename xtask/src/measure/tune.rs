@@ -73,8 +73,8 @@ impl Config {
     }
 
     /// The manifest with this configuration for its head dim: source defines and the
-    /// launch geometry of every forward entry of that head dim. Row tiles per warp,
-    /// key groups and K/V stages are the entry's own (fixed in its .cu
+    /// launch geometry of every forward entry of that head dim. Row tiles per warp
+    /// and key groups are the entry's own (fixed in its .cu
     /// instantiation): the old geometry's block_m / (16 × warps per group) and
     /// key_groups. Two-group entries keep their warps and rows (fixed in
     /// FwdConfig: two warps per group on 32 rows at D=64, four on 64 at D=128) and
