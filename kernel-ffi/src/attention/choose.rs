@@ -166,7 +166,7 @@ impl Attention {
         if rows.is_some_and(|m| m != n.block_m) {
             return any;
         }
-        if g.block_m < n.block_m {
+        if Self::narrow_grouped(grouped) {
             let blocks = (p.seqlen_k as u32).div_ceil(n.block_n.max(1));
             let prefer = planner::prefer_narrow_key_groups(Self::work_ctas(narrow, p), self.device.sm_count, blocks);
             return Groups::narrow(rows, opts.choice.block_m.is_some(), prefer, (g.block_m, g.key_groups));
@@ -179,6 +179,13 @@ impl Attention {
         let blocks = plan.keys_per_split / n.block_n.max(1);
         let groups = if planner::prefer_key_groups(ctas, self.device.sm_count, blocks) { g.key_groups } else { 1 };
         Groups { rows, groups: Some(groups), twin_plan: Some(((n.block_m, n.block_n), plan)) }
+    }
+
+    /// A two-group entry of fewer rows than the 64-row one-group entry (the portable
+    /// D=64 `_kg2`): it replaces that entry rather than twinning it, and plans its
+    /// own splits (`planner::plan_grouped`).
+    fn narrow_grouped(k: &Kernel) -> bool {
+        k.launch.key_groups > 1 && k.launch.block_m < 64
     }
 
     /// A launch of `k` for this problem as the planner sees it.
@@ -218,7 +225,7 @@ impl Attention {
                 // A two-group entry of 64 rows gets its one-group twin's plan (the
                 // planner counts one useful CTA per SM either way), the plan
                 // prefer_key_groups chose it by; one of fewer rows its own.
-                None if k.launch.key_groups > 1 && k.launch.block_m < 64 => planner::plan_grouped(
+                None if Self::narrow_grouped(k) => planner::plan_grouped(
                     self.device.sm_count,
                     k.ctas_per_sm,
                     Self::work_ctas(k, p),
