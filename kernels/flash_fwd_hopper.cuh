@@ -34,11 +34,16 @@ namespace fa {
 // shared memory) so that one CTA's prologue (Q and first-tile latency) and
 // epilogue overlap the other's main loop, and at D=128 (shared memory for one)
 // doubles the CTAs of small problems. ROWS = 128: two consumer warpgroups (D=64:
-// causal only). kernel-ffi picks between a configuration's entries per problem
-// (planner::prefer_m64, planner::prefer_wide_causal_d64).
+// causal only). ROWS = 192 (non-causal D=64, persistent): three consumer
+// warpgroups in one CTA per SM, where two 64-row CTAs have registers for two;
+// a grid's partial last round of units runs as 64-row items whose key tiles the
+// warpgroups share (HopperSched::whole_units), so that it takes a third as long.
+// kernel-ffi picks between a configuration's entries per problem
+// (planner::prefer_m64, planner::prefer_wide_d64, planner::prefer_wide_causal_d64).
 //
 // The consumer schedule follows from ROWS and D:
-//   pipelined  tile j's Q·Kᵀ and tile j−1's P·V issued together, then tile j's
+//   pipelined  (one or three consumer warpgroups, the three overlapping one
+//              another freely) tile j's Q·Kᵀ and tile j−1's P·V issued together, then tile j's
 //              softmax. With the next tile's barriers probed after the softmax,
 //              the wait for that P·V comes after about half of the exponentials,
 //              so P·V runs under the rest (ptxas would otherwise hoist it above
@@ -76,9 +81,10 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   const HopperSmem<Cfg> sm = HopperSmem<Cfg>::at(smem_raw);
   // The first item is decoded once, up front, by every thread.
   constexpr bool kScheduled = CAUSAL && kPersistent && Cfg::kConsumers == 2;
-  const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled>(p, hp.sched, 0);
+  constexpr bool kTail = Cfg::kSplitTail;
+  const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(p, hp.sched, 0);
   auto item = [&](int k) {
-    return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled>(p, hp.sched, k);
+    return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(p, hp.sched, k);
   };
 
   const int wg = threadIdx.x / 128;
@@ -111,11 +117,13 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   }
 
 // Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM), non-causal
-// also persistent, causal also in 128-row CTAs (exp turns); D=128 in 128-row
-// CTAs, plus 64-row ones for non-causal problems that do not fill the GPU.
+// also persistent and in persistent 192-row CTAs, causal also in 128-row CTAs
+// (exp turns); D=128 in 128-row CTAs, plus 64-row ones for non-causal problems
+// that do not fill the GPU.
 #define FA_HOPPER_ENTRIES(T, DT)                                                                        \
   FA_HOPPER_ENTRY(T, 64, false, 64, false, flash_fwd_hopper_##DT##_d64_m64)                             \
   FA_HOPPER_ENTRY(T, 64, false, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                   \
+  FA_HOPPER_ENTRY(T, 64, false, 192, true, flash_fwd_hopper_##DT##_d64)                                 \
   FA_HOPPER_ENTRY(T, 64, true, 64, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal_m64) \
   FA_HOPPER_ENTRY(T, 64, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal)    \
   FA_HOPPER_ENTRY(T, 128, false, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)          \

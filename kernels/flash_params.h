@@ -53,7 +53,10 @@ struct HopperSched {
   FastDiv blocks;         // m_blocks, query blocks per (split, batch, head)
   const uint32_t* order;  // causal: [grid][order_stride]; else null
   int32_t order_stride;
-  int32_t pad;
+  // Split-tail entries (HopperConfig::kSplitTail): units 0 … whole_units − 1 run
+  // whole, each later one as three 64-row items whose keys the consumer
+  // warpgroups share; elsewhere equal to units.
+  int32_t whole_units;
 };
 
 // The Hopper kernel's parameters: tensor maps of Q [B, H, Sq, D] and K, V

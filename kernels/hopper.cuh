@@ -66,7 +66,9 @@ enum class NamedBarrier : int {
   TurnWg1 = 2,      // 256 threads: warpgroup 0 arrives to hand warpgroup 1 its turn; 1 waits
   EpilogueWg0 = 3,  // 128 threads: consumer warpgroup 0 around its O staging tile
   EpilogueWg1 = 4,  // 128 threads: consumer warpgroup 1 around its O staging tile
-  TurnSink = 5,     // 256 threads: hand-overs no warpgroup takes (a run's first and last); never waited on
+  EpilogueWg2 = 5,  // 128 threads: consumer warpgroup 2 around its O staging tile
+  TurnSink = 6,     // 256 threads: hand-overs no warpgroup takes (a run's first and last); never waited on
+  Merge = 7,        // 384 threads: the three consumer warpgroups around a split-tail item's merge
 };
 
 // Warpgroup cw's turn, and its epilogue barrier.

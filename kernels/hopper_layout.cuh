@@ -7,9 +7,9 @@
 namespace fa {
 
 // Compile-time defines from the manifest, each chosen by same-run A/B timings on
-// an H200 (the ledger, perf/ledger.jsonl, has them):
+// an H200 (the 192-row entry's on an H100; the ledger, perf/ledger.jsonl, has them):
 // FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B;
-//   FA_HOPPER_STAGES_D64_CAUSAL: the 128-row D=64 entry's).
+//   FA_HOPPER_STAGES_D64_CAUSAL: the 128-row D=64 entry's, _D64_M192 the 192-row one's).
 #ifndef FA_HOPPER_STAGES_D128
 #define FA_HOPPER_STAGES_D128 2
 #endif
@@ -39,12 +39,15 @@ namespace fa {
 #ifndef FA_HOPPER_STAGES_D64_CAUSAL
 #define FA_HOPPER_STAGES_D64_CAUSAL 2
 #endif
+#ifndef FA_HOPPER_STAGES_D64_M192
+#define FA_HOPPER_STAGES_D64_M192 4
+#endif
 
 // PERSISTENT: the entry's CTAs loop over work units (hopper_item).
 template <int D, bool CAUSAL, int ROWS, bool PERSISTENT>
 struct HopperConfig {
   static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
-  static_assert(ROWS == 64 || ROWS == 128, "64-row or 128-row CTAs");
+  static_assert(ROWS == 64 || ROWS == 128 || (ROWS == 192 && D == 64 && !CAUSAL), "64-, 128- or 192-row CTAs");
   static constexpr int kHeadDim = D;
   static constexpr int kConsumers = ROWS / 64;
   static constexpr bool kPingPong = kConsumers == 2;
@@ -53,23 +56,33 @@ struct HopperConfig {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = ROWS;
   static constexpr int kBlockN = 128;
-  static constexpr int kStages = kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
-                                 : D == 64       ? FA_HOPPER_STAGES_D64_CAUSAL
-                                                 : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
+  static constexpr int kStages = kConsumers == 1   ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
+                                 : kConsumers == 3 ? FA_HOPPER_STAGES_D64_M192
+                                 : D == 64         ? FA_HOPPER_STAGES_D64_CAUSAL
+                                                   : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
   static constexpr bool kPersistent = PERSISTENT;  // units: causal pairs of query blocks, or single blocks
-  static constexpr int kPanels = D / 64;           // 64-column (128-byte) swizzle panels per row
+  // Three consumer warpgroups (192 rows) run a persistent grid's last, partial
+  // round of units as 64-row items whose key tiles they share (HopperSched::whole_units).
+  static constexpr bool kSplitTail = kConsumers == 3 && kPersistent;
+  static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
   // Registers per thread after setmaxnreg, within 65536 per SM: 128 × 40 + 256 × 232
-  // for two consumers, 128 × 24 + 128 × 232 per CTA for one.
-  static constexpr int kProducerRegs = kConsumers == 1 ? 24 : 40, kConsumerRegs = 232;
+  // for two consumers, 128 × 24 + 128 × 232 per CTA for one, 128 × 32 + 384 × 160
+  // for three (S, O and P of the pipelined schedule fit in 160 without spills).
+  static constexpr int kProducerRegs = kConsumers == 1 ? 24 : kConsumers == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 232;
   static_assert((128 * kProducerRegs + 128 * kConsumers * kConsumerRegs) * kCtasPerSm <= 65536, "register file");
   // Q, the K and V rings, persistent entries' O staging tile (Q-sized: their Q
   // tile may already hold the next item's), 4 barriers per stage + Q's
   // (persistent: full and empty), and slack to align the base to 1024.
   static constexpr int kStageBytes = kPersistent ? kQBytes : 0;
-  static constexpr int kSmemBytes =
-      kQBytes + 2 * kStages * kKVBytes + kStageBytes + 8 * (4 * kStages + 1 + kPersistent + kExpTurns) + 1024;
+  // Split-tail items: consumer warpgroups 1 and 2 hand warpgroup 0 their O and
+  // softmax state (per thread: DT × 4 + 4 floats), kMergeFloats a thread.
+  static constexpr int kMergeFloats = D / 2 + 4;
+  static constexpr int kMergeBytes = kSplitTail ? (kConsumers - 1) * 128 * kMergeFloats * 4 : 0;
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kStageBytes + kMergeBytes +
+                                    8 * (4 * kStages + 1 + kPersistent + kExpTurns) + 1024;
   // sm_90: 227 KB per CTA, 228 KB per SM with 1 KB reserved per CTA.
   static_assert(kSmemBytes <= 232448 && (kSmemBytes + 1024) * kCtasPerSm <= 233472, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
@@ -78,12 +91,12 @@ struct HopperConfig {
 
 // Shared memory of one CTA, from a 1024-byte aligned base (swizzle atoms need it;
 // the dynamic base only promises 16): Q, the K ring, the V ring, persistent
-// entries' O staging tile, then the mbarriers — full_k[S], full_v[S], empty_k[S],
+// entries' O staging tile, split-tail entries' merge area, then the mbarriers — full_k[S], full_v[S], empty_k[S],
 // empty_v[S], Q's full (and, persistent, empty) — and exp turns' scale slot.
 template <typename Cfg>
 struct HopperSmem {
   static constexpr int S = Cfg::kStages;
-  uint32_t q, k, v, o, bars;
+  uint32_t q, k, v, o, merge, bars;
 
   __device__ __forceinline__ static HopperSmem at(const unsigned char* raw) {
     const uint32_t base = (smem_u32(raw) + 1023) & ~1023u;
@@ -92,7 +105,8 @@ struct HopperSmem {
     m.k = m.q + Cfg::kQBytes;  // stage i at k + i × kKVBytes
     m.v = m.k + S * Cfg::kKVBytes;
     m.o = m.v + S * Cfg::kKVBytes;  // persistent only; else O is staged in q
-    m.bars = m.o + Cfg::kStageBytes;
+    m.merge = m.o + Cfg::kStageBytes;
+    m.bars = m.merge + Cfg::kMergeBytes;
     return m;
   }
   // Producer's expect_tx arrival + TMA bytes complete a full barrier; every

@@ -49,7 +49,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
   // shared window's special register, ptxas rebuilds the Q descriptor in every
   // key tile, ten dependent uniform instructions ahead of the first Q·Kᵀ wgmma.
   q_base.lo = __shfl_sync(0xffffffffu, q_base.lo, 0);
-  auto q_desc = [&](int kk) { return q_base.at(((kk / 4) * BM * 128 + (kk % 4) * 32) / 16); };
+  auto q_desc_of = [&](const GmmaDesc& qb, int kk) { return qb.at(((kk / 4) * BM * 128 + (kk % 4) * 32) / 16); };
+  auto q_desc = [&](int kk) { return q_desc_of(q_base, kk); };
 
   // A K/V ring slot as the consumers carry it from tile to tile: stage, parity,
   // its full_k barrier (full_v, empty_k, empty_v lie 8·S bytes apart) and its K
@@ -112,12 +113,108 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
   };
 
+  // A split-tail item (HopperItem::split_tail): the three consumer warpgroups
+  // share its 64 rows (the first warpgroup's rows of the Q tile), warpgroup cw
+  // taking key tiles cw, cw + 3, … and releasing the others unread, each tile
+  // serial (Q·Kᵀ, softmax, P·V): the other warpgroups' tiles overlap it. Every
+  // warpgroup waits for the item's Q, so that one without a tile arrives on
+  // empty_q in this item's phase. Then warpgroups 1 and 2 hand their O and
+  // softmax state to warpgroup 0 through shared memory (thread i's next to
+  // thread i's: the same rows and columns), which folds each in as one more key
+  // tile and stores the rows.
+  auto split_tail_item = [&](const HopperItem& it, int g0, int& q_loads) {
+    const int row_lo = it.m0 + 16 * warp + g;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    softmax.reset(0);
+    if (it.tiles > 0) {
+      mbar_wait(bar_q, q_loads & 1);
+      ++q_loads;
+      if (it.tiles <= cw) mbar_arrive_warp(empty_q);
+    }
+    const GmmaDesc q0 = GmmaDesc::make(sm.q, 0, 1024);
+    Slot cur = slot_at(g0);
+    for (int j = 0; j < it.tiles; ++j, cur = next_slot(cur)) {
+      mbar_wait(cur.bar, cur.phase);
+      if (j % 3 != cw) {
+        mbar_arrive_warp(slot_empty_k(cur));
+        mbar_wait(slot_full_v(cur), cur.phase);
+        mbar_arrive_warp(slot_empty_v(cur));
+        continue;
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<T, BN>(s, q_desc_of(q0, kk), k_desc(cur, kk), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(s);
+      mbar_arrive_warp(slot_empty_k(cur));
+      if (j + 3 >= it.tiles) mbar_arrive_warp(empty_q);  // this warpgroup's last Q·Kᵀ
+      mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, p.seqlen_k, diag);
+      softmax.update(0, s, correction, scale_log2);
+      softmax.rescale(o, correction);
+      pack_p();
+      mbar_wait(slot_full_v(cur), cur.phase);
+      issue_pv(cur);
+      pv_landed(cur);
+    }
+    constexpr int F = Cfg::kMergeFloats;
+    const int tid = threadIdx.x % 128;
+    auto slot_addr = [&](int from, int i) { return sm.merge + 4 * (((from - 1) * F + i) * 128 + tid); };
+    if (cw > 0) {
+#pragma unroll
+      for (int i = 0; i < DT * 4; ++i)
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(slot_addr(cw, i)), "f"(o[i / 4][i % 4]) : "memory");
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(slot_addr(cw, DT * 4 + r)), "f"(softmax.row_max[0][r])
+                     : "memory");
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(slot_addr(cw, DT * 4 + 2 + r)), "f"(softmax.row_sum[0][r])
+                     : "memory");
+      }
+    }
+    named_bar_sync(NamedBarrier::Merge, 384);
+    if (cw == 0) {
+#pragma unroll
+      for (int from = 1; from < 3; ++from) {
+        float mine[2], theirs[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float other_max, other_sum;
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(other_max) : "r"(slot_addr(from, DT * 4 + r)) : "memory");
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(other_sum) : "r"(slot_addr(from, DT * 4 + 2 + r)) : "memory");
+          softmax.merge(0, r, other_max, other_sum, mine[r], theirs[r]);
+        }
+#pragma unroll
+        for (int i = 0; i < DT * 4; ++i) {
+          float x;
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(slot_addr(from, i)) : "memory");
+          o[i / 4][i % 4] = o[i / 4][i % 4] * mine[(i % 4) / 2] + x * theirs[(i % 4) / 2];
+        }
+      }
+    }
+    named_bar_sync(NamedBarrier::Merge, 384);  // the area is free for the next item
+    if (cw != 0) return;
+    if (p.num_splits == 1) {
+      store_staged<T, Cfg>(p, sm, it, 0, warp, g, t, o, softmax);
+    } else {
+      store_rows<T, D>(p, o, softmax, 0, row_lo, it.b, it.h, it.split, t);
+    }
+  };
+
   int g0 = 0, q_loads = 0;
   bool chained = false;  // this item's first turn was handed over by the previous item's end
   for (int k = 0; kPersistent || k == 0; ++k) {
     const HopperItem it = item(k);
     if (it.done) break;
     if (it.skip) continue;
+    if constexpr (Cfg::kSplitTail) {
+      if (it.split_tail) {
+        split_tail_item(it, g0, q_loads);
+        g0 += it.tiles;
+        continue;
+      }
+    }
     const int row_lo = it.m0 + 64 * cw + 16 * warp + g;  // this thread's rows: row_lo, row_lo + 8
     const int wg_last_row = it.m0 + 64 * cw + 63;
 #pragma unroll

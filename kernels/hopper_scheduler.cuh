@@ -13,6 +13,9 @@ struct HopperItem {
   bool skip;  // not an item (the missing half of a pair, a schedule's padding): neither loads nor stores
   int m0, b, h, kvh, split, n_begin;
   int tiles;  // key tiles; 0: rows that see no key (stored as zeros)
+  // Split-tail item: 64 rows from m0, every consumer warpgroup's, each taking
+  // every third key tile; merged by warpgroup 0 (HopperSched::whole_units).
+  bool split_tail;
 };
 
 // The k-th item of this CTA. Not persistent: the one query block the 3-D grid
@@ -26,12 +29,14 @@ struct HopperItem {
 // splits, where they differ in cost), kernel-ffi passes the 128-row entries
 // (SCHEDULED) a schedule instead (HopperSched::order, planner::causal_order) and
 // the CTA runs its row; the 64-row one has no registers to spare for both. The
-// decode divides by host-computed FastDiv constants: run-time divisions would
-// sit on the path to the first TMA load.
-template <int BM, int BN, bool CAUSAL, bool PERSISTENT, bool SCHEDULED>
+// 192-row entry (SPLIT_TAIL) runs units from sc.whole_units on as three items
+// each, the unit's 64-row thirds (HopperItem::split_tail). The decode divides by
+// host-computed FastDiv constants: run-time divisions would sit on the path to
+// the first TMA load.
+template <int BM, int BN, bool CAUSAL, bool PERSISTENT, bool SCHEDULED, bool SPLIT_TAIL>
 __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const HopperSched& sc, int k) {
   HopperItem r{};
-  int m_idx;
+  int m_idx, sub = 0;
   if constexpr (PERSISTENT) {
     int sbh;  // split × (batch × heads) + batch × heads + head
     if (SCHEDULED && sc.order != nullptr) {
@@ -43,7 +48,13 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
       sbh = fast_div(sc.blocks, (int)block);
       m_idx = (int)block - sbh * sc.blocks.div;
     } else {
-      const int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
+      int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
+      if (SPLIT_TAIL && unit >= sc.whole_units) {  // three items a unit: its 64-row thirds
+        const int t = unit - sc.whole_units;
+        unit = sc.whole_units + t / 3;
+        sub = t % 3;
+        r.split_tail = true;
+      }
       r.done = unit >= sc.units;
       if (r.done) return r;
       sbh = fast_div(sc.per_head, unit);
@@ -70,6 +81,11 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
     m_idx = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   }
   r.m0 = m_idx * BM;
+  if (SPLIT_TAIL && r.split_tail) {
+    r.m0 += 64 * sub;
+    r.skip = r.m0 >= p.seqlen_q;  // a last query block's empty third
+    if (r.skip) return r;
+  }
   r.n_begin = r.split * p.keys_per_split;
   int n_end = min(p.seqlen_k, r.n_begin + p.keys_per_split);
   if (CAUSAL) n_end = min(n_end, r.m0 + BM + (p.seqlen_k - p.seqlen_q));

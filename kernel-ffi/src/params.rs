@@ -77,7 +77,9 @@ pub struct HopperSched {
     /// indices (planner::causal_order); else 0.
     pub order: u64,
     pub order_stride: i32,
-    pub pad: i32,
+    /// Split-tail entries: units run whole (`planner::whole_units`); the rest
+    /// run as three 64-row items each. Elsewhere `units`.
+    pub whole_units: i32,
 }
 
 #[repr(C)]

@@ -74,8 +74,8 @@ impl Attention {
     /// The forward entry for this problem: `flash_fwd[_hopper]_<dtype>_d<D>[_causal]`
     /// or the same with `_m64` (64-row CTAs) or `_kg2` (two key groups: 32-row CTAs
     /// at D=64, 64-row ones at D=128), whichever is loaded. Rows per CTA: `block_m`,
-    /// or else `planner::prefer_m64` between the one-group entries (Hopper causal
-    /// D=64: `planner::prefer_wide_causal_d64`); then key groups: `key_groups`, or
+    /// or else `planner::prefer_m64` between the one-group entries (Hopper D=64:
+    /// `planner::prefer_wide_d64`, causal `planner::prefer_wide_causal_d64`); then key groups: `key_groups`, or
     /// else `choose_groups`. With the entry's split plan (the twin's, where that was
     /// already made).
     pub(super) fn choose_entry(&self, family: Family, dtype: Dtype, p: &Problem, opts: &Options) -> Result<Chosen<'_>> {
@@ -87,8 +87,13 @@ impl Attention {
             [narrow, wide] => {
                 let r = |k: &Kernel| u64::from(k.launch.block_m);
                 let ctas = Self::work_ctas(narrow, p);
-                let m64 = if family == Family::Hopper && causal && p.head_dim == 64 {
-                    !planner::prefer_wide_causal_d64(Self::work_ctas(wide, p), slots(wide), p.seqlen_k)
+                let m64 = if family == Family::Hopper && p.head_dim == 64 {
+                    let (units, wide_slots) = (Self::work_ctas(wide, p), slots(wide));
+                    if causal {
+                        !planner::prefer_wide_causal_d64(units, wide_slots, p.seqlen_k)
+                    } else {
+                        !planner::prefer_wide_d64(units, wide_slots, p.seqlen_k)
+                    }
                 } else {
                     planner::prefer_m64(causal, ctas, slots(narrow), r(narrow), slots(wide), r(wide))
                 };

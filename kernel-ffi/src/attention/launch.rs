@@ -63,6 +63,8 @@ pub(super) struct Grid {
     per_head: u32,
     /// Units in all.
     units: u64,
+    /// Units run whole; a split-tail entry runs the rest as 64-row items.
+    whole_units: u64,
 }
 
 impl Grid {
@@ -85,9 +87,12 @@ impl Grid {
         } else {
             (m_blocks, (p.batch * p.heads) as u32, splits)
         };
+        // Three consumer warpgroups in a persistent CTA (the Hopper kernel's kSplitTail).
+        let split_tail = kern.launch.persistent && kern.launch.block_m == 3 * 64;
+        let whole_units = if split_tail { planner::whole_units(units, u64::from(grid_dim.0)) } else { units };
         let cfg =
             LaunchConfig { grid_dim, block_dim: (kern.launch.threads, 1, 1), shared_mem_bytes: kern.dynamic_smem };
-        Ok(Grid { cfg, m_blocks, per_head, units })
+        Ok(Grid { cfg, m_blocks, per_head, units, whole_units })
     }
 
     pub(super) fn ctas(&self) -> u64 {
@@ -188,7 +193,7 @@ impl Attention {
                 blocks: FastDiv::new(grid.m_blocks),
                 order,
                 order_stride,
-                pad: 0,
+                whole_units: grid.whole_units as i32,
             },
         };
         // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal][_m64](const __grid_constant__

@@ -50,10 +50,11 @@ pub struct KernelChoice {
     /// Kernel: auto (Hopper where loaded), portable or hopper.
     #[arg(long, default_value = "auto")]
     pub variant: Variant,
-    /// Query rows per CTA (32, 64 or 128) where the kernel has several; default: the planner's choice.
+    /// Query rows per CTA (32, 64, 128 or 192) where the kernel has several; default: the planner's choice.
     ///
-    /// An `_m64` entry beside the 128-row one (the planner's rule is `planner::prefer_m64`),
-    /// and the portable D=64 `_kg2` entry's 32 rows.
+    /// An `_m64` entry beside the 128-row one (the planner's rule is `planner::prefer_m64`) or,
+    /// Hopper non-causal D=64, the 192-row one (`planner::prefer_wide_d64`), and the portable
+    /// D=64 `_kg2` entry's 32 rows.
     #[arg(long)]
     pub block_m: Option<u32>,
     /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.

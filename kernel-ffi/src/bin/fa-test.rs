@@ -111,6 +111,10 @@ fn sanitize_set() -> Vec<Case> {
                     // 133 pairs of 128-row blocks: a partial last round on up to 132 SMs, so
                     // that the 128-row entries run a host schedule (planner::causal_order).
                     cases.push(case(256, 256, 133, 1, Layout::Bhsd, Splits::Fixed(1)));
+                } else {
+                    // 266 192-row blocks: a partial last round on up to 132 SMs, which the
+                    // Hopper D=64 192-row entry runs as split-tail items (planner::whole_units).
+                    cases.push(case(300, 300, 133, 1, Layout::Bhsd, Splits::Fixed(1)));
                 }
             }
         }
@@ -120,12 +124,13 @@ fn sanitize_set() -> Vec<Case> {
 }
 
 /// Every case on every entry: the portable kernel's and then the Hopper kernel's,
-/// each at 32 (two key groups only), 64 and 128 query rows per CTA, with one or
-/// two key groups, persistent or not (named `…-m64` / `…-m32-kg2` /
-/// `…-hopper-m128` / `…-persistent`); a case runs only where its entry is loaded
-/// (most configurations have one or two).
+/// each at 32 (two key groups only), 64, 128 and 192 (Hopper D=64) query rows
+/// per CTA, with one or two key groups, persistent or not (named `…-m64` /
+/// `…-m32-kg2` / `…-hopper-m128` / `…-persistent`); a case runs only where its
+/// entry is loaded (most configurations have one or two).
 fn on_every_entry(cases: Vec<Case>) -> Vec<Case> {
-    let entries = [(32, 2), (64, 1), (64, 2), (128, 1)].into_iter().flat_map(|(m, g)| [(m, g, false), (m, g, true)]);
+    let entries =
+        [(32, 2), (64, 1), (64, 2), (128, 1), (192, 1)].into_iter().flat_map(|(m, g)| [(m, g, false), (m, g, true)]);
     [Variant::Portable, Variant::Hopper]
         .into_iter()
         .flat_map(|variant| entries.clone().map(move |e| (variant, e)))
@@ -236,6 +241,19 @@ fn matrix() -> Vec<Case> {
         // causal CTAs run several units and pass over a pair's missing half.
         large(Dtype::Bf16, 64, true, 4, 16, 4, 960, 960, Layout::Bshd, Splits::Auto),
     ]);
+    // A partial last round of 192-row blocks on up to 132 SMs (266 or 532 units),
+    // which the Hopper D=64 192-row entry runs as split-tail items
+    // (planner::whole_units): one, two, three and more key tiles per item, a last
+    // block's empty third, and key splits.
+    for (dtype, seqlen_k, splits) in [
+        (Dtype::F16, 100, Splits::Fixed(1)),
+        (Dtype::Bf16, 250, Splits::Fixed(1)),
+        (Dtype::F16, 300, Splits::Fixed(1)),
+        (Dtype::Bf16, 700, Splits::Fixed(1)),
+        (Dtype::F16, 700, Splits::Fixed(2)),
+    ] {
+        cases.push(large(dtype, 64, false, 1, 133, 7, 300, seqlen_k, Layout::Bshd, splits));
+    }
     on_every_entry(cases)
 }
 

@@ -14,9 +14,10 @@ mod schedule;
 mod simulate;
 mod uniform;
 
-pub use grid::{LaunchGrid, blocks_to_units};
+pub use grid::{LaunchGrid, blocks_to_units, whole_units};
 pub use prefer::{
     prefer_hopper, prefer_key_groups, prefer_m64, prefer_narrow_key_groups, prefer_persistent, prefer_wide_causal_d64,
+    prefer_wide_d64,
 };
 pub use schedule::causal_order;
 pub use simulate::{

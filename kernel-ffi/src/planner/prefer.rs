@@ -36,9 +36,8 @@ pub fn prefer_hopper(seqlen_k: usize) -> bool {
 /// S4096 (1.9 waves of 128-row CTAs), 5% slower at B4 H16 S2048 (3.9 waves) and
 /// 11-12% at B2 H16 S8192 (7.8), which a list-scheduling model of the causal grid
 /// reproduces with 128-row CTAs 18% cheaper per row and puts the break-even
-/// between 2.2 and 2.9 waves. (Hopper D=64 non-causal has only 64-row CTAs, two
-/// per SM: 1.6-25% faster than 128-row ones up to 4096 keys, even to 5% slower at
-/// 8192; causal D=64 chooses by `prefer_wide_causal_d64`.)
+/// between 2.2 and 2.9 waves. (Hopper D=64 chooses by `prefer_wide_d64` and
+/// `prefer_wide_causal_d64`.)
 pub fn prefer_m64(
     causal: bool,
     narrow_ctas: u64,
@@ -71,6 +70,26 @@ pub fn prefer_m64(
 /// 1024-2048 keys (B2 H16 S4096 ±0.1%, B1 H16 S8192 +1.7%).
 pub fn prefer_wide_causal_d64(wide_ctas: u64, wide_slots: u64, seqlen_k: usize) -> bool {
     seqlen_k >= 1024 && wide_ctas >= 3 * wide_slots
+}
+
+/// Whether a non-causal Hopper D=64 problem should run the 192-row entry (three
+/// consumer warpgroups, one persistent CTA per SM, a partial last round as
+/// split-tail items: `whole_units`) rather than two 64-row CTAs per SM, from its
+/// grid of 192-row units (query blocks × batch × heads), the resident slots and
+/// the keys per head. Three warpgroups hide more of each other's softmax than
+/// two CTAs of one, but a unit is three times as coarse: it wins from 2048 keys
+/// on grids of at least four rounds, and loses where few rounds or short heads
+/// leave its coarser units, a last block's unused rows, or the tail round
+/// showing.
+///
+/// Measured on an H100 (`fa-bench --variant hopper --block-m 64|192`, 3 rounds
+/// in one run, f16): B4 H16 S2048 (5.3 rounds of 192-row units) −8.8% (bf16
+/// −9.7%), B8 H16 S2048 (10.7) −10%, B2 H16 S4096 (5.3) −10%, B1 H16 S8192 (5.2)
+/// −11%; B16 H16 S1024 (11.6) −1%, B8 H16 S1024 (5.8) ±0.3%, B2 H16 S2048 (2.7)
+/// +1%, B8 H16 S512 (2.9) +2.5%, B4 H16 S1024 (2.9) +4%, and under two rounds
+/// (B4 H16 S512, B2 H8 S1024, B1 H16 S2048) 39-47% slower.
+pub fn prefer_wide_d64(wide_units: u64, wide_slots: u64, seqlen_k: usize) -> bool {
+    seqlen_k >= 2048 && wide_units >= 4 * wide_slots
 }
 
 /// Whether an entry with a persistent twin should run it, given the planned grid
@@ -154,6 +173,20 @@ mod tests {
         assert!(!prefer_wide_causal_d64(wide(2, 8, 1024), slots, 1024), "B2 H8 S1024, one wave: +25%");
         assert!(!prefer_wide_causal_d64(wide(8, 32, 512), slots, 512), "B8 H32 S512: even");
         assert!(!prefer_wide_causal_d64(wide(1, 4, 2048), slots, 2048), "B1 H4 S2048: under a wave, split");
+    }
+
+    #[test]
+    fn wide_d64_from_2048_keys_on_four_rounds() {
+        let slots = 132; // H100, one 192-row Hopper D=64 CTA per SM
+        let wide = |b: u64, h: u64, s: u64| b * h * s.div_ceil(192);
+        assert!(prefer_wide_d64(wide(4, 16, 2048), slots, 2048), "B4 H16 S2048: -9%");
+        assert!(prefer_wide_d64(wide(8, 16, 2048), slots, 2048), "B8 H16 S2048: -10%");
+        assert!(prefer_wide_d64(wide(2, 16, 4096), slots, 4096), "B2 H16 S4096: -10%");
+        assert!(prefer_wide_d64(wide(1, 16, 8192), slots, 8192), "B1 H16 S8192: -11%");
+        assert!(!prefer_wide_d64(wide(16, 16, 1024), slots, 1024), "B16 H16 S1024: -1%");
+        assert!(!prefer_wide_d64(wide(2, 16, 2048), slots, 2048), "B2 H16 S2048, 2.7 rounds: +1%");
+        assert!(!prefer_wide_d64(wide(1, 16, 2048), slots, 2048), "B1 H16 S2048, 1.3 rounds: +47%");
+        assert!(!prefer_wide_d64(wide(4, 16, 512), slots, 512), "B4 H16 S512: +44%");
     }
 
     #[test]
