@@ -1,5 +1,6 @@
 //! A launch as the simulated split model and the causal schedule see it: its
-//! tiles, its work units, and each query block's key tiles.
+//! tiles, its work units, and each query block's key tiles; and the units a
+//! split-tail launch runs whole.
 
 /// A launch as the simulated split model sees it: the chosen entry's tiles and
 /// residency, and the problem's rows and keys.

@@ -3,7 +3,8 @@
 //! they are tested without a GPU.
 //!
 //! - `uniform`: `plan`, the split model where every key block costs the same.
-//! - `grid`: `LaunchGrid`, a launch as the simulation and the schedule see it.
+//! - `grid`: `LaunchGrid`, a launch as the simulation and the schedule see it, and
+//!   `whole_units`, the units a split-tail launch runs whole.
 //! - `simulate`: `plan_simulated`, the split model that simulates the grid on the SMs.
 //! - `schedule`: `causal_order`, the work lists of persistent causal CTAs.
 //! - `prefer`: the measured rules for which entry runs.
