@@ -60,7 +60,8 @@ __device__ __forceinline__ int fast_div(const FastDiv& d, int n) {
 
 // ------------------------------------------------------- named barriers --
 // The Hopper kernel's named barriers (bar.sync / bar.arrive ids; 0 is
-// __syncthreads). Consumer warpgroup c (0 or 1) uses TurnWg0 + c and EpilogueWg0 + c.
+// __syncthreads). Consumer warpgroup c uses TurnWg0 + c (c = 0, 1: ping-pong and exp
+// turns) and EpilogueWg0 + c (c = 0, 1, 2).
 enum class NamedBarrier : int {
   TurnWg0 = 1,      // 256 threads: warpgroup 1 arrives to hand warpgroup 0 its turn; 0 waits
   TurnWg1 = 2,      // 256 threads: warpgroup 0 arrives to hand warpgroup 1 its turn; 1 waits

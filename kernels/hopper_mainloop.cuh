@@ -17,7 +17,7 @@
 
 namespace fa {
 
-// Consumer warpgroup wg (1 or 2) runs every item of this CTA (`item(k)`, the
+// Consumer warpgroup wg (1 to 3) runs every item of this CTA (`item(k)`, the
 // scheduler's) in order; the K/V ring runs on across items (g0: ring position of
 // an item's first tile).
 template <typename T, typename Cfg, bool CAUSAL, typename Items>

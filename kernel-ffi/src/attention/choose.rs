@@ -92,12 +92,13 @@ impl Attention {
                     if causal {
                         !planner::prefer_wide_causal_d64(units, wide_slots, p.seqlen_k)
                     } else {
-                        !planner::prefer_wide_d64(units, wide_slots, p.seqlen_k)
+                        !planner::prefer_wide_d64(units, wide_slots, p.seqlen_q, p.seqlen_k)
                     }
                 } else {
                     planner::prefer_m64(causal, ctas, slots(narrow), r(narrow), slots(wide), r(wide))
                 };
-                Some(if m64 { narrow.launch.block_m } else { wide.launch.block_m })
+                let wide = (wide.launch.block_m, wide.launch.persistent);
+                Some(Self::rows(m64, narrow.launch.block_m, wide, opts.choice.persistent))
             }
             _ => None,
         });
@@ -184,6 +185,15 @@ impl Attention {
         let blocks = plan.keys_per_split / n.block_n.max(1);
         let groups = if planner::prefer_key_groups(ctas, self.device.sm_count, blocks) { g.key_groups } else { 1 };
         Groups { rows, groups: Some(groups), twin_plan: Some(((n.block_m, n.block_n), plan)) }
+    }
+
+    /// Rows per CTA between a narrow and a wide one-group entry: the narrow one
+    /// where the planner prefers it (`m64`), or where the caller asked for CTAs
+    /// that are not persistent and the wide entry is persistent only (the Hopper
+    /// D=64 192-row one), so that `--persistent false` alone still runs.
+    /// `wide` is (rows, persistent).
+    fn rows(m64: bool, narrow: u32, (wide, wide_persistent): (u32, bool), persistent: Option<bool>) -> u32 {
+        if m64 || (persistent == Some(false) && wide_persistent) { narrow } else { wide }
     }
 
     /// A two-group entry of fewer rows than the 64-row one-group entry (the portable
@@ -275,7 +285,19 @@ impl Groups {
 
 #[cfg(test)]
 mod tests {
-    use super::Groups;
+    use super::{Attention, Groups};
+
+    #[test]
+    fn not_persistent_alone_takes_the_narrow_entry_beside_a_persistent_only_wide_one() {
+        // Hopper D=64 non-causal: 64-row entry (with a persistent twin) beside the
+        // persistent-only 192-row one, which the planner prefers (m64 false).
+        assert_eq!(Attention::rows(false, 64, (192, true), Some(false)), 64);
+        assert_eq!(Attention::rows(false, 64, (192, true), None), 192);
+        assert_eq!(Attention::rows(false, 64, (192, true), Some(true)), 192);
+        assert_eq!(Attention::rows(true, 64, (192, true), None), 64);
+        // A wide entry that is not persistent keeps the planner's choice.
+        assert_eq!(Attention::rows(false, 64, (128, false), Some(false)), 128);
+    }
 
     #[test]
     fn forced_rows_are_never_traded_for_the_narrow_two_group_entry() {

@@ -76,11 +76,12 @@ pub fn prefer_wide_causal_d64(wide_ctas: u64, wide_slots: u64, seqlen_k: usize) 
 /// consumer warpgroups, one persistent CTA per SM, a partial last round as
 /// split-tail items: `whole_units`) rather than two 64-row CTAs per SM, from its
 /// grid of 192-row units (query blocks × batch × heads), the resident slots and
-/// the keys per head. Three warpgroups hide more of each other's softmax than
-/// two CTAs of one, but a unit is three times as coarse: it wins from 2048 keys
-/// on grids of at least four rounds, and loses where few rounds or short heads
-/// leave its coarser units, a last block's unused rows, or the tail round
-/// showing.
+/// the queries and keys per head. Three warpgroups hide more of each other's
+/// softmax than two CTAs of one, but a unit is three times as coarse: it wins
+/// from 2048 queries and keys on grids of at least four rounds, and loses where
+/// few rounds or short heads leave its coarser units, a last block's unused rows
+/// (every warpgroup runs every key tile: at 64 queries two thirds of the work
+/// would be wasted), or the tail round showing.
 ///
 /// Measured on an H100 (`fa-bench --variant hopper --block-m 64|192`, 3 rounds
 /// in one run, f16): B4 H16 S2048 (5.3 rounds of 192-row units) −8.8% (bf16
@@ -88,8 +89,8 @@ pub fn prefer_wide_causal_d64(wide_ctas: u64, wide_slots: u64, seqlen_k: usize) 
 /// −11%; B16 H16 S1024 (11.6) −1%, B8 H16 S1024 (5.8) ±0.3%, B2 H16 S2048 (2.7)
 /// +1%, B8 H16 S512 (2.9) +2.5%, B4 H16 S1024 (2.9) +4%, and under two rounds
 /// (B4 H16 S512, B2 H8 S1024, B1 H16 S2048) 39-47% slower.
-pub fn prefer_wide_d64(wide_units: u64, wide_slots: u64, seqlen_k: usize) -> bool {
-    seqlen_k >= 2048 && wide_units >= 4 * wide_slots
+pub fn prefer_wide_d64(wide_units: u64, wide_slots: u64, seqlen_q: usize, seqlen_k: usize) -> bool {
+    seqlen_q >= 2048 && seqlen_k >= 2048 && wide_units >= 4 * wide_slots
 }
 
 /// Whether an entry with a persistent twin should run it, given the planned grid
@@ -178,15 +179,19 @@ mod tests {
     #[test]
     fn wide_d64_from_2048_keys_on_four_rounds() {
         let slots = 132; // H100, one 192-row Hopper D=64 CTA per SM
-        let wide = |b: u64, h: u64, s: u64| b * h * s.div_ceil(192);
-        assert!(prefer_wide_d64(wide(4, 16, 2048), slots, 2048), "B4 H16 S2048: -9%");
-        assert!(prefer_wide_d64(wide(8, 16, 2048), slots, 2048), "B8 H16 S2048: -10%");
-        assert!(prefer_wide_d64(wide(2, 16, 4096), slots, 4096), "B2 H16 S4096: -10%");
-        assert!(prefer_wide_d64(wide(1, 16, 8192), slots, 8192), "B1 H16 S8192: -11%");
-        assert!(!prefer_wide_d64(wide(16, 16, 1024), slots, 1024), "B16 H16 S1024: -1%");
-        assert!(!prefer_wide_d64(wide(2, 16, 2048), slots, 2048), "B2 H16 S2048, 2.7 rounds: +1%");
-        assert!(!prefer_wide_d64(wide(1, 16, 2048), slots, 2048), "B1 H16 S2048, 1.3 rounds: +47%");
-        assert!(!prefer_wide_d64(wide(4, 16, 512), slots, 512), "B4 H16 S512: +44%");
+        let wide = |b: u64, h: u64, s: usize| prefer_wide_d64(b * h * (s as u64).div_ceil(192), slots, s, s);
+        assert!(wide(4, 16, 2048), "B4 H16 S2048: -9%");
+        assert!(wide(8, 16, 2048), "B8 H16 S2048: -10%");
+        assert!(wide(2, 16, 4096), "B2 H16 S4096: -10%");
+        assert!(wide(1, 16, 8192), "B1 H16 S8192: -11%");
+        assert!(!wide(16, 16, 1024), "B16 H16 S1024: -1%");
+        assert!(!wide(2, 16, 2048), "B2 H16 S2048, 2.7 rounds: +1%");
+        assert!(!wide(1, 16, 2048), "B1 H16 S2048, 1.3 rounds: +47%");
+        assert!(!wide(4, 16, 512), "B4 H16 S512: +44%");
+        // B64 H16, 64 queries against 4096 keys: 1024 units, but each 192-row unit
+        // would run two warpgroups of rows past the queries over every key tile.
+        assert!(!prefer_wide_d64(64 * 16, slots, 64, 4096));
+        assert!(!prefer_wide_d64(64 * 16 * 6, slots, 1024, 4096));
     }
 
     #[test]
