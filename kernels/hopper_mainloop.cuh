@@ -112,6 +112,20 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
   };
+  // An item's O and softmax state start empty.
+  auto reset_rows = [&] {
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    softmax.reset(0);
+  };
+  // A tile this warpgroup does not read (another's, or right of its causal
+  // diagonal), once its K has landed: its K stage is released, and its V stage
+  // once that has landed too.
+  auto release_landed = [&](const Slot& x) {
+    mbar_arrive_warp(slot_empty_k(x));
+    mbar_wait(slot_full_v(x), x.phase);
+    mbar_arrive_warp(slot_empty_v(x));
+  };
 
   // A split-tail item (HopperItem::split_tail): the three consumer warpgroups
   // share its 64 rows (the first warpgroup's rows of the Q tile), warpgroup cw
@@ -124,9 +138,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
   // tile and stores the rows.
   auto split_tail_item = [&](const HopperItem& it, int g0, int& q_loads) {
     const int row_lo = it.m0 + 16 * warp + g;
-#pragma unroll
-    for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    softmax.reset(0);
+    reset_rows();
     if (it.tiles > 0) {
       mbar_wait(bar_q, q_loads & 1);
       ++q_loads;
@@ -137,9 +149,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     for (int j = 0; j < it.tiles; ++j, cur = next_slot(cur)) {
       mbar_wait(cur.bar, cur.phase);
       if (j % 3 != cw) {
-        mbar_arrive_warp(slot_empty_k(cur));
-        mbar_wait(slot_full_v(cur), cur.phase);
-        mbar_arrive_warp(slot_empty_v(cur));
+        release_landed(cur);
         continue;
       }
       wgmma_fence();
@@ -217,9 +227,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     }
     const int row_lo = it.m0 + 64 * cw + 16 * warp + g;  // this thread's rows: row_lo, row_lo + 8
     const int wg_last_row = it.m0 + 64 * cw + 63;
-#pragma unroll
-    for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    softmax.reset(0);
+    reset_rows();
 
     // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
     // they come last, and only the barrier protocol runs for them. Ping-pong needs
@@ -353,12 +361,10 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         pv_landed(cur);
       }
     }
-    for (int j = live; j < it.tiles; ++j) {  // dead causal tiles: release them unread
+    for (int j = live; j < it.tiles; ++j) {  // dead causal tiles
       const Slot x = slot_at(g0 + j);
       mbar_wait(x.bar, x.phase);
-      mbar_arrive_warp(slot_empty_k(x));
-      mbar_wait(slot_full_v(x), x.phase);
-      mbar_arrive_warp(slot_empty_v(x));
+      release_landed(x);
     }
     g0 += it.tiles;
     if (p.num_splits == 1) {
