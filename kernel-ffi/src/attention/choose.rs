@@ -75,9 +75,9 @@ impl Attention {
     /// or the same with `_m64` (64-row CTAs) or `_kg2` (two key groups: 32-row CTAs
     /// at D=64, 64-row ones at D=128), whichever is loaded. Rows per CTA: `block_m`,
     /// or else `planner::prefer_m64` between the one-group entries (Hopper D=64:
-    /// `planner::prefer_wide_d64`, causal `planner::prefer_wide_causal_d64`); then key groups: `key_groups`, or
-    /// else `choose_groups`. With the entry's split plan (the twin's, where that was
-    /// already made).
+    /// `planner::prefer_wide_d64`, causal `planner::prefer_wide_causal_d64`); then
+    /// key groups: `key_groups`, or else `choose_groups`. With the entry's split
+    /// plan (the twin's, where that was already made).
     pub(super) fn choose_entry(&self, family: Family, dtype: Dtype, p: &Problem, opts: &Options) -> Result<Chosen<'_>> {
         let causal = opts.causal;
         let (base, loaded) = self.fwd_entries(family, dtype, p.head_dim, causal);
