@@ -25,6 +25,7 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
+  wait_for_prerequisites();  // the forward grid's partials
   float acc[kPerLane] = {};
   float mx = -INFINITY, total = 0.f;
   for (int s0 = 0; s0 < p.num_splits; s0 += kBatch) {

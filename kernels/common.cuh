@@ -94,6 +94,23 @@ __device__ __forceinline__ uint32_t dynamic_smem_size() {
   return r;
 }
 
+// ------------------------------------------- programmatic dependent launch --
+// A split launch's combine is launched as a programmatic dependent of the
+// forward kernel (sm_90+; both are no-ops on older archs and where the next
+// launch is an ordinary one). Each forward CTA lets it launch as soon as it has
+// started, so the combine's CTAs take the SM slots forward CTAs free and wait
+// there; the combine waits for the whole forward grid and its writes.
+__device__ __forceinline__ void launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisites() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // -------------------------------------------------------------- swizzle --
 // A tile of rows × COLS 16-bit elements, stored in 16-byte chunks with the chunk
 // index XORed by (row % 8). ldmatrix reads 8 rows at one logical chunk: unswizzled,

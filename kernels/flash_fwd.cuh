@@ -56,6 +56,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // The launcher takes smem and threads from the manifest; a mismatch is a build bug.
   if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads) __trap();
+  launch_dependents();
   const KeyGroup<T, Cfg> grp(smem_raw);
   const WarpRows<MT> wr(grp.tid);
   const PortableBlock<BM, CAUSAL> blk(p);

@@ -78,6 +78,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads ||
       (kPersistent && (gridDim.y != 1 || gridDim.z != 1)))
     __trap();
+  launch_dependents();
   const HopperSmem<Cfg> sm = HopperSmem<Cfg>::at(smem_raw);
   // The first item is decoded once, up front, by every thread.
   constexpr bool kScheduled = CAUSAL && kPersistent && Cfg::kConsumers == 2;

@@ -74,6 +74,7 @@ impl Attention {
             device,
             kernels,
             hopper,
+            dependent_launch: major >= 9,
             sim_plans: Mutex::default(),
             causal_orders: Mutex::default(),
             _modules: modules,
