@@ -38,15 +38,17 @@ struct FastDiv {
   uint32_t div, mul, shr;
 };
 
-// The persistent Hopper kernel's work decomposition: `units` = per_head × batch ×
-// heads × splits, a unit being a pair of query blocks (causal: ⌈m_blocks / 2⌉ per
-// head) or one (non-causal: m_blocks per head), grid-strided over the CTAs; or,
-// causal with `order`, CTA c runs the query blocks order[c · order_stride + k]
-// (split × batch × heads × m_blocks + block index; ~0u pads a shorter row), a
-// schedule kernel-ffi computes (planner::causal_order).
+// The persistent Hopper kernel's work decomposition, units grid-strided over the
+// CTAs (planner::Units). Non-causal: one query block each, `units` = per_head ×
+// batch × heads × splits with per_head = m_blocks. Causal: pairs of one (batch,
+// head)'s splits × m_blocks blocks, `units` = per_head × batch × heads with
+// per_head = ⌈splits × m_blocks / 2⌉; or, with `order`, CTA c runs the query
+// blocks order[c · order_stride + k] (split × batch × heads × m_blocks + block
+// index; ~0u pads a shorter row), a schedule kernel-ffi computes
+// (planner::causal_order).
 struct HopperSched {
   int32_t units;
-  FastDiv per_head;  // units per (split, batch, head)
+  FastDiv per_head;  // units per (split, batch, head); causal: per (batch, head)
   FastDiv bh;        // batch × heads
   FastDiv heads;
   FastDiv group;          // heads / kv_heads (query heads per K/V head)

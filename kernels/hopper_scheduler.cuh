@@ -22,11 +22,14 @@ struct HopperItem {
 // names (causal: the last blocks, which see the most keys, first). Persistent:
 // resident CTAs of a 1-D grid take units with a grid stride, a head's units
 // adjacent so that CTAs running together share its K/V in L2. A non-causal unit
-// is one query block; a causal one a pair of one (split, batch, head), the
-// longest and the shortest left (m_blocks − 1 − i, then i), so that units cost
-// about the same and the short block's keys (a prefix of the long one's) are
-// still in L2. Where those units leave the last round partly empty (and with
-// splits, where they differ in cost), kernel-ffi passes the 128-row entries
+// is one query block; a causal one a pair of one (batch, head)'s (split, block)
+// items, numbered z = split × m_blocks + block: the longest and the shortest left
+// (z = splits × m_blocks − 1 − i, then z = i), so that units cost about the same.
+// Unsplit, the short block's keys are a prefix of the long one's, still in L2;
+// split, block i of split s and block m_blocks − 1 − i of split splits − 1 − s
+// together see about one split's keys, where pairs within a split would differ
+// by a factor of two. Where those units leave the last round partly empty (and
+// with splits, where they differ in cost), kernel-ffi passes the 128-row entries
 // (SCHEDULED) a schedule instead (HopperSched::order, planner::causal_order) and
 // the CTA runs its row; the 64-row one has no registers to spare for both. The
 // 192-row entry (SPLIT_TAIL) runs units from sc.whole_units on as three items
@@ -57,12 +60,16 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
       }
       r.done = unit >= sc.units;
       if (r.done) return r;
-      sbh = fast_div(sc.per_head, unit);
+      sbh = fast_div(sc.per_head, unit);  // causal: batch × heads + head
       const int i = unit - sbh * sc.per_head.div;
       if (CAUSAL) {
-        m_idx = (k & 1) == 0 ? sc.blocks.div - 1 - i : i;
-        r.skip = (k & 1) == 1 && m_idx == sc.blocks.div - 1 - i;  // an odd block count's middle block: once
+        const int items = sc.blocks.div * p.num_splits;  // (split, block) items of a head
+        const int z = (k & 1) == 0 ? items - 1 - i : i;
+        r.skip = (k & 1) == 1 && z == items - 1 - i;  // an odd item count's middle item: once
         if (r.skip) return r;
+        const int split = fast_div(sc.blocks, z);
+        m_idx = z - split * sc.blocks.div;
+        sbh += split * sc.bh.div;
       } else {
         m_idx = i;
       }

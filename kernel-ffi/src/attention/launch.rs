@@ -59,7 +59,7 @@ pub(super) struct Grid {
     cfg: LaunchConfig,
     /// Query blocks per (batch, head).
     m_blocks: u32,
-    /// Units per (split, batch, head).
+    /// Units per (split, batch, head); causal: per (batch, head) (`planner::Units`).
     per_head: u32,
     /// Units in all.
     units: u64,
@@ -71,8 +71,8 @@ impl Grid {
     pub(super) fn new(sm_count: u32, c: &Chosen, p: &Problem, causal: bool) -> Result<Grid> {
         let (kern, splits) = (c.kern, c.plan.num_splits);
         let m_blocks = (p.seqlen_q as u32).div_ceil(kern.launch.block_m);
-        let per_head = planner::blocks_to_units(m_blocks, causal);
-        let units = u64::from(per_head) * (p.batch * p.heads) as u64 * u64::from(splits);
+        let all = planner::Units::new(m_blocks, splits, (p.batch * p.heads) as u64, causal);
+        let (per_head, units) = (all.per_head, all.total);
         let blocks = u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits);
         if kern.launch.persistent && blocks > i32::MAX as u64 {
             return Err(Error::Unsupported(format!(

@@ -31,11 +31,51 @@ impl LaunchGrid {
     }
 }
 
-/// Work units per (split, batch, head) of a persistent entry: pairs of query
-/// blocks, the longest with the shortest, where causal blocks differ in cost;
-/// single blocks otherwise.
-pub fn blocks_to_units(m_blocks: u32, causal: bool) -> u32 {
-    if causal { m_blocks.div_ceil(2) } else { m_blocks }
+/// A persistent entry's work units (fa::HopperSched), grid-strided over its CTAs,
+/// a head's units adjacent. Non-causal: one query block of one (split, batch,
+/// head) each. Causal: pairs of one (batch, head)'s splits × m_blocks items,
+/// numbered z = split × m_blocks + block, the longest left with the shortest
+/// (z = items − 1 − i, then z = i): unsplit, block m_blocks − 1 − i with block i;
+/// split, block i of split s with block m_blocks − 1 − i of split splits − 1 − s,
+/// which together see about one split's keys (pairs within a split would cost
+/// from one split's keys to two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Units {
+    /// Units per (split, batch, head); causal: per (batch, head).
+    pub per_head: u32,
+    /// Units in all.
+    pub total: u64,
+    m_blocks: u64,
+    splits: u64,
+    heads: u64,
+    causal: bool,
+}
+
+impl Units {
+    /// The units of `heads` (batch × heads) heads of `m_blocks` query blocks in `splits` splits.
+    pub fn new(m_blocks: u32, splits: u32, heads: u64, causal: bool) -> Units {
+        let (m, s) = (u64::from(m_blocks), u64::from(splits));
+        let (per_head, total) =
+            if causal { ((m * s).div_ceil(2), (m * s).div_ceil(2) * heads) } else { (m, m * s * heads) };
+        Units { per_head: per_head as u32, total, m_blocks: m, splits: s, heads, causal }
+    }
+
+    /// The query blocks of unit `u` in the order the kernel runs them, each as
+    /// (split, batch × heads + head, block).
+    pub fn blocks(&self, u: u64) -> impl Iterator<Item = (u64, u64, u64)> + use<> {
+        let per = u64::from(self.per_head).max(1);
+        let (m, heads) = (self.m_blocks.max(1), self.heads);
+        let (outer, i) = (u / per, u % per);
+        let (first, second) = if self.causal {
+            let items = m * self.splits;
+            let long = items - 1 - i;
+            (long, (i != long).then_some(i))
+        } else {
+            ((outer / heads.max(1)) * m + i, None)
+        };
+        let bh = if self.causal { outer } else { outer % heads.max(1) };
+        std::iter::once(first).chain(second).map(move |z| (z / m, bh, z % m))
+    }
 }
 
 /// Units a persistent split-tail launch (the Hopper 192-row entry: three consumer
@@ -48,13 +88,6 @@ pub fn blocks_to_units(m_blocks: u32, causal: bool) -> u32 {
 pub fn whole_units(units: u64, ctas: u64) -> u64 {
     let last = units % ctas.max(1);
     if last > 0 && 3 * last <= 2 * ctas { units - last } else { units }
-}
-
-/// The query blocks of causal unit `i` of a head's `m_blocks`: the longest,
-/// m_blocks − 1 − i, then the shortest, i, unless they are the same block.
-pub(super) fn causal_pair(m_blocks: u64, i: u64) -> impl Iterator<Item = u64> {
-    let long = m_blocks - 1 - i;
-    std::iter::once(long).chain((i != long).then_some(i))
 }
 
 /// Key tiles of query block `i` within split `split` of `per` tiles each.
@@ -71,7 +104,48 @@ pub(super) fn block_tiles(g: &LaunchGrid, i: u64, split: u64, per: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::whole_units;
+    use super::{LaunchGrid, Units, block_tiles, whole_units};
+
+    #[test]
+    fn units_run_every_block_once() {
+        for (m, s, heads) in [(1, 1, 1), (7, 1, 3), (32, 4, 4), (5, 3, 2), (16, 8, 1), (3, 5, 7)] {
+            for causal in [false, true] {
+                let units = Units::new(m, s, heads, causal);
+                let mut seen: Vec<(u64, u64, u64)> = (0..units.total).flat_map(|u| units.blocks(u)).collect();
+                seen.sort_unstable();
+                let mut all = Vec::new();
+                for split in 0..u64::from(s) {
+                    for bh in 0..heads {
+                        all.extend((0..u64::from(m)).map(|b| (split, bh, b)));
+                    }
+                }
+                all.sort_unstable();
+                assert_eq!(seen, all, "m {m} splits {s} heads {heads} causal {causal}");
+            }
+        }
+    }
+
+    #[test]
+    fn causal_pairs_of_a_split_launch_cost_about_the_same() {
+        // B1 H4 S2048 D64 in 4 splits of 4 key tiles, 64-row blocks: pairs within a
+        // split cost up to 8 tiles (blocks 15 and 16 of split 0 see all of its keys);
+        // mirrored across splits, every pair 4 or 5.
+        let g = LaunchGrid {
+            causal: true,
+            heads: 4,
+            seqlen_q: 2048,
+            seqlen_k: 2048,
+            block_m: 64,
+            block_n: 128,
+            ctas_per_sm: 2,
+            persistent: true,
+        };
+        let units = Units::new(32, 4, 4, true);
+        assert_eq!(units.total, 256);
+        let costs: Vec<u64> =
+            (0..units.total).map(|u| units.blocks(u).map(|(s, _, b)| block_tiles(&g, b, s, 4)).sum()).collect();
+        assert!(costs.iter().all(|&c| (4..=5).contains(&c)), "{costs:?}");
+    }
 
     #[test]
     fn a_partial_last_round_runs_as_split_tail_items_where_that_shortens_it() {

@@ -2,20 +2,18 @@
 //! pairs would leave the last round uneven.
 
 use super::LaunchGrid;
-use super::grid::{block_tiles, blocks_to_units, causal_pair};
+use super::grid::{Units, block_tiles};
 
 /// A persistent causal launch's schedule (fa::HopperSched::order): for each of
 /// `grid` CTAs, the query blocks it runs in order, each as split × heads ×
 /// m_blocks + (batch × head) × m_blocks + block index, and `u32::MAX` padding
 /// every list to the longest (`stride`); `None` where the kernel's own
-/// grid-strided pairs fill every round. Units are pairs of one head's blocks,
-/// the longest with the shortest (so that every unit costs about the same, and
-/// the short block's keys, a prefix of the long one's, are still in L2), dealt
-/// with a grid stride, a head's pairs adjacent; but where the units do not fill
-/// the last round, that round's blocks are dealt singly instead, longest first,
-/// each to the CTA with the least work so far, so that the CTAs finish together
-/// (with splits, pairs also differ in cost: a split holds only part of a block's
-/// keys).
+/// grid-strided pairs fill every round. The units are the kernel's own
+/// (`Units`: pairs of one head's blocks, the longest with the shortest, so that
+/// every unit costs about the same), dealt with a grid stride, a head's pairs
+/// adjacent; but where the units do not fill the last round, that round's
+/// blocks are dealt singly instead, longest first, each to the CTA with the
+/// least work so far, so that the CTAs finish together.
 ///
 /// Measured on an H200 (`fa-bench --variant hopper`, two builds, 3 interleaved
 /// rounds, f16 / bf16): B1 H1 S8192 D128 causal (8 splits, 256 pairs on 132
@@ -28,13 +26,10 @@ use super::grid::{block_tiles, blocks_to_units, causal_pair};
 pub fn causal_order(g: &LaunchGrid, tiles_per_split: u32, grid: u32) -> Option<(u32, Vec<u32>)> {
     let m_blocks = g.m_blocks();
     let splits = u64::from(g.key_tiles().div_ceil(tiles_per_split.max(1)));
-    let per_head = u64::from(blocks_to_units(m_blocks as u32, true));
-    let units = per_head * splits * g.heads;
+    let all = Units::new(m_blocks as u32, splits as u32, g.heads, true);
+    let units = all.total;
     let grid = grid.max(1) as usize;
-    let pair = |unit: u64| {
-        let sbh = unit / per_head;
-        causal_pair(m_blocks, unit % per_head).map(move |i| (sbh * m_blocks + i) as u32)
-    };
+    let pair = |unit: u64| all.blocks(unit).map(move |(split, bh, i)| ((split * g.heads + bh) * m_blocks + i) as u32);
     // A block's cost: its key tiles, plus a quarter tile of fixed cost so that
     // blocks that see no key are spread too.
     let cost = |b: u32| {
