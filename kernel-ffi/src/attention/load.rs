@@ -74,7 +74,7 @@ impl Attention {
             device,
             kernels,
             hopper,
-            dependent_launch: major >= 9,
+            dependent_launch: combine_waits(&arch),
             sim_plans: Mutex::default(),
             causal_orders: Mutex::default(),
             _modules: modules,
@@ -122,6 +122,14 @@ fn load(ctx: &Arc<Ctx>, dir: &Path, manifest: &Manifest, arch: &str) -> Result<L
     Ok(Loaded { kernels, modules })
 }
 
+/// Whether the combine entries of `arch` wait for the forward grid
+/// (`griddepcontrol.wait`, compiled in from sm_90 on), so that they may be
+/// launched as its programmatic dependents.
+fn combine_waits(arch: &str) -> bool {
+    let digits = arch.strip_prefix("sm_").map(|a| a.trim_end_matches('a'));
+    digits.and_then(|d| d.parse::<u32>().ok()).is_some_and(|n| n >= 90)
+}
+
 fn driver_version() -> Option<String> {
     let mut v = 0;
     // SAFETY: cuDriverGetVersion writes one int; the driver is loaded by Ctx::new.
@@ -138,6 +146,12 @@ pub fn uuid_string(bytes: &[std::ffi::c_char; 16]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_combines_built_for_sm_90_on_wait_for_the_forward_grid() {
+        assert!(combine_waits("sm_90a") && combine_waits("sm_90") && combine_waits("sm_100"));
+        assert!(!combine_waits("sm_89") && !combine_waits("sm_80") && !combine_waits("compute_90"));
+    }
 
     #[test]
     fn uuids_read_as_nvidia_smi_prints_them() {

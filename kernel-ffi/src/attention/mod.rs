@@ -61,8 +61,8 @@ pub struct Attention {
     kernels: HashMap<String, Kernel>,
     /// The Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).
     hopper: bool,
-    /// The device runs programmatic dependent launches (sm_90+): the combine
-    /// launches while the forward kernel drains.
+    /// The loaded combine entries wait for the forward grid (sm_90+), so they
+    /// are launched as its programmatic dependents, while it drains.
     dependent_launch: bool,
     /// Simulated split plans already made (`planner::plan_simulated`: up to a
     /// few hundred µs of CPU), one per launch geometry.
