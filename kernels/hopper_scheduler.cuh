@@ -28,8 +28,8 @@ struct HopperItem {
 // Unsplit, the short block's keys are a prefix of the long one's, still in L2;
 // split, block i of split s and block m_blocks − 1 − i of split splits − 1 − s
 // together see about one split's keys, where pairs within a split would differ
-// by a factor of two. Where those units leave the last round partly empty (and
-// with splits, where they differ in cost), kernel-ffi passes the 128-row entries
+// by a factor of two. Where those units leave the last round partly empty,
+// kernel-ffi passes the 128-row entries
 // (SCHEDULED) a schedule instead (HopperSched::order, planner::causal_order) and
 // the CTA runs its row; the 64-row one has no registers to spare for both. The
 // 192-row entry (SPLIT_TAIL) runs units from sc.whole_units on as three items

@@ -73,14 +73,6 @@ impl Grid {
         let m_blocks = (p.seqlen_q as u32).div_ceil(kern.launch.block_m);
         let all = planner::Units::new(m_blocks, splits, (p.batch * p.heads) as u64, causal);
         let (per_head, units) = (all.per_head, all.total);
-        let blocks = u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits);
-        if kern.launch.persistent && blocks > i32::MAX as u64 {
-            return Err(Error::Unsupported(format!(
-                "{blocks} query blocks × batch × heads × splits exceed {}; {} decodes them in 32 bits",
-                i32::MAX,
-                c.name
-            )));
-        }
         let grid_dim = if kern.launch.persistent {
             let slots = u64::from(sm_count) * u64::from(kern.ctas_per_sm.max(1));
             (units.min(slots) as u32, 1, 1)
@@ -89,6 +81,14 @@ impl Grid {
         };
         // Three consumer warpgroups in a persistent CTA (the Hopper kernel's kSplitTail).
         let split_tail = kern.launch.persistent && kern.launch.block_m == 3 * 64;
+        let blocks = u64::from(m_blocks) * (p.batch * p.heads) as u64 * u64::from(splits);
+        if kern.launch.persistent && !planner::decodes_in_i32(blocks, units, u64::from(grid_dim.0), split_tail) {
+            return Err(Error::Unsupported(format!(
+                "{blocks} query blocks × batch × heads × splits in {units} units on {} CTAs: {} decodes them in \
+                 32-bit ints, which they would overflow; split the batch",
+                grid_dim.0, c.name
+            )));
+        }
         let whole_units = if split_tail { planner::whole_units(units, u64::from(grid_dim.0)) } else { units };
         let cfg =
             LaunchConfig { grid_dim, block_dim: (kern.launch.threads, 1, 1), shared_mem_bytes: kern.dynamic_smem };

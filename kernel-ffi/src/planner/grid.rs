@@ -90,6 +90,15 @@ pub fn whole_units(units: u64, ctas: u64) -> u64 {
     if last > 0 && 3 * last <= 2 * ctas { units - last } else { units }
 }
 
+/// Whether a persistent launch's work decodes in the kernel's 32-bit ints: its
+/// query blocks (a causal schedule's entries), and every unit index a CTA
+/// computes before it finds none left, below the units plus the grid (a
+/// split-tail launch counts three items a unit).
+pub fn decodes_in_i32(blocks: u64, units: u64, ctas: u64, split_tail: bool) -> bool {
+    let indices = if split_tail { units.saturating_mul(3) } else { units }.saturating_add(ctas);
+    blocks.max(indices) <= i32::MAX as u64
+}
+
 /// Key tiles of query block `i` within split `split` of `per` tiles each.
 pub(super) fn block_tiles(g: &LaunchGrid, i: u64, split: u64, per: u64) -> u64 {
     let n_blocks = u64::from(g.seqlen_k.div_ceil(g.block_n.max(1)));
@@ -104,7 +113,33 @@ pub(super) fn block_tiles(g: &LaunchGrid, i: u64, split: u64, per: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{LaunchGrid, Units, block_tiles, whole_units};
+    use super::{LaunchGrid, Units, block_tiles, decodes_in_i32, whole_units};
+
+    #[test]
+    fn unit_indices_stay_in_32_bits() {
+        let max = i32::MAX as u64;
+        assert!(decodes_in_i32(1000, 500, 132, false));
+        // A CTA's last index passes the units by up to one grid.
+        assert!(decodes_in_i32(max - 132, max - 132, 132, false));
+        assert!(!decodes_in_i32(max - 100, max - 100, 132, false));
+        assert!(!decodes_in_i32(max + 1, 1, 1, false));
+        // Split-tail items: three a unit.
+        assert!(decodes_in_i32(720_000_000, 720_000_000, 132, false));
+        assert!(!decodes_in_i32(720_000_000, 720_000_000, 132, true));
+    }
+
+    #[test]
+    fn causal_units_pair_mirrored_splits_longest_first() {
+        // Two splits of four blocks, one head: items z = split × 4 + block, 7 with 0, 6 with 1, …
+        let units = Units::new(4, 2, 1, true);
+        let order: Vec<(u64, u64, u64)> = (0..units.total).flat_map(|u| units.blocks(u)).collect();
+        let expect = [(1, 3), (0, 0), (1, 2), (0, 1), (1, 1), (0, 2), (1, 0), (0, 3)];
+        assert_eq!(order, expect.map(|(s, b)| (s, 0, b)));
+        // Unsplit, an odd count: the middle block once.
+        let units = Units::new(3, 1, 2, true);
+        let order: Vec<(u64, u64, u64)> = (0..units.total).flat_map(|u| units.blocks(u)).collect();
+        assert_eq!(order, [(0, 0, 2), (0, 0, 0), (0, 0, 1), (0, 1, 2), (0, 1, 0), (0, 1, 1)]);
+    }
 
     #[test]
     fn units_run_every_block_once() {
