@@ -233,45 +233,35 @@ impl Attention {
             seqlen_q: p.seqlen_q as i32,
             num_splits: splits as i32,
         };
-        let cfg = LaunchConfig {
-            grid_dim: ((p.rows() as u32).div_ceil(rows_per_block), 1, 1),
-            block_dim: (comb.launch.threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        if !self.dependent_launch {
-            // SAFETY: matches `flash_combine_<dtype>_d<D>(const CombineParams p)`; it reads
-            // splits·rows(·D) partials the forward launch wrote before it on the stream, and
-            // writes `out` rows validated as for that launch.
-            unsafe { s.launch_builder(&comb.func).arg(&cparams).launch(cfg) }.cuda(format!("launching {cname}"))?;
-            return Ok(());
-        }
-        // A programmatic dependent of the forward launch: its CTAs may start before the
-        // forward grid ends, and wait for it (griddepcontrol.wait) before reading.
+        // Where the combine waits for the forward grid (griddepcontrol.wait, sm_90 on), it is
+        // launched as its programmatic dependent: its CTAs may start while the forward drains.
         let mut attr = cu::CUlaunchAttribute {
             id: cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
             pad: [0; 4],
             value: cu::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
         };
         let config = cu::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
+            gridDimX: (p.rows() as u32).div_ceil(rows_per_block),
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: comb.launch.threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
             hStream: s.cu_stream(),
             attrs: &mut attr,
-            numAttrs: 1,
+            numAttrs: u32::from(self.dependent_launch),
         };
         let mut args = [(&raw const cparams).cast_mut().cast::<std::ffi::c_void>()];
         self.ctx.bind_to_thread().cuda("binding the context")?;
-        // SAFETY: as the launch above: `flash_combine_<dtype>_d<D>(const CombineParams p)` takes
-        // one argument, `args` points at it, and the driver copies it before returning; `attr`
-        // outlives the call. The kernel waits for the forward grid before its first read.
+        // SAFETY: matches `flash_combine_<dtype>_d<D>(const CombineParams p)`, whose one argument
+        // `args` points at (the driver copies it before returning; `attr` outlives the call). It
+        // reads splits·rows(·D) partials the forward launch wrote before it on the stream (as a
+        // dependent launch, after waiting for that grid) and writes `out` rows validated as for
+        // that launch.
         unsafe { cu::cuLaunchKernelEx(&config, comb.func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
-            .cuda(format!("launching {cname} as a dependent launch"))?;
+            .cuda(format!("launching {cname}"))?;
         Ok(())
     }
 

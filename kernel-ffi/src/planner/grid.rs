@@ -64,17 +64,18 @@ impl Units {
     /// (split, batch × heads + head, block).
     pub fn blocks(&self, u: u64) -> impl Iterator<Item = (u64, u64, u64)> + use<> {
         let per = u64::from(self.per_head).max(1);
-        let (m, heads) = (self.m_blocks.max(1), self.heads);
+        let (m, heads) = (self.m_blocks.max(1), self.heads.max(1));
         let (outer, i) = (u / per, u % per);
         let (first, second) = if self.causal {
-            let items = m * self.splits;
-            let long = items - 1 - i;
-            (long, (i != long).then_some(i))
+            // outer: the head; the pair's items z = split × m_blocks + block.
+            let long = m * self.splits - 1 - i;
+            let item = |z: u64| (z / m, outer, z % m);
+            (item(long), (i != long).then(|| item(i)))
         } else {
-            ((outer / heads.max(1)) * m + i, None)
+            // outer: split × heads + head; i: the block.
+            ((outer / heads, outer % heads, i), None)
         };
-        let bh = if self.causal { outer } else { outer % heads.max(1) };
-        std::iter::once(first).chain(second).map(move |z| (z / m, bh, z % m))
+        std::iter::once(first).chain(second)
     }
 }
 
