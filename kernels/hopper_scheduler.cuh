@@ -41,15 +41,17 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
   HopperItem r{};
   int m_idx, sub = 0;
   if constexpr (PERSISTENT) {
-    int sbh;  // split × (batch × heads) + batch × heads + head
+    int bh;  // batch × heads + head
     if (SCHEDULED && sc.order != nullptr) {
       r.done = k >= sc.order_stride;
       if (r.done) return r;
       const uint32_t block = __ldg(sc.order + blockIdx.x * sc.order_stride + k);
       r.skip = block == ~0u;  // padding: the CTA's row is shorter than the longest
       if (r.skip) return r;
-      sbh = fast_div(sc.blocks, (int)block);
+      const int sbh = fast_div(sc.blocks, (int)block);  // split × (batch × heads) + bh
       m_idx = (int)block - sbh * sc.blocks.div;
+      r.split = fast_div(sc.bh, sbh);
+      bh = sbh - r.split * sc.bh.div;
     } else {
       int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
       if (SPLIT_TAIL && unit >= sc.whole_units) {  // three items a unit: its 64-row thirds
@@ -60,22 +62,23 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
       }
       r.done = unit >= sc.units;
       if (r.done) return r;
-      sbh = fast_div(sc.per_head, unit);  // causal: batch × heads + head
+      // Causal: bh (a unit's items span the splits); else split × (batch × heads) + bh.
+      const int sbh = fast_div(sc.per_head, unit);
       const int i = unit - sbh * sc.per_head.div;
       if (CAUSAL) {
         const int items = sc.blocks.div * p.num_splits;  // (split, block) items of a head
         const int z = (k & 1) == 0 ? items - 1 - i : i;
         r.skip = (k & 1) == 1 && z == items - 1 - i;  // an odd item count's middle item: once
         if (r.skip) return r;
-        const int split = fast_div(sc.blocks, z);
-        m_idx = z - split * sc.blocks.div;
-        sbh += split * sc.bh.div;
+        r.split = fast_div(sc.blocks, z);
+        m_idx = z - r.split * sc.blocks.div;
+        bh = sbh;
       } else {
         m_idx = i;
+        r.split = fast_div(sc.bh, sbh);
+        bh = sbh - r.split * sc.bh.div;
       }
     }
-    r.split = fast_div(sc.bh, sbh);
-    const int bh = sbh - r.split * sc.bh.div;
     r.b = fast_div(sc.heads, bh);
     r.h = bh - r.b * sc.heads.div;
     r.kvh = fast_div(sc.group, r.h);
