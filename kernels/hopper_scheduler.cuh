@@ -42,16 +42,20 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
   int m_idx, sub = 0;
   if constexpr (PERSISTENT) {
     int bh;  // batch × heads + head
+    // Splits sbh = split × (batch × heads) + bh into r.split and bh.
+    auto split_off = [&](int sbh) {
+      r.split = fast_div(sc.bh, sbh);
+      return sbh - r.split * sc.bh.div;
+    };
     if (SCHEDULED && sc.order != nullptr) {
       r.done = k >= sc.order_stride;
       if (r.done) return r;
       const uint32_t block = __ldg(sc.order + blockIdx.x * sc.order_stride + k);
       r.skip = block == ~0u;  // padding: the CTA's row is shorter than the longest
       if (r.skip) return r;
-      const int sbh = fast_div(sc.blocks, (int)block);  // split × (batch × heads) + bh
+      const int sbh = fast_div(sc.blocks, (int)block);
       m_idx = (int)block - sbh * sc.blocks.div;
-      r.split = fast_div(sc.bh, sbh);
-      bh = sbh - r.split * sc.bh.div;
+      bh = split_off(sbh);
     } else {
       int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
       if (SPLIT_TAIL && unit >= sc.whole_units) {  // three items a unit: its 64-row thirds
@@ -75,8 +79,7 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
         bh = sbh;
       } else {
         m_idx = i;
-        r.split = fast_div(sc.bh, sbh);
-        bh = sbh - r.split * sc.bh.div;
+        bh = split_off(sbh);
       }
     }
     r.b = fast_div(sc.heads, bh);
