@@ -112,6 +112,30 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
   };
+  // This warp's 16 rows of S = Q·K_xᵀ again, synchronously (mma.sync from the Q
+  // and K tiles in shared memory; 128-byte swizzle: 16-byte chunk c of row r
+  // lies at c ^ (r % 8)), for the rare tile whose kept max lacks headroom.
+  auto recompute_s = [&](const Slot& x) {
+    auto swizzled = [](uint32_t tile, int panel_bytes, int row, int col) {
+      return tile + (col / 64) * panel_bytes + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16);
+    };
+    const uint32_t q_rows = sm.q + (64 * cw + 16 * warp) * 128, k_tile = sm.k + x.st * Cfg::kKVBytes;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll 1
+    for (int kk = 0; kk < D / 16; ++kk) {  // not unrolled: a rare path, kept small
+      uint32_t a[4];
+      ldmatrix_x4(a, swizzled(q_rows, BM * 128, lane % 16, 16 * kk + (lane / 16) * 8));
+#pragma unroll
+      for (int np = 0; np < BN / 16; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4(b,
+                    swizzled(k_tile, BN * 128, 16 * np + lane % 8 + (lane / 16) * 8, 16 * kk + ((lane / 8) % 2) * 8));
+        mma_16816<T>(s[2 * np], a, b[0], b[1]);
+        mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  };
   // An item's O and softmax state start empty.
   auto reset_rows = [&] {
 #pragma unroll
@@ -294,14 +318,17 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         wgmma_wait<0>();
         qk_landed(cur, j);
         mask(j);
-        softmax.update_max(0, s, correction, scale_log2);
         take_turn();
         // The scale read from shared memory after the barrier: ptxas moves no
         // exponential above it (with the parameter's copy it hoisted most of them).
         float turn_scale;
         asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(turn_scale) : "r"(scale_slot) : "memory");
-        softmax.update_exp_pack<T>(0, s, correction, turn_scale, pf);
-        softmax.rescale(o, correction);
+        // An item's first tile sets the max; a later one keeps it while it has headroom.
+        if (j == 0 || !softmax.update_kept_pack<T>(0, s, turn_scale, pf)) {
+          softmax.update_max(0, s, correction, turn_scale);
+          softmax.update_exp_pack<T>(0, s, correction, turn_scale, pf);
+          softmax.rescale(o, correction);
+        }
         // Warpgroup 1's last hand-over of an item goes on to the next one (see above).
         named_bar_arrive(j < live - 1 || cw == 0 ? turn_of(cw ^ 1)
                          : chain_next            ? NamedBarrier::TurnWg0
@@ -340,14 +367,22 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         issue_pv(prev);
         pass_turn();
         wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
-        qk_landed(cur, j);
-        mask_softmax(j);
+        wgmma_fence_operands(s);
+        mask(j);
+        const bool kept = softmax.update_kept(0, s, scale_log2);
+        if (kept) qk_landed(cur, j);
         next = next_slot(cur);
         k_ready = mbar_test(next.bar, next.phase);
         v_ready = mbar_test(slot_full_v(cur), cur.phase);
         pv_landed(prev);
-        softmax.rescale(o, correction);
         pack_p();
+        if (!kept) {  // no headroom: this warp's S_j again, then the exact update
+          recompute_s(cur);
+          mask_softmax(j);
+          softmax.rescale(o, correction);
+          pack_p();
+          qk_landed(cur, j);
+        }
       }
       if (live > 0) {
         mbar_wait(slot_full_v(cur), cur.phase);

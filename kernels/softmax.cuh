@@ -77,6 +77,66 @@ struct SoftmaxState {
     for (int r = 0; r < 2; ++r) exp_step(mt, s, r, max_step(mt, s, r, correction, scale_log2), correction, scale_log2);
   }
 
+  // Tile mt's scores against the max kept from earlier tiles, without waiting for
+  // the tile's own row max (its reduction and shuffles were the softmax's longest
+  // dependency chain): s becomes p = 2^(s·scale·log2e − row_max) in place. The
+  // max stays put, so O needs no rescale. Returns whether every partial row sum
+  // of the warp is at most kHeadroom, so that every p is too (f16 holds it),
+  // and only then advances the sums; else the caller redoes the tile exactly
+  // with update. The first tile of a row's keys must be exact: its max is the
+  // reference, so that a tile of underflowing p still leaves the row its sum.
+  static constexpr float kHeadroom = 32768.f;
+  template <int NT>
+  __device__ __forceinline__ bool update_kept(int mt, float (&s)[NT][4], float scale_log2) {
+    float sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float base = exp_base(row_max[mt][r]);
+      sum[r] = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], scale_log2, -base));
+        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -base));
+        sum[r] += s[nt][2 * r] + s[nt][2 * r + 1];
+      }
+    }
+    return commit_kept(mt, sum);
+  }
+  // The warp's verdict on a kept-max tile, and its sums where it holds. A row
+  // that had seen only masked keys was shifted by 0 (exp_base): its max now.
+  __device__ __forceinline__ bool commit_kept(int mt, const float (&sum)[2]) {
+    const bool fits = __all_sync(0xffffffffu, !(sum[0] > kHeadroom) && !(sum[1] > kHeadroom));
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[mt][r] = fits ? exp_base(row_max[mt][r]) : row_max[mt][r];
+      row_sum[mt][r] += fits ? sum[r] : 0.f;
+    }
+    return fits;
+  }
+
+  // update_kept for a kernel that packs P as it goes (update_exp_pack's order):
+  // s is left as it was, so a tile that lacks headroom is redone from it.
+  template <typename T, int NT>
+  __device__ __forceinline__ bool update_kept_pack(int mt, const float (&s)[NT][4], float scale_log2,
+                                                   uint32_t (&pf)[NT / 2][4]) {
+    const float base[2] = {exp_base(row_max[mt][0]), exp_base(row_max[mt][1])};
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float* x = &s[2 * kk + half][2 * r];
+          const float a = fast_exp2(fmaf(x[0], scale_log2, -base[r])), b = fast_exp2(fmaf(x[1], scale_log2, -base[r]));
+          sum[r] += a + b;
+          pf[kk][2 * half + r] = Dtype<T>::pack(a, b);
+        }
+      }
+    }
+    return commit_kept(mt, sum);
+  }
+
   // The same in two halves, so that a kernel can take turns on the SFU between
   // them: both rows' max steps, then (update_exp_pack) both rows' exponentials, a
   // 16-key chunk at a time, each pair summed and packed into P as it lands (the

@@ -197,6 +197,30 @@ fn matrix() -> Vec<Case> {
             }
         }
     }
+    // Scores far above a row's first key tile (scale 4): the Hopper kernel's tiles
+    // past the kept max's headroom are redone exactly (SoftmaxState::update_kept).
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        for head_dim in [64, 128] {
+            for causal in [false, true] {
+                cases.push(Case {
+                    dtype,
+                    head_dim,
+                    causal,
+                    batch: 1,
+                    heads: 2,
+                    kv_heads: 2,
+                    seqlen_q: 300,
+                    seqlen_k: 700,
+                    layout: Layout::Bhsd,
+                    splits: Splits::Fixed(1),
+                    lse: true,
+                    scale: Some(4.0),
+                    gpu_reference: false,
+                    choice: PORTABLE,
+                });
+            }
+        }
+    }
     let seed = |dtype, s, b, h| Case {
         dtype,
         head_dim: 64,
