@@ -340,7 +340,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
       }
     } else {
       // Software pipeline: Q·K_j and P_{j−1}·V_{j−1} go to the tensor cores
-      // together; O is rescaled once that P·V has landed (see "pipelined" above).
+      // together; where a tile is redone, O is rescaled once that P·V has landed
+      // (see "pipelined" above).
       if (live > 0) {
         mbar_wait(cur.bar, cur.phase);
         take_turn();
