@@ -119,21 +119,8 @@ struct SoftmaxState {
   template <typename T, int NT>
   __device__ __forceinline__ bool update_kept_pack(int mt, const float (&s)[NT][4], float scale_log2,
                                                    uint32_t (&pf)[NT / 2][4]) {
-    const float base[2] = {exp_base(row_max[mt][0]), exp_base(row_max[mt][1])};
-    float sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int kk = 0; kk < NT / 2; ++kk) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float* x = &s[2 * kk + half][2 * r];
-          const float a = fast_exp2(fmaf(x[0], scale_log2, -base[r])), b = fast_exp2(fmaf(x[1], scale_log2, -base[r]));
-          sum[r] += a + b;
-          pf[kk][2 * half + r] = Dtype<T>::pack(a, b);
-        }
-      }
-    }
+    float sum[2];
+    exp_pack<T>(mt, s, scale_log2, pf, sum);
     return commit_kept(mt, sum);
   }
 
@@ -151,8 +138,18 @@ struct SoftmaxState {
   template <typename T, int NT>
   __device__ __forceinline__ void update_exp_pack(int mt, const float (&s)[NT][4], const float (&correction)[2],
                                                   float scale_log2, uint32_t (&pf)[NT / 2][4]) {
+    float sum[2];
+    exp_pack<T>(mt, s, scale_log2, pf, sum);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_sum[mt][r] = row_sum[mt][r] * correction[r] + sum[r];
+  }
+  // Both rows' exponentials against the running max, a 16-key chunk at a time,
+  // each pair summed and packed into P as it lands.
+  template <typename T, int NT>
+  __device__ __forceinline__ void exp_pack(int mt, const float (&s)[NT][4], float scale_log2, uint32_t (&pf)[NT / 2][4],
+                                           float (&sum)[2]) const {
     const float base[2] = {exp_base(row_max[mt][0]), exp_base(row_max[mt][1])};
-    float sum[2] = {0.f, 0.f};
+    sum[0] = sum[1] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < NT / 2; ++kk) {
 #pragma unroll
@@ -166,8 +163,6 @@ struct SoftmaxState {
         }
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) row_sum[mt][r] = row_sum[mt][r] * correction[r] + sum[r];
   }
 
   // O's two rows by an update's correction.
