@@ -59,11 +59,11 @@ namespace fa {
 //              exponentials take as long as the tile's products at full rate. At
 //              D=128 this was 10% slower causal and 1-2% slower non-causal than
 //              ping-pong; at D=64 ping-pong was 4-8% slower than exp turns.
-// In every schedule an item's later key tiles take their exponentials against the
-// row max kept from its earlier tiles (SoftmaxState::update_kept), without the
-// tile's own max; a warp whose sums then lack headroom redoes the tile exactly,
-// the pipelined schedules from S recomputed with mma.sync (P overwrote it), exp
-// turns from S itself.
+// In every schedule an item's later key tiles (a split tail's excepted) take their
+// exponentials against the row max kept from its earlier tiles, without the
+// tile's own max (SoftmaxState::update_kept); a warp whose sums then lack
+// headroom redoes the tile exactly, the pipelined schedules from S recomputed
+// with mma.sync (P overwrote it), exp turns from S itself.
 // A serial schedule (two warpgroups overlapping only by chance) swings by 5-10%
 // with any change to the kernel's code generation, so no entry uses it.
 //
