@@ -83,8 +83,11 @@ struct SoftmaxState {
   // max stays put, so O needs no rescale. Returns whether every partial row sum
   // of the warp is at most kHeadroom, so that every p is too (f16 holds it),
   // and only then advances the sums; else the caller redoes the tile exactly
-  // with update. The first tile of a row's keys must be exact: its max is the
-  // reference, so that a tile of underflowing p still leaves the row its sum.
+  // with update. An item's first key tile must be exact: every mask here keeps
+  // a prefix of an item's keys (causal, sequence end), so a row that sees any
+  // key sees that tile, and its max, a real score, keeps the row a sum when a
+  // later tile's p underflow. A mask that drops leading keys (a sliding window)
+  // would need the first tile a row sees to be exact instead.
   static constexpr float kHeadroom = 32768.f;
   template <int NT>
   __device__ __forceinline__ bool update_kept(int mt, float (&s)[NT][4], float scale_log2) {
