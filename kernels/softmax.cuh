@@ -58,6 +58,11 @@ struct SoftmaxState {
   template <int NT>
   __device__ __forceinline__ void exp_step(int mt, float (&s)[NT][4], int r, float base, const float (&correction)[2],
                                            float scale_log2) {
+    row_sum[mt][r] = row_sum[mt][r] * correction[r] + exp_row(s, r, base, scale_log2);
+  }
+  // Row r's scores to p = 2^(s·scale·log2e − base) in place; returns their sum.
+  template <int NT>
+  __device__ __forceinline__ static float exp_row(float (&s)[NT][4], int r, float base, float scale_log2) {
     float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -65,7 +70,7 @@ struct SoftmaxState {
       s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -base));
       sum += s[nt][2 * r] + s[nt][2 * r + 1];
     }
-    row_sum[mt][r] = row_sum[mt][r] * correction[r] + sum;
+    return sum;
   }
 
   // Tile mt's scores s of one key tile, without touching O: s becomes
@@ -93,16 +98,7 @@ struct SoftmaxState {
   __device__ __forceinline__ bool update_kept(int mt, float (&s)[NT][4], float scale_log2) {
     float sum[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float base = exp_base(row_max[mt][r]);
-      sum[r] = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], scale_log2, -base));
-        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -base));
-        sum[r] += s[nt][2 * r] + s[nt][2 * r + 1];
-      }
-    }
+    for (int r = 0; r < 2; ++r) sum[r] = exp_row(s, r, exp_base(row_max[mt][r]), scale_log2);
     return commit_kept(mt, sum);
   }
   // The warp's verdict on a kept-max tile, and its sums where it holds. A row
