@@ -318,19 +318,18 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         wgmma_wait<0>();
         qk_landed(cur, j);
         mask(j);
-        // An item's first tile sets the max, ahead of the turn: its reduction
-        // runs while the other warpgroup has the exponential unit.
-        if (j == 0) softmax.update_max(0, s, correction, scale_log2);
+        // An item's first tile sets the max from its own scores, ahead of the
+        // turn: the reduction runs while the other warpgroup has the exponential unit.
+        if (j == 0) softmax.first_max(0, s, scale_log2);
         take_turn();
         // The scale read from shared memory after the barrier: ptxas moves no
         // exponential above it (with the parameter's copy it hoisted most of them).
         float turn_scale;
         asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(turn_scale) : "r"(scale_slot) : "memory");
-        // A later tile keeps the max while it has headroom. P is packed before
-        // the verdict: the last P·V has landed.
-        if (j == 0) {
-          softmax.update_exp_pack<T>(0, s, correction, turn_scale, pf);  // O is still zero: nothing to rescale
-        } else if (!softmax.update_kept_pack<T>(0, s, turn_scale, pf)) {
+        // Every tile's exponentials against the kept max (the first tile's own
+        // always fits); a later tile without headroom is redone exactly. P is
+        // packed before the verdict: the last P·V has landed.
+        if (!softmax.update_kept_pack<T>(0, s, turn_scale, pf)) {
           softmax.update_max(0, s, correction, turn_scale);
           softmax.update_exp_pack<T>(0, s, correction, turn_scale, pf);
           softmax.rescale(o, correction);

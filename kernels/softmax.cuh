@@ -45,10 +45,7 @@ struct SoftmaxState {
   template <int NT>
   __device__ __forceinline__ float max_step(int mt, const float (&s)[NT][4], int r, float (&correction)[2],
                                             float scale_log2) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-    mx = quad_max(mx) * scale_log2;
+    const float mx = tile_max(s, r, scale_log2);
     const float new_max = fmaxf(row_max[mt][r], mx);
     const float base = exp_base(new_max);
     correction[r] = fast_exp2(row_max[mt][r] - base);
@@ -59,6 +56,22 @@ struct SoftmaxState {
   __device__ __forceinline__ void exp_step(int mt, float (&s)[NT][4], int r, float base, const float (&correction)[2],
                                            float scale_log2) {
     row_sum[mt][r] = row_sum[mt][r] * correction[r] + exp_row(s, r, base, scale_log2);
+  }
+  // Row r's max over this key tile, in scaled log2 units.
+  template <int NT>
+  __device__ __forceinline__ static float tile_max(const float (&s)[NT][4], int r, float scale_log2) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    return quad_max(mx) * scale_log2;
+  }
+  // An item's first key tile's row max, straight after reset, as the max that
+  // update_kept(_pack) keeps: the tile's own p are then at most 1, so it always
+  // fits, and its exponentials run the same code as every later tile's.
+  template <int NT>
+  __device__ __forceinline__ void first_max(int mt, const float (&s)[NT][4], float scale_log2) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_max[mt][r] = tile_max(s, r, scale_log2);
   }
   // Row r's scores to p = 2^(s·scale·log2e − base) in place; returns their sum.
   template <int NT>
