@@ -327,18 +327,22 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         float turn_scale;
         asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(turn_scale) : "r"(scale_slot) : "memory");
         // Every tile's exponentials against the kept max (the first tile's own
-        // always fits); a later tile without headroom is redone exactly. P is
-        // packed before the verdict: the last P·V has landed.
-        if (!softmax.update_kept_pack<T>(0, s, turn_scale, pf)) {
-          softmax.update_max(0, s, correction, turn_scale);
-          softmax.update_exp_pack<T>(0, s, correction, turn_scale, pf);
-          softmax.rescale(o, correction);
-        }
-        // Warpgroup 1's last hand-over of an item goes on to the next one (see above).
+        // always fits), P packed as they land (the last P·V has landed).
+        float sum[2];
+        softmax.exp_pack<T>(0, s, turn_scale, pf, sum);
+        // The turn passes before the verdict, whose sums and vote would hold the
+        // other warpgroup's exponentials back. Warpgroup 1's last hand-over of
+        // an item goes on to the next one (see above).
         named_bar_arrive(j < live - 1 || cw == 0 ? turn_of(cw ^ 1)
                          : chain_next            ? NamedBarrier::TurnWg0
                                                  : NamedBarrier::TurnSink,
                          256);
+        // A later tile without headroom is redone exactly, outside the turn.
+        if (!softmax.commit_kept(0, sum)) {
+          softmax.update_max(0, s, correction, turn_scale);
+          softmax.update_exp_pack<T>(0, s, correction, turn_scale, pf);
+          softmax.rescale(o, correction);
+        }
         mbar_wait(slot_full_v(cur), cur.phase);
         issue_pv(cur);
         pv_landed(cur);

@@ -65,9 +65,9 @@ struct SoftmaxState {
     for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
     return quad_max(mx) * scale_log2;
   }
-  // An item's first key tile's row max, straight after reset, as the max that
-  // update_kept(_pack) keeps: the tile's own p are then at most 1, so it always
-  // fits, and its exponentials run the same code as every later tile's.
+  // An item's first key tile's row max, straight after reset, as the kept max
+  // (update_kept, or exp_pack then commit_kept): the tile's own p are then at
+  // most 1, so it always fits, and its exponentials run every later tile's code.
   template <int NT>
   __device__ __forceinline__ void first_max(int mt, const float (&s)[NT][4], float scale_log2) {
 #pragma unroll
@@ -126,16 +126,6 @@ struct SoftmaxState {
     return fits;
   }
 
-  // update_kept for a kernel that packs P as it goes (update_exp_pack's order):
-  // s is left as it was, so a tile that lacks headroom is redone from it.
-  template <typename T, int NT>
-  __device__ __forceinline__ bool update_kept_pack(int mt, const float (&s)[NT][4], float scale_log2,
-                                                   uint32_t (&pf)[NT / 2][4]) {
-    float sum[2];
-    exp_pack<T>(mt, s, scale_log2, pf, sum);
-    return commit_kept(mt, sum);
-  }
-
   // The same in two halves, so that a kernel can take turns on the SFU between
   // them: both rows' max steps, then (update_exp_pack) both rows' exponentials, a
   // 16-key chunk at a time, each pair summed and packed into P as it lands (the
@@ -155,8 +145,9 @@ struct SoftmaxState {
 #pragma unroll
     for (int r = 0; r < 2; ++r) row_sum[mt][r] = row_sum[mt][r] * correction[r] + sum[r];
   }
-  // Both rows' exponentials against the running max, a 16-key chunk at a time,
-  // each pair summed and packed into P as it lands.
+  // Both rows' exponentials against the running (or kept) max, a 16-key chunk at
+  // a time, each pair summed and packed into P as it lands. s is left as it was,
+  // so a kept-max tile that commit_kept turns down is redone from it.
   template <typename T, int NT>
   __device__ __forceinline__ void exp_pack(int mt, const float (&s)[NT][4], float scale_log2, uint32_t (&pf)[NT / 2][4],
                                            float (&sum)[2]) const {
