@@ -318,8 +318,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         wgmma_wait<0>();
         qk_landed(cur, j);
         mask(j);
-        // An item's first tile sets the max from its own scores, ahead of the
-        // turn: the reduction runs while the other warpgroup has the exponential unit.
+        // An item's first tile keeps the max of its own scores, taken ahead of
+        // the turn (which holds only exponentials).
         if (j == 0) softmax.first_max(0, s, scale_log2);
         take_turn();
         // The scale read from shared memory after the barrier: ptxas moves no
