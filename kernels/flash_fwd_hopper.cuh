@@ -64,8 +64,7 @@ namespace fa {
 // tile's own max (SoftmaxState::update_kept); a warp whose sums then lack
 // headroom redoes the tile exactly, the pipelined schedules from S recomputed
 // with mma.sync (P overwrote it), exp turns from S itself. Exp turns run an
-// item's first tile through that same code, its own max kept (first_max): an
-// exact update there cost 4% at B8 H32 S1024 causal (perf/DECISIONS.md).
+// item's first tile through that same code, with its own max kept (first_max).
 // A serial schedule (two warpgroups overlapping only by chance) swings by 5-10%
 // with any change to the kernel's code generation, so no entry uses it.
 //
