@@ -89,10 +89,13 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   // The first item is decoded once, up front, by every thread.
   constexpr bool kScheduled = CAUSAL && kPersistent && Cfg::kConsumers == 2;
   constexpr bool kTail = Cfg::kSplitTail;
-  const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(p, hp.sched, 0);
-  auto item = [&](int k) {
-    return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(p, hp.sched, k);
+  auto entry = [&](int k) { return hopper_entry<kPersistent, kScheduled>(hp.sched, k); };
+  const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(p, hp.sched, 0, entry(0));
+  // Item k from its schedule entry (hopper_entry), which callers load ahead.
+  auto decode = [&](int k, uint32_t e) {
+    return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(p, hp.sched, k, e);
   };
+  auto item = [&](int k) { return decode(k, entry(k)); };
 
   const int wg = threadIdx.x / 128;
   // Tiles of the first item issued with its Q before the CTA barrier (thread 0).
@@ -110,7 +113,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
 
   // ---- Consumers.
   regs_alloc<Cfg::kConsumerRegs>();
-  hopper_consumer<T, Cfg, CAUSAL>(p, sm, wg, item);
+  hopper_consumer<T, Cfg, CAUSAL>(p, sm, wg, decode, entry);
 }
 
 }  // namespace fa

@@ -40,19 +40,19 @@ __device__ __forceinline__ void store_staged(const FlashParams& p, const HopperS
   auto chunk_addr = [&](int row, int chunk) {
     return rows + (chunk / 8) * BM * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
   };
+  float inv[2], lse[2];
+  softmax.finish_both(0, inv, lse);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float inv, lse;
-    softmax.finish(0, r, inv, lse);
     const int row = 16 * warp + g + 8 * r;  // within the warpgroup's 64
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
-      const uint32_t v = Dtype<T>::pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+      const uint32_t v = Dtype<T>::pack(o[dt][2 * r] * inv[r], o[dt][2 * r + 1] * inv[r]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(chunk_addr(row, dt) + 4 * t), "r"(v) : "memory");
     }
     const int grow = it.m0 + 64 * cw + row;
     if (p.lse != nullptr && t == 0 && row_stored(grow, p.seqlen_q))
-      p.lse[((int64_t)it.b * p.heads + it.h) * p.seqlen_q + grow] = lse;
+      p.lse[((int64_t)it.b * p.heads + it.h) * p.seqlen_q + grow] = lse[r];
   }
   consumer_sync<Cfg>(cw);
   constexpr int kChunks = D / 8;  // 16-byte chunks per row

@@ -17,12 +17,12 @@
 
 namespace fa {
 
-// Consumer warpgroup wg (1 to 3) runs every item of this CTA (`item(k)`, the
-// scheduler's) in order; the K/V ring runs on across items (g0: ring position of
-// an item's first tile).
-template <typename T, typename Cfg, bool CAUSAL, typename Items>
+// Consumer warpgroup wg (1 to 3) runs every item of this CTA (`decode(k,
+// entry(k))`, the scheduler's) in order; the K/V ring runs on across items (g0:
+// ring position of an item's first tile).
+template <typename T, typename Cfg, bool CAUSAL, typename Decode, typename Entry>
 __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const HopperSmem<Cfg>& sm, int wg,
-                                                const Items& item) {
+                                                const Decode& decode, const Entry& entry) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
   constexpr int NT = BN / 8, DT = D / 8;
   constexpr bool kPersistent = Cfg::kPersistent;
@@ -238,8 +238,14 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
 
   int g0 = 0, q_loads = 0;
   bool chained = false;  // this item's first turn was handed over by the previous item's end
-  for (int k = 0; kPersistent || k == 0; ++k) {
-    const HopperItem it = item(k);
+  // Item k and the next one decoded, item k + 2's schedule entry in flight: an
+  // item's decode waits on no global load, and runs once. Lane l loads item
+  // k + 2 + l's entry, and lane 0's is taken: a load of one address ptxas moves
+  // to the uniform datapath right away (R2UR), which waits for it there.
+  HopperItem it = decode(0, 0), nx = decode(1, entry(1));
+  uint32_t ahead = entry(2 + lane);
+  for (int k = 0; kPersistent || k == 0;
+       ++k, it = nx, nx = decode(k + 1, __shfl_sync(0xffffffffu, ahead, 0)), ahead = entry(k + 2 + lane)) {
     if (it.done) break;
     if (it.skip) continue;
     if constexpr (Cfg::kSplitTail) {
@@ -296,7 +302,6 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
       if constexpr (!kPingPong || !kPersistent) {
         return false;
       } else {
-        const HopperItem nx = item(k + 1);
         return !nx.done && !nx.skip && nx.tiles > 0;
       }
     }();

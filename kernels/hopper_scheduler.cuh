@@ -36,8 +36,20 @@ struct HopperItem {
 // each, the unit's 64-row thirds (HopperItem::split_tail). The decode divides by
 // host-computed FastDiv constants: run-time divisions would sit on the path to
 // the first TMA load.
+//
+// A host schedule's entry for item k comes from hopper_entry, a global load that
+// callers issue well ahead of this decode (an L2 round trip, which would
+// otherwise open every item).
+template <bool PERSISTENT, bool SCHEDULED>
+__device__ __forceinline__ uint32_t hopper_entry(const HopperSched& sc, int k) {
+  if constexpr (PERSISTENT && SCHEDULED) {
+    if (sc.order != nullptr && k < sc.order_stride) return __ldg(sc.order + blockIdx.x * sc.order_stride + k);
+  }
+  return 0;  // no schedule, or past the CTA's row (the decode reports done)
+}
+
 template <int BM, int BN, bool CAUSAL, bool PERSISTENT, bool SCHEDULED, bool SPLIT_TAIL>
-__device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const HopperSched& sc, int k) {
+__device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const HopperSched& sc, int k, uint32_t entry) {
   HopperItem r{};
   int m_idx, sub = 0;
   if constexpr (PERSISTENT) {
@@ -50,7 +62,7 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
     if (SCHEDULED && sc.order != nullptr) {
       r.done = k >= sc.order_stride;
       if (r.done) return r;
-      const uint32_t block = __ldg(sc.order + blockIdx.x * sc.order_stride + k);
+      const uint32_t block = entry;
       r.skip = block == ~0u;  // padding: the CTA's row is shorter than the longest
       if (r.skip) return r;
       const int sbh = fast_div(sc.blocks, (int)block);

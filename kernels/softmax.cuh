@@ -211,6 +211,27 @@ struct SoftmaxState {
     inv = l > 0.f ? 1.f / l : 0.f;
     lse = l > 0.f ? (row_max[mt][r] + __log2f(l)) * 0.69314718056f : -INFINITY;
   }
+
+  // finish for both rows of tile mt at once and branch-free, as the Hopper
+  // kernel's unsplit epilogue takes it: both quad sums, then the SFU's
+  // reciprocal and logarithm, taken unconditionally and selected. Within an ulp
+  // of finish's, far below the output's rounding (l is 0 or about 1 and up:
+  // the row max's own term); finish's division and guarded logarithm put a
+  // refinement and a branch between the rows. (As finish, the portable D=128
+  // causal entry spilled on sm_90.)
+  __device__ __forceinline__ void finish_both(int mt, float (&inv)[2], float (&lse)[2]) const {
+    float l[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = quad_sum(row_sum[mt][r]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float rcp, lg;
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(l[r]));
+      asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(lg) : "f"(l[r]));
+      inv[r] = l[r] > 0.f ? rcp : 0.f;
+      lse[r] = l[r] > 0.f ? (row_max[mt][r] + lg) * 0.69314718056f : -INFINITY;
+    }
+  }
 };
 
 // P of key columns 16kk..16kk+15 as an m16n8k16 A fragment: the accumulators of
