@@ -242,36 +242,12 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
   // item's decode waits on no global load, and runs once. Lane l loads item
   // k + 2 + l's entry, and lane 0's is taken: a load of one address ptxas moves
   // to the uniform datapath right away (R2UR), which waits for it there.
-  // Exp turns: item k + 1 is decoded under item k's first Q·Kᵀ (`due` until
-  // then; items without one decode it at their end), off the path from one
-  // item's epilogue to the next one's first wgmma.
-  constexpr bool kLateDecode = kExpTurns && kPersistent;
   HopperItem it = decode(0, 0), nx = decode(1, entry(1));
-  uint32_t ahead = entry(2 + lane), due_entry = 0;
-  bool due = false;
-  auto decode_due = [&](int k) {
-    if (kLateDecode && due) {
-      nx = decode(k + 1, due_entry);
-      due = false;
-    }
-  };
-  // Item k becomes the current one.
-  auto advance = [&](int k) {
-    it = nx;
-    if constexpr (kLateDecode) {
-      due_entry = __shfl_sync(0xffffffffu, ahead, 0);
-      due = true;
-    } else {
-      nx = decode(k + 1, __shfl_sync(0xffffffffu, ahead, 0));
-    }
-    ahead = entry(k + 2 + lane);
-  };
-  for (int k = 0; kPersistent || k == 0; ++k, advance(k)) {
+  uint32_t ahead = entry(2 + lane);
+  for (int k = 0; kPersistent || k == 0;
+       ++k, it = nx, nx = decode(k + 1, __shfl_sync(0xffffffffu, ahead, 0)), ahead = entry(k + 2 + lane)) {
     if (it.done) break;
-    if (it.skip) {
-      decode_due(k);
-      continue;
-    }
+    if (it.skip) continue;
     if constexpr (Cfg::kSplitTail) {
       if (it.split_tail) {
         split_tail_item(it, g0, q_loads);
@@ -321,16 +297,15 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     };
     if (kPingPong && live > 0 && !chained)
       named_bar_arrive(cw == 1 ? NamedBarrier::TurnWg0 : NamedBarrier::TurnSink, 256);
-    // Whether this CTA's next item takes turns (then this one's last hand-over is
-    // its first); asked once nx is decoded.
-    auto chain_next = [&] {
+    // Whether this CTA's next item takes turns (then this one's last hand-over is its first).
+    const bool chain_next = [&] {
       if constexpr (!kPingPong || !kPersistent) {
         return false;
       } else {
         return !nx.done && !nx.skip && nx.tiles > 0;
       }
-    };
-    if constexpr (!kLateDecode) chained = chain_next() && live > 0;
+    }();
+    chained = chain_next && live > 0;
 
     // Every item with tiles loads Q once; a warpgroup with no live tile never reads it.
     if (it.tiles > 0) {
@@ -345,7 +320,6 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
       for (int j = 0; j < live; ++j, cur = next_slot(cur)) {
         mbar_wait(cur.bar, cur.phase);
         issue_qk(cur);
-        if (j == 0) decode_due(k);
         wgmma_wait<0>();
         qk_landed(cur, j);
         mask(j);
@@ -365,7 +339,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         // other warpgroup's exponentials back. Warpgroup 1's last hand-over of
         // an item goes on to the next one (see above).
         named_bar_arrive(j < live - 1 || cw == 0 ? turn_of(cw ^ 1)
-                         : chain_next()          ? NamedBarrier::TurnWg0
+                         : chain_next            ? NamedBarrier::TurnWg0
                                                  : NamedBarrier::TurnSink,
                          256);
         // A later tile without headroom is redone exactly, outside the turn.
@@ -430,9 +404,9 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
         take_turn();
         issue_pv(cur);
         if constexpr (kPingPong)
-          named_bar_arrive(cw == 0        ? NamedBarrier::TurnWg1
-                           : chain_next() ? NamedBarrier::TurnWg0
-                                          : NamedBarrier::TurnSink,
+          named_bar_arrive(cw == 0      ? NamedBarrier::TurnWg1
+                           : chain_next ? NamedBarrier::TurnWg0
+                                        : NamedBarrier::TurnSink,
                            256);
         pv_landed(cur);
       }
@@ -443,10 +417,6 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
       release_landed(x);
     }
     g0 += it.tiles;
-    if constexpr (kLateDecode) {
-      decode_due(k);
-      chained = chain_next() && live > 0;
-    }
     if (p.num_splits == 1) {
       store_staged<T, Cfg>(p, sm, it, cw, warp, g, t, o, softmax);
     } else {
