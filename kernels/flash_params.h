@@ -43,10 +43,9 @@ struct FastDiv {
 // batch × heads × splits with per_head = m_blocks. Causal: pairs of one (batch,
 // head)'s splits × m_blocks blocks, `units` = per_head × batch × heads with
 // per_head = ⌈splits × m_blocks / 2⌉; or, with `order`, CTA c runs the query
-// blocks order[c · order_stride + k] (~0u pads a shorter row), a schedule
-// kernel-ffi computes (planner::causal_order). An entry is bit fields: the
-// block from bit 0, the split from order_at[0], the head from order_at[1], the
-// batch from order_at[2] (planner::EntryFields).
+// blocks order[c · order_stride + k] (split × batch × heads × m_blocks + block
+// index; ~0u pads a shorter row), a schedule kernel-ffi computes
+// (planner::causal_order).
 struct HopperSched {
   int32_t units;
   FastDiv per_head;  // units per (split, batch, head); causal: per (batch, head)
@@ -60,7 +59,6 @@ struct HopperSched {
   // whole, each later one as three 64-row items whose keys the consumer
   // warpgroups share; elsewhere equal to units.
   int32_t whole_units;
-  int32_t order_at[3];
 };
 
 // The Hopper kernel's parameters: tensor maps of Q [B, H, Sq, D] and K, V

@@ -35,8 +35,7 @@ struct HopperItem {
 // 192-row entry (SPLIT_TAIL) runs units from sc.whole_units on as three items
 // each, the unit's 64-row thirds (HopperItem::split_tail). The decode divides by
 // host-computed FastDiv constants: run-time divisions would sit on the path to
-// the first TMA load; a host schedule's entries carry the item's fields
-// (planner::EntryFields), so that a scheduled item is shifts and masks.
+// the first TMA load.
 //
 // A host schedule's entry for item k comes from hopper_entry, a global load that
 // callers issue well ahead of this decode (an L2 round trip, which would
@@ -54,16 +53,21 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
   HopperItem r{};
   int m_idx, sub = 0;
   if constexpr (PERSISTENT) {
+    int bh;  // batch × heads + head
+    // Splits sbh = split × (batch × heads) + bh into r.split and bh.
+    auto split_off = [&](int sbh) {
+      r.split = fast_div(sc.bh, sbh);
+      return sbh - r.split * sc.bh.div;
+    };
     if (SCHEDULED && sc.order != nullptr) {
       r.done = k >= sc.order_stride;
       if (r.done) return r;
-      r.skip = entry == ~0u;  // padding: the CTA's row is shorter than the longest
+      const uint32_t block = entry;
+      r.skip = block == ~0u;  // padding: the CTA's row is shorter than the longest
       if (r.skip) return r;
-      auto field = [&](int lo, int hi) { return (int)((entry >> lo) & ((1u << (hi - lo)) - 1)); };
-      m_idx = field(0, sc.order_at[0]);
-      r.split = field(sc.order_at[0], sc.order_at[1]);
-      r.h = field(sc.order_at[1], sc.order_at[2]);
-      r.b = (int)(entry >> sc.order_at[2]);
+      const int sbh = fast_div(sc.blocks, (int)block);
+      m_idx = (int)block - sbh * sc.blocks.div;
+      bh = split_off(sbh);
     } else {
       int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
       if (SPLIT_TAIL && unit >= sc.whole_units) {  // three items a unit: its 64-row thirds
@@ -77,7 +81,6 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
       // Causal: bh (a unit's items span the splits); else split × (batch × heads) + bh.
       const int sbh = fast_div(sc.per_head, unit);
       const int i = unit - sbh * sc.per_head.div;
-      int bh;  // batch × heads + head
       if (CAUSAL) {
         const int items = sc.blocks.div * p.num_splits;  // (split, block) items of a head
         const int z = (k & 1) == 0 ? items - 1 - i : i;
@@ -88,12 +91,11 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
         bh = sbh;
       } else {
         m_idx = i;
-        r.split = fast_div(sc.bh, sbh);
-        bh = sbh - r.split * sc.bh.div;
+        bh = split_off(sbh);
       }
-      r.b = fast_div(sc.heads, bh);
-      r.h = bh - r.b * sc.heads.div;
     }
+    r.b = fast_div(sc.heads, bh);
+    r.h = bh - r.b * sc.heads.div;
     r.kvh = fast_div(sc.group, r.h);
   } else {
     r.done = k > 0;

@@ -73,16 +73,13 @@ pub struct HopperSched {
     pub heads: FastDiv,
     pub group: FastDiv,
     pub blocks: FastDiv,
-    /// Causal persistent launches: device address of `grid × order_stride`
-    /// entries (planner::causal_order); else 0.
+    /// Causal persistent launches: device address of `grid × order_stride` block
+    /// indices (planner::causal_order); else 0.
     pub order: u64,
     pub order_stride: i32,
     /// Split-tail entries: units run whole (`planner::whole_units`); the rest
     /// run as three 64-row items each. Elsewhere `units`.
     pub whole_units: i32,
-    /// Bit positions of an `order` entry's split, head and batch fields
-    /// (planner::EntryFields).
-    pub order_at: [i32; 3],
 }
 
 #[repr(C)]
@@ -134,8 +131,8 @@ pub struct ReferenceParams {
 // (pointers as u64 device addresses, int64_t strides, int32_t/float scalars).
 unsafe impl DeviceRepr for FlashParams {}
 // SAFETY: as above, mirrors fa::HopperParams (three 64-byte-aligned 128-byte tensor maps, FlashParams,
-// then HopperSched: an int32_t, five FastDiv of three uint32_t, a pointer as u64, two
-// int32_t and an int32_t[3]).
+// then HopperSched: an int32_t, five FastDiv of three uint32_t, a pointer as u64 and two
+// int32_t).
 unsafe impl DeviceRepr for HopperParams {}
 // SAFETY: as above, mirrors fa::CombineParams.
 unsafe impl DeviceRepr for CombineParams {}
@@ -146,7 +143,7 @@ unsafe impl DeviceRepr for ReferenceParams {}
 const _: () = assert!(std::mem::size_of::<FlashParams>() == 7 * 8 + 12 * 8 + 8 * 4);
 // Three tensor maps, FlashParams at offset 384, HopperSched right after it, padded
 // to the 64-byte alignment.
-const _: () = assert!(std::mem::size_of::<HopperSched>() == (4 + 5 * 12 + 8 + 2 * 4 + 3 * 4usize).next_multiple_of(8));
+const _: () = assert!(std::mem::size_of::<HopperSched>() == 4 + 5 * 12 + 8 + 2 * 4);
 const _: () = assert!(std::mem::offset_of!(HopperSched, order) == 4 + 5 * 12);
 const _: () = assert!(std::mem::offset_of!(HopperParams, p) == 384);
 const _: () = assert!(std::mem::offset_of!(HopperParams, sched) == 384 + std::mem::size_of::<FlashParams>());

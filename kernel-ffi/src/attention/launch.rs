@@ -9,7 +9,7 @@ use cudarc::driver::sys::{
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::memory::{device_ptr, strides};
-use super::{Attention, CausalOrder, Chosen, Family, Kernel, Tensor};
+use super::{Attention, Chosen, Family, Kernel, Tensor};
 use crate::error::{CudaContext, Error, Result};
 use crate::params::{CombineParams, FastDiv, FlashParams, HopperParams, HopperSched, TmaDesc};
 use crate::planner::{self, Plan};
@@ -176,8 +176,8 @@ impl Attention {
         // The 128-row causal entries read a schedule (the kernel's kScheduled); the
         // 64-row one always runs the pairs.
         let scheduled = kern.launch.persistent && causal && kern.launch.block_m >= 128;
-        let (order, order_stride, order_at) =
-            if scheduled { self.causal_order(kern, p, &c.plan, grid.cfg.grid_dim.0)? } else { (0, 0, [0; 3]) };
+        let (order, order_stride) =
+            if scheduled { self.causal_order(kern, p, &c.plan, grid.cfg.grid_dim.0)? } else { (0, 0) };
         let map = |t: &Tensor, rows: u32| tensor_map(device_ptr(&t.data, &self.stream), t.dtype, &t.desc, rows);
         let hparams = HopperParams {
             q_map: map(q, kern.launch.block_m)?,
@@ -194,14 +194,13 @@ impl Attention {
                 order,
                 order_stride,
                 whole_units: grid.whole_units as i32,
-                order_at,
             },
         };
         // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal][_m64](const __grid_constant__
         // HopperParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
         // exactly the validated q/k/v extents (TMA zero-fills and never reads past them);
         // `sched` describes this grid (units checked < 2^31 by Grid::new; a causal schedule holds
-        // grid × order_stride entries of blocks, splits, heads and batches in range, and stays in
+        // grid × order_stride block indices below m_blocks × B·H × splits, and stays in
         // `causal_orders` while launches that read it may run); the rest as for the
         // portable kernel (launch_portable).
         unsafe { self.stream.launch_builder(&kern.func).arg(&hparams).launch(grid.cfg) }
@@ -266,32 +265,24 @@ impl Attention {
         Ok(())
     }
 
-    /// The device address, row length and entry fields of a persistent causal
-    /// launch's schedule (`planner::causal_order`; zeros: the kernel's own pairs),
-    /// computed and uploaded once per launch geometry.
-    fn causal_order(&self, kern: &Kernel, p: &Problem, plan: &Plan, grid: u32) -> Result<(u64, i32, [i32; 3])> {
+    /// The device address and row length of a persistent causal launch's schedule
+    /// (`planner::causal_order`; (0, 0): the kernel's own pairs), computed and
+    /// uploaded once per launch geometry.
+    fn causal_order(&self, kern: &Kernel, p: &Problem, plan: &Plan, grid: u32) -> Result<(u64, i32)> {
         let lg = Self::launch_grid(kern, p, true);
         let per = plan.keys_per_split / kern.launch.block_n.max(1);
-        let heads = p.heads as u32;
         // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
         let mut orders = self.causal_orders.lock().unwrap_or_else(|e| e.into_inner());
-        let schedule = match orders.entry((lg, heads, per, grid)) {
+        let schedule = match orders.entry((lg, per, grid)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let order = match planner::causal_order(&lg, heads, per, grid) {
-                    Some(sc) => Some(CausalOrder {
-                        stride: sc.stride,
-                        fields: sc.fields,
-                        table: self.stream.clone_htod(&sc.entries).cuda("copying a causal schedule to the device")?,
-                    }),
-                    None => None,
-                };
-                e.insert(order)
-            }
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(match planner::causal_order(&lg, per, grid) {
+                Some((stride, table)) => {
+                    Some((stride, self.stream.clone_htod(&table).cuda("copying a causal schedule to the device")?))
+                }
+                None => None,
+            }),
         };
-        Ok(schedule.as_ref().map_or((0, 0, [0; 3]), |o| {
-            (device_ptr(&o.table, &self.stream), o.stride as i32, o.fields.at.map(|a| a as i32))
-        }))
+        Ok(schedule.as_ref().map_or((0, 0), |(stride, table)| (device_ptr(table, &self.stream), *stride as i32)))
     }
 }
 

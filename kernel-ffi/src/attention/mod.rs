@@ -32,7 +32,7 @@ pub use options::{Family, KernelChoice, Options, Splits, Variant};
 
 use crate::error::{CudaContext, Error, Result};
 use crate::manifest::Launch;
-use crate::planner::{EntryFields, LaunchGrid, Plan};
+use crate::planner::{LaunchGrid, Plan};
 use crate::schema::DeviceInfo;
 
 /// A loaded entry: its function, launch geometry and residency.
@@ -51,15 +51,8 @@ struct Chosen<'a> {
     plan: Plan,
 }
 
-/// A persistent causal launch's schedule on the device (planner::Schedule).
-struct CausalOrder {
-    stride: u32,
-    fields: EntryFields,
-    table: CudaSlice<u32>,
-}
-
-/// What a causal schedule depends on: the grid, heads a batch, tiles per split, CTAs.
-type OrderKey = (LaunchGrid, u32, u32, u32);
+/// A persistent causal launch's schedule on the device: (row length, the rows).
+type CausalOrder = (u32, CudaSlice<u32>);
 
 pub struct Attention {
     ctx: Arc<Ctx>,
@@ -75,8 +68,8 @@ pub struct Attention {
     /// few hundred µs of CPU), one per launch geometry.
     sim_plans: Mutex<HashMap<(LaunchGrid, Family), Plan>>,
     /// Persistent causal launches' schedules on the device (planner::causal_order),
-    /// kept because they are read by launches in flight.
-    causal_orders: Mutex<HashMap<OrderKey, Option<CausalOrder>>>,
+    /// by (grid, tiles per split, CTAs); kept because they are read by launches in flight.
+    causal_orders: Mutex<HashMap<(LaunchGrid, u32, u32), Option<CausalOrder>>>,
     _modules: Vec<Arc<CudaModule>>,
 }
 

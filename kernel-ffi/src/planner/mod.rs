@@ -6,8 +6,7 @@
 //! - `grid`: `LaunchGrid`, a launch as the simulation and the schedule see it, and
 //!   `whole_units`, the units a split-tail launch runs whole.
 //! - `simulate`: `plan_simulated`, the split model that simulates the grid on the SMs.
-//! - `schedule`: `causal_order`, the work lists of persistent causal CTAs, as
-//!   `EntryFields` words.
+//! - `schedule`: `causal_order`, the work lists of persistent causal CTAs.
 //! - `prefer`: the measured rules for which entry runs.
 
 mod grid;
@@ -21,7 +20,7 @@ pub use prefer::{
     prefer_hopper, prefer_key_groups, prefer_m64, prefer_narrow_key_groups, prefer_persistent, prefer_wide_causal_d64,
     prefer_wide_d64,
 };
-pub use schedule::{EntryFields, Schedule, causal_order};
+pub use schedule::causal_order;
 pub use simulate::{
     GridCost, HOPPER_D64, HOPPER_D64_CAUSAL, HOPPER_D128, HOPPER_D128_CAUSAL, PORTABLE_D64_CAUSAL,
     PORTABLE_D128_CAUSAL, grid_cost, plan_simulated,
