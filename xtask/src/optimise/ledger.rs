@@ -219,7 +219,10 @@ mod tests {
     fn the_committed_ledger_reads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../perf/ledger.jsonl");
         let all = read(&path).unwrap();
-        assert!(all.len() >= 50 && all.iter().all(|e| e.base_rev.is_none()));
+        assert!(all.len() >= 50);
+        assert!(all[..48].iter().all(|e| e.base_rev.is_none() && e.tree.is_none()), "the first lines have neither");
+        let full_rev = |r: &String| r.len() == 40 && r.bytes().all(|b| b.is_ascii_hexdigit());
+        assert!(all.iter().filter_map(|e| e.base_rev.as_ref()).all(full_rev));
     }
 
     #[test]
