@@ -6,7 +6,7 @@
 //   hopper_scheduler.cuh  hopper_item: the work items a CTA runs, in order
 //   hopper_producer.cuh   warpgroup 0: barrier set-up and every TMA load
 //   hopper_mainloop.cuh   the consumer warpgroups: Q·Kᵀ, softmax, P·V per tile
-//   hopper_epilogue.cuh   O and the log-sum-exp out through shared memory
+//   hopper_epilogue.cuh   O out through shared memory by TMA, and the log-sum-exp
 // Named barriers are `NamedBarrier` (hopper.cuh).
 //
 // A work item is kBlockM = 64 × kConsumers query rows of one (batch, head, split);
@@ -113,7 +113,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
 
   // ---- Consumers.
   regs_alloc<Cfg::kConsumerRegs>();
-  hopper_consumer<T, Cfg, CAUSAL>(p, sm, wg, decode, entry);
+  hopper_consumer<T, Cfg, CAUSAL>(p, hp.o_map, sm, wg, decode, entry);
 }
 
 }  // namespace fa

@@ -61,12 +61,13 @@ struct HopperSched {
   int32_t whole_units;
 };
 
-// The Hopper kernel's parameters: tensor maps of Q [B, H, Sq, D] and K, V
-// [B, Hkv, Sk, D] (4-D, innermost first: d, seq, head, batch; boxes of 64 columns
-// × the tile's rows, 128-byte swizzle), the portable kernel's parameters, and the
-// persistent entries' work decomposition.
+// The Hopper kernel's parameters: tensor maps of Q [B, H, Sq, D], K, V
+// [B, Hkv, Sk, D] and O [B, H, Sq, D] (4-D, innermost first: d, seq, head, batch;
+// boxes of 64 columns × the tile's rows, O's × a warpgroup's 64, 128-byte
+// swizzle), the portable kernel's parameters, and the persistent entries' work
+// decomposition.
 struct HopperParams {
-  TmaDesc q_map, k_map, v_map;
+  TmaDesc q_map, k_map, v_map, o_map;
   FlashParams p;
   HopperSched sched;
 };

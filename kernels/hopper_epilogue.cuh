@@ -1,11 +1,14 @@
 // The Hopper kernel's unsplit epilogue: a consumer warpgroup's O rows,
 // normalised, go through its own rows of a Q-shaped tile in the same 128-byte
-// swizzle, then out in 16-byte stores, a warp writing whole rows (stored straight
-// from the accumulators, each warp instruction would write 4 bytes into each of 8
-// rows). The tile is Q's own (free once the warpgroup's last Q·Kᵀ has landed; the
-// other warpgroup may still read its own rows) except in persistent CTAs, whose
-// producer may already be loading the next item's Q: they stage in the O tile,
-// after a barrier that orders this item's writes after the previous item's reads.
+// swizzle, then out by one TMA store per 64-column panel, which one thread
+// issues and nobody waits for (stored straight from the accumulators, each warp
+// instruction would write 4 bytes into each of 8 rows; copied out by the
+// warpgroup in 16-byte loads and stores, the warps wait on shared-memory
+// latency). The TMA store clips rows past seqlen_q. The tile is Q's own (free
+// once the warpgroup's last Q·Kᵀ has landed; the other warpgroup may still read
+// its own rows) except in persistent CTAs, whose producer may already be loading
+// the next item's Q: they stage in the O tile, after a barrier that orders this
+// item's writes after the previous item's store has read it.
 #pragma once
 
 #include "hopper.cuh"
@@ -26,15 +29,22 @@ __device__ __forceinline__ void consumer_sync(int cw) {
   }
 }
 
+// The thread of consumer warpgroup cw that issues its O stores.
+__device__ __forceinline__ bool o_store_issuer() { return threadIdx.x % 128 == 0; }
+
 // Item `it`'s rows of consumer warpgroup cw (this thread: rows 16·warp + g and
-// + 8, columns 2t, 2t + 1 of each 8-wide accumulator tile) to p.o, and their
-// log-sum-exp to p.lse where asked.
+// + 8, columns 2t, 2t + 1 of each 8-wide accumulator tile) to O through o_map,
+// and their log-sum-exp to p.lse where asked. Before the CTA exits, the issuing
+// thread waits for its stores to have read shared memory (o_store_drain).
 template <typename T, typename Cfg>
-__device__ __forceinline__ void store_staged(const FlashParams& p, const HopperSmem<Cfg>& sm, const HopperItem& it,
-                                             int cw, int warp, int g, int t, const float (&o)[Cfg::kHeadDim / 8][4],
-                                             const SoftmaxState<1>& softmax) {
-  constexpr int BM = Cfg::kBlockM, D = Cfg::kHeadDim, DT = D / 8;
-  if constexpr (Cfg::kPersistent) consumer_sync<Cfg>(cw);
+__device__ __forceinline__ void store_staged(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
+                                             const HopperItem& it, int cw, int warp, int g, int t,
+                                             const float (&o)[Cfg::kHeadDim / 8][4], const SoftmaxState<1>& softmax) {
+  constexpr int BM = Cfg::kBlockM, DT = Cfg::kHeadDim / 8;
+  if constexpr (Cfg::kPersistent) {
+    if (o_store_issuer()) tma_store_wait_read();  // the previous item's rows are out of the tile
+    consumer_sync<Cfg>(cw);
+  }
   const uint32_t rows =
       (Cfg::kPersistent ? sm.o : sm.q) + 64 * cw * 128;  // + panel × BM × 128 + row × 128 + chunk × 16
   auto chunk_addr = [&](int row, int chunk) {
@@ -54,20 +64,20 @@ __device__ __forceinline__ void store_staged(const FlashParams& p, const HopperS
     if (p.lse != nullptr && t == 0 && row_stored(grow, p.seqlen_q))
       p.lse[((int64_t)it.b * p.heads + it.h) * p.seqlen_q + grow] = lse[r];
   }
+  fence_async_smem();
   consumer_sync<Cfg>(cw);
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  constexpr int kRowsPerPass = 128 / kChunks;
-  const int tid = threadIdx.x % 128, chunk = tid % kChunks;
-  T* out = static_cast<T*>(p.o) + it.b * p.o_batch_stride + it.h * p.o_head_stride + chunk * 8;
+  if (o_store_issuer()) {
 #pragma unroll
-  for (int r0 = 0; r0 < 64; r0 += kRowsPerPass) {
-    const int row = r0 + tid / kChunks, grow = it.m0 + 64 * cw + row;
-    uint4 v;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(chunk_addr(row, chunk)));
-    if (row_stored(grow, p.seqlen_q)) *reinterpret_cast<uint4*>(out + (int64_t)grow * p.o_row_stride) = v;
+    for (int panel = 0; panel < Cfg::kPanels; ++panel)
+      tma_store_4d(&o_map, rows + panel * BM * 128, panel * 64, it.m0 + 64 * cw, it.h, it.b);
+    tma_store_commit();
   }
+}
+
+// A consumer warpgroup's last store has read shared memory, which the CTA may
+// then give up.
+__device__ __forceinline__ void o_store_drain() {
+  if (o_store_issuer()) tma_store_wait_read();
 }
 
 }  // namespace fa

@@ -21,8 +21,8 @@ namespace fa {
 // entry(k))`, the scheduler's) in order; the K/V ring runs on across items (g0:
 // ring position of an item's first tile).
 template <typename T, typename Cfg, bool CAUSAL, typename Decode, typename Entry>
-__device__ __forceinline__ void hopper_consumer(const FlashParams& p, const HopperSmem<Cfg>& sm, int wg,
-                                                const Decode& decode, const Entry& entry) {
+__device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
+                                                int wg, const Decode& decode, const Entry& entry) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
   constexpr int NT = BN / 8, DT = D / 8;
   constexpr bool kPersistent = Cfg::kPersistent;
@@ -230,7 +230,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     named_bar_sync(NamedBarrier::Merge, 384);  // the area is free for the next item
     if (cw != 0) return;
     if (p.num_splits == 1) {
-      store_staged<T, Cfg>(p, sm, it, 0, warp, g, t, o, softmax);
+      store_staged<T, Cfg>(p, o_map, sm, it, 0, warp, g, t, o, softmax);
     } else {
       store_rows<T, D>(p, o, softmax, 0, row_lo, it.b, it.h, it.split, t);
     }
@@ -418,11 +418,12 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const Hopp
     }
     g0 += it.tiles;
     if (p.num_splits == 1) {
-      store_staged<T, Cfg>(p, sm, it, cw, warp, g, t, o, softmax);
+      store_staged<T, Cfg>(p, o_map, sm, it, cw, warp, g, t, o, softmax);
     } else {
       store_rows<T, D>(p, o, softmax, 0, row_lo, it.b, it.h, it.split, t);
     }
   }
+  o_store_drain();
 }
 
 }  // namespace fa

@@ -88,6 +88,7 @@ pub struct HopperParams {
     pub q_map: TmaDesc,
     pub k_map: TmaDesc,
     pub v_map: TmaDesc,
+    pub o_map: TmaDesc,
     pub p: FlashParams,
     pub sched: HopperSched,
 }
@@ -141,15 +142,15 @@ unsafe impl DeviceRepr for ReferenceParams {}
 
 // 7 pointers + 12 strides + 8 four-byte fields.
 const _: () = assert!(std::mem::size_of::<FlashParams>() == 7 * 8 + 12 * 8 + 8 * 4);
-// Three tensor maps, FlashParams at offset 384, HopperSched right after it, padded
+// Four tensor maps, FlashParams at offset 512, HopperSched right after it, padded
 // to the 64-byte alignment.
 const _: () = assert!(std::mem::size_of::<HopperSched>() == 4 + 5 * 12 + 8 + 2 * 4);
 const _: () = assert!(std::mem::offset_of!(HopperSched, order) == 4 + 5 * 12);
-const _: () = assert!(std::mem::offset_of!(HopperParams, p) == 384);
-const _: () = assert!(std::mem::offset_of!(HopperParams, sched) == 384 + std::mem::size_of::<FlashParams>());
+const _: () = assert!(std::mem::offset_of!(HopperParams, p) == 512);
+const _: () = assert!(std::mem::offset_of!(HopperParams, sched) == 512 + std::mem::size_of::<FlashParams>());
 const _: () = assert!(
     std::mem::size_of::<HopperParams>()
-        == (384 + std::mem::size_of::<FlashParams>() + std::mem::size_of::<HopperSched>()).next_multiple_of(64)
+        == (512 + std::mem::size_of::<FlashParams>() + std::mem::size_of::<HopperSched>()).next_multiple_of(64)
 );
 const _: () = assert!(std::mem::size_of::<CombineParams>() == 4 * 8 + 3 * 8 + 4 * 4);
 const _: () = assert!(std::mem::size_of::<ReferenceParams>() == 5 * 8 + 9 * 8 + 8 * 4);

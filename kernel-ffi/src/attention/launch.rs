@@ -162,12 +162,12 @@ impl Attention {
     }
 
     /// A Hopper entry takes the portable entries' parameters with TMA maps of
-    /// q, k and v and the schedule of its grid.
+    /// q, k, v and out (boxes of a warpgroup's 64 rows) and the schedule of its grid.
     pub(super) fn launch_hopper(
         &self,
         c: &Chosen,
         grid: &Grid,
-        [q, k, v]: [&Tensor; 3],
+        [q, k, v, out]: [&Tensor; 4],
         p: &Problem,
         params: FlashParams,
         causal: bool,
@@ -183,6 +183,7 @@ impl Attention {
             q_map: map(q, kern.launch.block_m)?,
             k_map: map(k, kern.launch.block_n)?,
             v_map: map(v, kern.launch.block_n)?,
+            o_map: map(out, 64)?,
             p: params,
             sched: HopperSched {
                 units: grid.units as i32,
@@ -198,7 +199,8 @@ impl Attention {
         };
         // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal][_m64](const __grid_constant__
         // HopperParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
-        // exactly the validated q/k/v extents (TMA zero-fills and never reads past them);
+        // exactly the validated q/k/v/out extents (TMA zero-fills and never reads past them,
+        // and clips its stores of out to them);
         // `sched` describes this grid (units checked < 2^31 by Grid::new; a causal schedule holds
         // grid × order_stride block indices below m_blocks × B·H × splits, and stays in
         // `causal_orders` while launches that read it may run); the rest as for the
@@ -289,7 +291,7 @@ impl Attention {
 /// A TMA map of a [B, H, S, D] tensor at `ptr`: 4-D innermost first (d, seq, head,
 /// batch), boxes of 64 columns × `rows` rows with the 128-byte swizzle the wgmma
 /// descriptors expect. A zero-length sequence is described as one row; the kernel
-/// issues no load for it.
+/// issues no load or store for it.
 fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Result<TmaDesc> {
     let [b, h, seq, d] = desc.dims.map(|x| x as u64);
     let [sb, sh, ss] = desc.strides.map(|x| x as u64 * 2);

@@ -127,7 +127,7 @@ impl Attention {
         let params = self.flash_params([q, k, v, out], lse, partials.as_ref(), &p, &chosen.plan);
         match family {
             Family::Portable => self.launch_portable(&chosen, &grid, &params)?,
-            Family::Hopper => self.launch_hopper(&chosen, &grid, [q, k, v], &p, params, opts.causal)?,
+            Family::Hopper => self.launch_hopper(&chosen, &grid, [q, k, v, out], &p, params, opts.causal)?,
         }
         if let Some(partials) = &partials {
             self.launch_combine(q.dtype, &p, chosen.plan.num_splits, partials, out, lse)?;
