@@ -20,6 +20,13 @@ pub struct GridCost {
     pub combine_per_split: f64,
 }
 
+impl GridCost {
+    /// What a plan of `splits` key splits pays beyond its forward grid's makespan.
+    fn split_cost(&self, splits: u32) -> f64 {
+        if splits > 1 { self.combine + self.combine_per_split * f64::from(splits) } else { 0.0 }
+    }
+}
+
 // Fitted per kernel (grid search, fewest mispicks then least relative
 // error) to sweeps of forced split counts (1, 2, 3, 4, 6, 8) on an H200,
 // `perf/calibration/`. The portable constants: 14 causal shapes from B1 H1 S1024
@@ -94,7 +101,7 @@ pub fn plan_simulated(sm_count: u32, g: &LaunchGrid, cost: &GridCost) -> Plan {
         }
         last_per = per;
         let plan = Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n };
-        let t = makespan(sm_count, g, cost, per) + cost.combine + cost.combine_per_split * f64::from(plan.num_splits);
+        let t = makespan(sm_count, g, cost, per) + cost.split_cost(plan.num_splits);
         if t < best.0 - 1e-9 {
             best = (t, plan);
         }
@@ -204,10 +211,9 @@ mod tests {
 
     /// The model's time for a split count, as `plan_simulated` costs it.
     fn modelled(g: &LaunchGrid, cost: &GridCost, splits: u32) -> f64 {
-        let per = g.seqlen_k.div_ceil(g.block_n).div_ceil(splits);
-        let launched = g.seqlen_k.div_ceil(g.block_n).div_ceil(per);
-        makespan(H200_SMS, g, cost, per)
-            + if splits > 1 { cost.combine + cost.combine_per_split * f64::from(launched) } else { 0.0 }
+        let tiles = g.seqlen_k.div_ceil(g.block_n);
+        let per = tiles.div_ceil(splits);
+        makespan(H200_SMS, g, cost, per) + cost.split_cost(tiles.div_ceil(per))
     }
 
     /// One shape of the calibration sweep: its grid as each launch saw it, and
