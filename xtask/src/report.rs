@@ -107,7 +107,7 @@ impl<T: Serialize> Envelope<T> {
 
 /// Reads a JSON file another process wrote; errors name the file.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = fa_schema::file::read_text(path)?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 

@@ -1,6 +1,7 @@
-//! Ctrl-C or SIGTERM to xtask stops every child tree it started: the real
-//! `xtask build`, with a stand-in nvcc that leaves a grandchild, is signalled
-//! mid-compile; it must exit 143 naming what it stopped, and leave no process.
+//! Ctrl-C, SIGTERM, SIGHUP or SIGQUIT to xtask stops every child tree it
+//! started, and so does SIGKILL (through its reaper): the real `xtask build`,
+//! with a stand-in nvcc that leaves a grandchild, is signalled mid-compile; it
+//! must exit 128 + the signal naming what it stopped, and leave no process.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -14,8 +15,8 @@ fn alive(pid: i32) -> bool {
     }
 }
 
-#[test]
-fn sigterm_stops_every_child_tree_and_exits_143() {
+/// Signals a build mid-compile; its exit status, stderr and the processes left.
+fn signal_a_build(sig: i32) -> (std::process::ExitStatus, String, Vec<i32>) {
     let dir = tempfile::tempdir().unwrap();
     let kernels = dir.path().join("kernels");
     std::fs::create_dir_all(&kernels).unwrap();
@@ -50,15 +51,33 @@ fn sigterm_stops_every_child_tree_and_exits_143() {
         std::thread::sleep(Duration::from_millis(50));
     };
     // SAFETY: kill(2) on the xtask child this test started.
-    assert_eq!(unsafe { libc::kill(xtask.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(unsafe { libc::kill(xtask.id() as i32, sig) }, 0);
     let out = xtask.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(143), "{stderr}");
-    assert!(stderr.contains("SIGTERM: stopped 1 running command(s)") && stderr.contains("nvcc"), "{stderr}");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let deadline = Instant::now() + Duration::from_secs(5);
     while recorded.iter().any(|&p| alive(p)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let left: Vec<i32> = recorded.into_iter().filter(|&p| alive(p)).collect();
-    assert!(left.is_empty(), "left running: {left:?}");
+    (out.status, stderr, recorded.into_iter().filter(|&p| alive(p)).collect())
+}
+
+#[test]
+fn each_catchable_signal_stops_every_child_tree_and_exits_128_plus_it() {
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP"), (libc::SIGQUIT, "SIGQUIT")] {
+        let (status, stderr, left) = signal_a_build(sig);
+        assert_eq!(status.code(), Some(128 + sig), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{name}: stopped 1 running command(s)")) && stderr.contains("nvcc"),
+            "{stderr}"
+        );
+        assert!(left.is_empty(), "{name}: left running: {left:?}");
+    }
+}
+
+#[test]
+fn sigkill_leaves_no_child_behind() {
+    use std::os::unix::process::ExitStatusExt;
+    let (status, stderr, left) = signal_a_build(libc::SIGKILL);
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{stderr}");
+    assert!(left.is_empty(), "the reaper left running: {left:?}");
 }

@@ -15,6 +15,7 @@ use crate::device::Gpu;
 use crate::error::{CudaContext, Error, Result};
 use crate::manifest::{Manifest, is_hopper_entry};
 use crate::schema::DeviceInfo;
+use fa_schema::kernel_set::KernelSet;
 
 /// The kernel folder `kernel_dir::find` picks (`FA_KERNEL_DIR`, the checkout's
 /// `target/kernels`, beside the executable), else the first place it looked.
@@ -35,7 +36,13 @@ impl Attention {
                 manifest_path.display()
             )));
         }
-        let manifest = Manifest::load(&manifest_path).map_err(|e| Error::MissingKernels(format!("{e:#}")))?;
+        // Every file is checked against the record of the build that wrote the
+        // set, so a failed or interrupted build is refused, not half-loaded.
+        let set = KernelSet::load(dir).map_err(|e| Error::MissingKernels(format!("{e:#}")))?;
+        let manifest = set
+            .read_checked(dir, "manifest.json")
+            .and_then(|b| Manifest::parse(&String::from_utf8(b)?))
+            .map_err(|e| Error::MissingKernels(format!("{}: {e:#}", manifest_path.display())))?;
         // SAFETY: only tries to open the driver library; cudarc would panic on first use otherwise.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(Error::Unsupported(
@@ -66,7 +73,7 @@ impl Attention {
         })?;
         // A created stream, not the legacy default one, so that it can be captured into graphs.
         let stream = ctx.new_stream().cuda("creating a stream")?;
-        let Loaded { kernels, modules } = load(&ctx, dir, &manifest, &arch)?;
+        let Loaded { kernels, modules } = load(&ctx, dir, &set, &manifest, &arch)?;
         let hopper = kernels.keys().any(|k| is_hopper_entry(k));
         Ok(Attention {
             ctx,
@@ -89,14 +96,13 @@ struct Loaded {
 }
 
 /// Loads every entry the manifest builds for `arch` from the fatbins in `dir`.
-fn load(ctx: &Arc<Ctx>, dir: &Path, manifest: &Manifest, arch: &str) -> Result<Loaded> {
+fn load(ctx: &Arc<Ctx>, dir: &Path, set: &KernelSet, manifest: &Manifest, arch: &str) -> Result<Loaded> {
     let mut kernels = HashMap::new();
     let mut modules = Vec::new();
     for src in manifest.sources.iter().filter(|s| s.archs.iter().any(|a| a == arch)) {
-        let stem = Path::new(&src.file).file_stem().and_then(|s| s.to_str()).unwrap_or(&src.file);
-        let path = dir.join(format!("{stem}.{arch}.fatbin"));
-        let image = std::fs::read(&path)
-            .map_err(|e| Error::MissingKernels(format!("{}: {e}; run `cargo xtask build`", path.display())))?;
+        let name = src.fatbin(arch);
+        let path = dir.join(&name);
+        let image = set.read_checked(dir, &name).map_err(|e| Error::MissingKernels(format!("{e:#}")))?;
         let module = ctx.load_module(Ptx::from_binary(image)).cuda(format!("loading {}", path.display()))?;
         for k in &src.kernels {
             let func = module.load_function(&k.entry).cuda(format!("finding {} in {}", k.entry, path.display()))?;

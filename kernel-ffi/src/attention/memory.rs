@@ -36,6 +36,22 @@ impl Attention {
         Ok(Tensor { data, dtype, desc })
     }
 
+    /// Refuses work that needs `bytes` of device memory where fewer are free, naming
+    /// both, before a first allocation fails half-way through a set of buffers.
+    pub fn check_fits(&self, bytes: u64, what: &str) -> Result<()> {
+        let (free, total) = self.ctx.mem_get_info().cuda("reading the free device memory")?;
+        if bytes > free as u64 {
+            invalid!(
+                "{what} needs {:.1} GB of device memory; {} has {:.1} GB free of {:.1} GB",
+                bytes as f64 / 1e9,
+                self.device.name,
+                free as f64 / 1e9,
+                total as f64 / 1e9
+            );
+        }
+        Ok(())
+    }
+
     /// A new device tensor filled with NaN (outputs start poisoned).
     pub fn alloc_poisoned(&self, dtype: Dtype, desc: Desc) -> Result<Tensor> {
         self.upload(dtype, desc, &vec![dtype.nan(); desc.span()])

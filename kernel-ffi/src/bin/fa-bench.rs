@@ -140,6 +140,9 @@ fn run() -> Result<()> {
     let dtypes = args.dtype.clone();
     // Flags and shapes are checked (clap, and here against the manifest) before
     // the first CUDA call, `Attention::with_kernel_dir`.
+    if let Some(path) = &args.json {
+        fa_schema::file::check_target(path).context("--json")?;
+    }
     let kernels = kernel_dir::find()?;
     let manifest_path = kernels.join("manifest.json");
     check_choice(&Manifest::load(&manifest_path)?, &args, &shapes)
@@ -250,6 +253,9 @@ impl<'a> Case<'a> {
     fn add_sets(&mut self, n: u64) -> Result<()> {
         let (att, dtype, shape) = (self.att, self.dtype, self.shape);
         let desc = Desc::new([shape.batch, shape.heads, shape.seqlen, shape.head_dim], Layout::Bhsd);
+        // q, k, v and out of 16-bit elements per set.
+        let bytes = n.saturating_mul(4 * 2 * desc.span() as u64);
+        att.check_fits(bytes, &format!("{} ({n} input set(s))", shape.name(dtype)))?;
         for _ in 0..n {
             let i = self.sets.len() as u64;
             self.sets.push(Buffers {

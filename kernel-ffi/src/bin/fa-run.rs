@@ -62,16 +62,9 @@ fn main() -> std::process::ExitCode {
 /// each tensor's bytes against the file before the data is.
 fn read_input(path: &Path) -> Result<Vec<u8>> {
     let what = || format!("reading {}", path.display());
-    let mut file = std::fs::File::open(path).with_context(what)?;
-    let meta = file.metadata().with_context(what)?;
-    if !meta.is_file() {
-        bail!(
-            "{} is not a regular file, so its size cannot bound the read; save q, k and v to a file \
-             (safetensors.torch.save_file) and pass that",
-            path.display()
-        );
-    }
-    let len = meta.len();
+    let (mut file, len) = fa_schema::file::open_regular(path).map_err(|e| {
+        anyhow::anyhow!("--input: {e:#} (save q, k and v with safetensors.torch.save_file and pass that file)")
+    })?;
     let mut prefix = [0u8; 8];
     if len >= 8 {
         file.read_exact(&mut prefix).with_context(what)?;
@@ -104,6 +97,7 @@ fn run() -> Result<()> {
     if !out_dir.is_dir() {
         bail!("--output {}: folder {} does not exist", args.output.display(), out_dir.display());
     }
+    fa_schema::file::check_target(&args.output).context("--output")?;
     let kernels = kernel_dir::find()?;
     let manifest_path = kernels.join("manifest.json");
     cli::check_choice(&Manifest::load(&manifest_path)?, &args.choice, q.dtype, problem.head_dim, args.causal)

@@ -508,8 +508,11 @@ fn run() -> Result<()> {
         .filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str())))
         .filter(|c| variant.is_none_or(|v| v == c.choice.variant))
         .collect();
+    if let Some(path) = &json {
+        fa_schema::file::check_target(path).context("--json")?;
+    }
     if let Some(file) = only {
-        let text = std::fs::read_to_string(&file).with_context(|| format!("reading --cases {}", file.display()))?;
+        let text = fa_schema::file::read_text(&file).with_context(|| format!("reading --cases {}", file.display()))?;
         cases = named(cases, &text).map_err(|e| anyhow::anyhow!("--cases {}: {e}", file.display()))?;
     }
     if list {

@@ -7,46 +7,30 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
+use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
 use crate::errors::CheckFailed;
 use crate::paths::Paths;
-use crate::report::read_json;
 use crate::tools::process::write_file;
-
-pub const FILE: &str = "kernel-set.json";
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KernelSet {
-    /// sha256 of the sources the fatbins were built from (see `sources_hash`).
-    pub sources: String,
-    /// The extra `--define`s of the build (planted defects, experiments).
-    pub defines: Vec<String>,
-    /// The folder, as this run found it (not stored in the file).
-    #[serde(default, skip_serializing)]
-    pub dir: PathBuf,
-}
+pub use fa_schema::kernel_set::{FILE, KernelSet};
+use fa_schema::manifest::Manifest;
 
 /// One hash over `manifest`, every `.cu`, `.cuh` and `.h` file in `src_dir`
 /// (by name, in name order) and `defines`, each part length-prefixed.
 pub fn sources_hash(manifest: &Path, src_dir: &Path, defines: &[String]) -> Result<String> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(src_dir)
-        .with_context(|| format!("listing {}", src_dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "cu" || x == "cuh" || x == "h"))
-        .collect();
+    let mut files = Vec::new();
+    source_files(src_dir, &mut files)?;
     files.sort();
     let mut h = Sha256::new();
     let mut part = |bytes: &[u8]| {
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
-    part(&std::fs::read(manifest).with_context(|| format!("reading {}", manifest.display()))?);
+    part(&read(manifest)?);
     for f in &files {
-        part(f.file_name().unwrap_or_default().as_encoded_bytes());
-        part(&std::fs::read(f).with_context(|| format!("reading {}", f.display()))?);
+        part(f.strip_prefix(src_dir).unwrap_or(f).as_os_str().as_encoded_bytes());
+        part(&read(f)?);
     }
     for d in defines {
         part(d.as_bytes());
@@ -54,19 +38,63 @@ pub fn sources_hash(manifest: &Path, src_dir: &Path, defines: &[String]) -> Resu
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Writes `out_dir/kernel-set.json` for a build of `manifest` (sources beside it).
-pub fn record(out_dir: &Path, manifest: &Path, src_dir: &Path, defines: &[String]) -> Result<()> {
-    let set = KernelSet {
-        sources: sources_hash(manifest, src_dir, defines)?,
-        defines: defines.to_vec(),
-        dir: PathBuf::new(),
-    };
+fn read(path: &Path) -> Result<Vec<u8>> {
+    fa_schema::file::read_bounded(path, fa_schema::file::MAX_INPUT)
+}
+
+/// The `.cu`, `.cuh` and `.h` files under `dir`, in every folder but hidden ones.
+fn source_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let e = e.with_context(|| format!("listing {}", dir.display()))?;
+        let (path, kind) = (e.path(), e.file_type().with_context(|| format!("reading {}", e.path().display()))?);
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if kind.is_dir() {
+            source_files(&path, out)?;
+        } else if path.extension().is_some_and(|x| x == "cu" || x == "cuh" || x == "h") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Opens a build of `out_dir`: the old record goes first, so the folder is not
+/// loadable until `record` says the build finished.
+pub fn begin(out_dir: &Path) -> Result<()> {
+    match std::fs::remove_file(out_dir.join(FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", out_dir.join(FILE).display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Finishes a build of `manifest` (read from `manifest_path`, sources in
+/// `src_dir`) into `out_dir`: copies the manifest beside the fatbins, then
+/// writes `kernel-set.json` with the hash of every file the set holds.
+pub fn record(
+    out_dir: &Path,
+    manifest: &Manifest,
+    manifest_path: &Path,
+    src_dir: &Path,
+    defines: &[String],
+) -> Result<()> {
+    // kernel-ffi launches from this copy, so fatbins and launch geometry travel together.
+    write_file(&out_dir.join("manifest.json"), serde_json::to_string_pretty(manifest)? + "\n")?;
+    let mut names = vec!["manifest.json".to_string()];
+    names.extend(manifest.sources.iter().flat_map(|s| s.archs.iter().map(|a| s.fatbin(a))));
+    let files = names
+        .into_iter()
+        .map(|n| Ok((n.clone(), fa_schema::kernel_set::sha256_hex(&read(&out_dir.join(&n))?))))
+        .collect::<Result<_>>()?;
+    let set = KernelSet { sources: sources_hash(manifest_path, src_dir, defines)?, defines: defines.to_vec(), files };
     write_file(&out_dir.join(FILE), serde_json::to_string_pretty(&set)? + "\n")
 }
 
-/// The kernel set in `dir`, where one was recorded.
+/// The kernel set in `dir`, where a finished build recorded one.
 pub fn load(dir: &Path) -> Option<KernelSet> {
-    read_json::<KernelSet>(&dir.join(FILE)).ok().map(|s| KernelSet { dir: dir.to_path_buf(), ..s })
+    KernelSet::load(dir).ok()
 }
 
 /// The run's kernel set: the prebuilt one in `paths.kernels`, checked against the
@@ -76,21 +104,19 @@ pub fn prepare(paths: &Paths, build: &crate::build::Options, prebuilt: bool) -> 
         return crate::build::run(paths, build);
     }
     let set = verify(paths)?;
-    eprintln!("xtask: kernels from {} (sources {})", set.dir.display(), &set.sources[..12.min(set.sources.len())]);
+    eprintln!(
+        "xtask: kernels from {} (sources {})",
+        paths.kernels.display(),
+        &set.sources[..12.min(set.sources.len())]
+    );
     Ok(())
 }
 
 /// The prebuilt set in `paths.kernels`, checked against the checkout's sources.
 pub fn verify(paths: &Paths) -> Result<KernelSet> {
     let dir = &paths.kernels;
-    let Some(set) = load(dir) else {
-        bail!(
-            "{} holds no {FILE}: it was not built by this xtask's `build`; rebuild it with \
-             `cargo xtask build --out-dir {}`",
-            dir.display(),
-            dir.display()
-        );
-    };
+    let set = KernelSet::load(dir)
+        .with_context(|| format!("rebuild it with `cargo xtask build --out-dir {}`", dir.display()))?;
     let manifest = paths.manifest();
     let src_dir = manifest.parent().unwrap_or(Path::new("."));
     let want = sources_hash(&manifest, src_dir, &set.defines)?;
@@ -113,10 +139,18 @@ pub fn verify(paths: &Paths) -> Result<KernelSet> {
 mod tests {
     use super::*;
 
+    const EMPTY: &str = r#"{"static_smem_limit": 49152, "archs": {}, "sources": []}"#;
+
+    fn record_in(paths: &Paths, src: &Path, defines: &[String]) {
+        let manifest = Manifest::parse(EMPTY).unwrap();
+        std::fs::create_dir_all(&paths.kernels).unwrap();
+        record(&paths.kernels, &manifest, &src.join("manifest.json"), src, defines).unwrap();
+    }
+
     fn checkout(dir: &Path) -> Paths {
         let kernels = dir.join("kernels");
         std::fs::create_dir_all(&kernels).unwrap();
-        std::fs::write(kernels.join("manifest.json"), "{}").unwrap();
+        std::fs::write(kernels.join("manifest.json"), EMPTY).unwrap();
         std::fs::write(kernels.join("a.cu"), "kernel a").unwrap();
         std::fs::write(kernels.join("a.cuh"), "header").unwrap();
         let target = dir.join("target");
@@ -128,14 +162,20 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let paths = checkout(tmp.path());
         let src = tmp.path().join("kernels");
-        let err = verify(&paths).unwrap_err().to_string();
+        let err = format!("{:#}", verify(&paths).unwrap_err());
         assert!(err.contains("no kernel-set.json") && err.contains("--out-dir"), "{err}");
 
-        record(&paths.kernels, &src.join("manifest.json"), &src, &[]).unwrap();
-        assert_eq!(verify(&paths).unwrap().dir, paths.kernels);
+        record_in(&paths, &src, &[]);
+        assert!(verify(&paths).is_ok());
 
-        for (file, text) in [("a.cuh", "edited header"), ("b.cu", "a new source"), ("manifest.json", "{ }")] {
+        for (file, text) in [
+            ("a.cuh", "edited header"),
+            ("b.cu", "a new source"),
+            ("sub/c.cu", "one in a folder"),
+            ("manifest.json", "{ }"),
+        ] {
             let before = std::fs::read(src.join(file)).ok();
+            std::fs::create_dir_all(src.join(file).parent().unwrap()).unwrap();
             std::fs::write(src.join(file), text).unwrap();
             let err = verify(&paths).unwrap_err();
             assert!(err.downcast_ref::<CheckFailed>().is_some(), "{file}: {err:#}");
@@ -148,7 +188,7 @@ mod tests {
         assert!(verify(&paths).is_ok());
 
         // A set built with a planted define is not the checkout's own build...
-        record(&paths.kernels, &src.join("manifest.json"), &src, &["FA_PLANT=1".into()]).unwrap();
+        record_in(&paths, &src, &["FA_PLANT=1".into()]);
         let set = verify(&paths).unwrap();
         assert_eq!(set.defines, ["FA_PLANT=1"], "…and says so in what it records");
         assert_ne!(set.sources, sources_hash(&src.join("manifest.json"), &src, &[]).unwrap());

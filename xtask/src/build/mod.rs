@@ -17,7 +17,7 @@ use crate::manifest::Manifest;
 use crate::parse::nvcc;
 use crate::parse::ptxas::{self, KernelResources};
 use crate::parse::sass::{self, OpcodeCounts};
-use crate::paths::{Paths, stem};
+use crate::paths::Paths;
 use crate::report::{Envelope, Toolchain};
 use crate::table;
 use crate::tools::process::{Cmd, Lock, write_file};
@@ -144,13 +144,15 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let nvcc = toolchain::nvcc(&paths.cuda_wheels)?;
     let cuobjdump = cuobjdump_beside(&nvcc)?;
     let out_dir = opts.out_dir.clone().unwrap_or_else(|| paths.kernels_out());
+    check_out_dir(&out_dir, &paths.root, &src_dir).map_err(|e| CannotRun(format!("--out-dir: {e}")))?;
     let headers = header_digest(&src_dir)?;
 
     let mut jobs = Vec::new();
     for src in &manifest.sources {
         let source_path = src_dir.join(&src.file);
-        let text =
-            std::fs::read(&source_path).with_context(|| format!("reading kernel source {}", source_path.display()))?;
+        inside(&source_path, &src_dir).map_err(|e| CannotRun(format!("source {}: {e}", src.file)))?;
+        let text = fa_schema::file::read_bounded(&source_path, fa_schema::file::MAX_INPUT)
+            .with_context(|| format!("reading kernel source {}", source_path.display()))?;
         for arch in &src.archs {
             let gencode = &manifest.archs[arch].gencode;
             let mut args: Vec<String> = FLAGS.iter().map(|s| s.to_string()).collect();
@@ -161,7 +163,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
                 h.update((part.len() as u64).to_le_bytes());
                 h.update(part);
             }
-            let output = out_dir.join(format!("{}.{arch}.fatbin", stem(&src.file)));
+            let output = out_dir.join(src.fatbin(arch));
             jobs.push(Job {
                 source: src.file.clone(),
                 source_path: source_path.clone(),
@@ -176,12 +178,11 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     // Builds into one folder take turns (checkouts sharing a target dir, parallel
     // runs): the second finds the first's units cached.
     let _lock = Lock::hold(&out_dir.join(".build.lock"), &format!("building {}", manifest_path.display()))?;
-    // kernel-ffi launches from this copy, so fatbins and launch geometry travel together.
-    write_file(&out_dir.join("manifest.json"), serde_json::to_string_pretty(&manifest)? + "\n")?;
+    kernel_set::begin(&out_dir)?;
     let total = jobs.len();
     let started = Instant::now();
     let results = run_jobs(&nvcc, &cuobjdump, jobs, opts, total)?;
-    kernel_set::record(&out_dir, &manifest_path, &src_dir, &opts.defines)?;
+    kernel_set::record(&out_dir, &manifest, &manifest_path, &src_dir, &opts.defines)?;
     let fresh = results.iter().filter(|(u, ..)| !u.cached).count();
     eprintln!(
         "xtask build: {total} units ({fresh} compiled, {} cached) in {:.1} s",
@@ -241,6 +242,71 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     }
     println!("report: {} (table: {})", report_path.display(), table_path.display());
     Ok(())
+}
+
+/// `path` resolved (symlinks followed, for as much of it as exists).
+fn resolve(path: &Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut missing = Vec::new();
+    let mut base = abs.as_path();
+    loop {
+        if let Ok(real) = base.canonicalize() {
+            return missing.iter().rev().fold(real, |p, part: &&std::ffi::OsStr| p.join(part));
+        }
+        match (base.parent(), base.file_name()) {
+            (Some(parent), Some(name)) => {
+                missing.push(name);
+                base = parent;
+            }
+            _ => return abs,
+        }
+    }
+}
+
+/// A source must resolve inside the source folder: one behind a symlink out of
+/// it would build without being covered by the kernel-set hash.
+fn inside(source: &Path, src_dir: &Path) -> std::result::Result<(), String> {
+    let (real, dir) = (resolve(source), resolve(src_dir));
+    if real.starts_with(&dir) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} resolves to {}, outside {}; sources live in the kernel folder",
+            source.display(),
+            real.display(),
+            dir.display()
+        ))
+    }
+}
+
+/// Where a build may write: not the checkout or a folder above it, not inside
+/// the kernel sources, and not a folder that already holds other files than a
+/// kernel set's.
+fn check_out_dir(out: &Path, root: &Path, src_dir: &Path) -> std::result::Result<(), String> {
+    let (real, root, src) = (resolve(out), resolve(root), resolve(src_dir));
+    if root.starts_with(&real) {
+        return Err(format!(
+            "{} is the checkout or a folder above it; name a folder for the kernel set, e.g. target/kernels-exp",
+            real.display()
+        ));
+    }
+    if real.starts_with(&src) || src.starts_with(&real) {
+        return Err(format!(
+            "{} would mix build files with the kernel sources in {}; name a folder under target/",
+            real.display(),
+            src.display()
+        ));
+    }
+    let kernel_set = |p: &Path| p.join(kernel_set::FILE).exists() || p.join(".build.lock").exists();
+    let holds_files = std::fs::read_dir(&real).is_ok_and(|mut entries| entries.next().is_some());
+    match holds_files {
+        true if !kernel_set(&real) => Err(format!(
+            "{} already holds files and no kernel set ({} or .build.lock); name a new or empty folder",
+            real.display(),
+            kernel_set::FILE
+        )),
+        _ => Ok(()),
+    }
 }
 
 struct Job {
@@ -384,7 +450,8 @@ fn compile(nvcc: &Nvcc, cuobjdump: &Path, job: &Job, timeout: Duration) -> Resul
         cached,
         seconds,
     };
-    let stamp = std::fs::read(&stamp_path).ok().and_then(|b| serde_json::from_slice::<Stamp>(&b).ok());
+    let stamp =
+        fa_schema::file::read_bounded(&stamp_path, 1 << 20).ok().and_then(|b| serde_json::from_slice::<Stamp>(&b).ok());
     if let Some(stamp) = stamp
         && stamp.hash == job.hash
         && job.output.is_file()
@@ -440,7 +507,7 @@ fn header_digest(dir: &Path) -> Result<Vec<u8>> {
     let mut h = Sha256::new();
     for f in files {
         h.update(f.file_name().unwrap_or_default().as_encoded_bytes());
-        h.update(std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?);
+        h.update(fa_schema::file::read_bounded(&f, fa_schema::file::MAX_INPUT)?);
     }
     Ok(h.finalize().to_vec())
 }
@@ -532,6 +599,45 @@ fn breach_table(breaches: &[Breach]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn out_dirs_that_would_overwrite_the_checkout_or_other_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, src) = (dir.path().join("repo"), dir.path().join("repo/kernels"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(root.join("README.md"), "x").unwrap();
+        for (out, why) in [
+            (dir.path().to_path_buf(), "above it"),
+            (root.clone(), "above it"),
+            (src.clone(), "kernel sources"),
+            (src.join("out"), "kernel sources"),
+        ] {
+            let err = check_out_dir(&out, &root, &src).unwrap_err();
+            assert!(err.contains(why), "{}: {err}", out.display());
+        }
+        let docs = root.join("docs");
+        std::fs::create_dir_all(&docs).unwrap();
+        std::fs::write(docs.join("a.md"), "x").unwrap();
+        assert!(check_out_dir(&docs, &root, &src).unwrap_err().contains("no kernel set"));
+        let set = root.join("target/kernels");
+        assert_eq!(check_out_dir(&set, &root, &src), Ok(()), "a new folder");
+        std::fs::create_dir_all(&set).unwrap();
+        std::fs::write(set.join(".build.lock"), "").unwrap();
+        std::fs::write(set.join("k.sm_89.fatbin"), "").unwrap();
+        assert_eq!(check_out_dir(&set, &root, &src), Ok(()), "a kernel set built before");
+    }
+
+    #[test]
+    fn a_source_behind_a_symlink_out_of_the_kernel_folder_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("kernels");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(dir.path().join("outside.cu"), "x").unwrap();
+        std::fs::write(src.join("in.cu"), "x").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("outside.cu"), src.join("link.cu")).unwrap();
+        assert!(inside(&src.join("in.cu"), &src).is_ok());
+        assert!(inside(&src.join("link.cu"), &src).unwrap_err().contains("outside"));
+    }
+
     use super::*;
 
     /// Compiles planted breaches with the real nvcc (installing the wheels into the

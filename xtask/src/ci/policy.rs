@@ -39,8 +39,18 @@ const GATE_POOL: &str = "gate";
 /// Prefixes of GitHub-hosted image labels; any other `runs-on` may be self-hosted.
 const HOSTED_IMAGES: &[&str] = &["ubuntu-", "windows-", "macos-"];
 
-/// Branches that bots push (Dependabot's updates, the merge queue's).
-const BOT_BRANCHES: &[&str] = &["dependabot/**", "gh-readonly-queue/**"];
+/// Branches that bots push (Dependabot's and Renovate's updates, the merge
+/// queue's, Copilot's agent, pre-commit.ci, release-please, changesets, Mergify).
+const BOT_BRANCHES: &[&str] = &[
+    "dependabot/**",
+    "gh-readonly-queue/**",
+    "renovate/**",
+    "copilot/**",
+    "pre-commit-ci-update-config",
+    "release-please--**",
+    "changeset-release/**",
+    "mergify/**",
+];
 
 /// Actions that keep a cache across runs and branches.
 const CACHE_ACTIONS: &[&str] = &["actions/cache", "swatinem/rust-cache"];
@@ -68,12 +78,25 @@ impl std::fmt::Display for Violation {
 
 /// Every rule over a set of workflow files, given as (file name, text). An error
 /// means a file could not be read as a workflow at all.
+/// Files named `action.yml` (or `.yaml`) are local actions, which the workflows'
+/// steps call as `./<their folder>`.
 pub fn check_all(files: &[(String, String)]) -> Result<Vec<Violation>> {
     let mut out = Vec::new();
-    let mut docs = Vec::new();
+    let mut actions = Actions::new();
     for (file, text) in files {
+        if let Some(key) = action_key(file) {
+            let doc = YamlLoader::load_from_str(text)
+                .ok()
+                .and_then(|mut d| (d.len() == 1).then(|| d.remove(0)))
+                .filter(|d| d.as_hash().is_some())
+                .with_context(|| format!("reading {file} as an action: not one YAML mapping"))?;
+            actions.insert(key, doc);
+        }
+    }
+    let mut docs = Vec::new();
+    for (file, text) in files.iter().filter(|(f, _)| action_key(f).is_none()) {
         let doc = parse(text).with_context(|| format!("reading {file} as a workflow"))?;
-        out.extend(check_workflow(file, &doc));
+        out.extend(check_workflow(file, &doc, &actions));
         docs.push((file.as_str(), doc));
     }
     out.extend(check_concurrency(&docs));
@@ -173,11 +196,73 @@ fn bare_condition(cond: &Yaml) -> Option<&str> {
 }
 
 fn checkouts(job: &Yaml) -> impl Iterator<Item = &Yaml> {
-    steps(job).filter(|s| s["uses"].as_str().is_some_and(|u| u.trim().to_lowercase().starts_with("actions/checkout@")))
+    steps(job).filter(|s| is_checkout(s))
+}
+
+fn is_checkout(step: &Yaml) -> bool {
+    step["uses"].as_str().is_some_and(|u| u.trim().to_lowercase().starts_with("actions/checkout@"))
 }
 
 fn steps(job: &Yaml) -> impl Iterator<Item = &Yaml> {
     job["steps"].as_vec().into_iter().flatten()
+}
+
+/// Local actions, by the `uses:` that calls them (`./.github/actions/setup`).
+type Actions = std::collections::HashMap<String, Yaml>;
+
+/// `.github/actions/setup/action.yml` → `./.github/actions/setup`.
+fn action_key(file: &str) -> Option<String> {
+    let dir = file.strip_suffix("/action.yml").or_else(|| file.strip_suffix("/action.yaml"))?;
+    Some(format!("./{}", dir.trim_start_matches("./")))
+}
+
+/// GitHub's own actions, whose effects are known (no cache, no environment
+/// writes): the only remote actions a self-hosted job may call.
+const KNOWN_ACTIONS: &[&str] = &["actions/checkout@", "actions/upload-artifact@", "actions/download-artifact@"];
+
+/// A job's steps as the runner executes them: each local composite action's
+/// steps follow the step that calls it, so every rule over steps sees them.
+/// Returns the steps, and what the rules cannot see (a remote action other than
+/// [`KNOWN_ACTIONS`], a JavaScript or container action) with whether a local
+/// action named is missing.
+fn run_steps<'a>(job: &'a Yaml, actions: &'a Actions) -> (Vec<&'a Yaml>, Vec<String>) {
+    fn walk<'a>(
+        steps: &'a [Yaml],
+        actions: &'a Actions,
+        depth: usize,
+        out: &mut Vec<&'a Yaml>,
+        unseen: &mut Vec<String>,
+    ) {
+        for step in steps {
+            out.push(step);
+            let Some(uses) = step["uses"].as_str().map(str::trim) else { continue };
+            if !uses.starts_with("./") {
+                if !KNOWN_ACTIONS.iter().any(|a| uses.to_lowercase().starts_with(a)) {
+                    unseen.push(format!(
+                        "calls `{uses}`, whose steps these rules cannot see; a self-hosted job calls only {} \
+                         and local composite actions",
+                        KNOWN_ACTIONS.iter().map(|a| a.trim_end_matches('@')).collect::<Vec<_>>().join(", ")
+                    ));
+                }
+                continue;
+            }
+            let action = actions.get(uses.trim_end_matches('/'));
+            match action.map(|a| (a["runs"]["using"].as_str(), a["runs"]["steps"].as_vec())) {
+                None => unseen.push(format!("calls `{uses}`, but no {uses}/action.yml is in the repository")),
+                Some((Some("composite"), Some(inner))) if depth < 8 => walk(inner, actions, depth + 1, out, unseen),
+                Some((Some("composite"), _)) if depth >= 8 => {
+                    unseen.push(format!("`{uses}` nests composite actions deeper than 8"))
+                }
+                Some(_) => unseen.push(format!(
+                    "calls `{uses}`, a local action that is not a composite of steps (JavaScript or a \
+                     container), whose effects these rules cannot see"
+                )),
+            }
+        }
+    }
+    let (mut out, mut unseen) = (Vec::new(), Vec::new());
+    walk(job["steps"].as_vec().map_or(&[], Vec::as_slice), actions, 0, &mut out, &mut unseen);
+    (out, unseen)
 }
 
 /// Whether a job holds something that can write: a write permission on its token
@@ -199,7 +284,7 @@ fn names_secrets(job: &Yaml) -> bool {
     !job["secrets"].is_badvalue() || expressions(job).iter().any(|e| names_identifier(e, "secrets"))
 }
 
-fn check_workflow(file: &str, doc: &Yaml) -> Vec<Violation> {
+fn check_workflow(file: &str, doc: &Yaml, actions: &Actions) -> Vec<Violation> {
     let mut out = Vec::new();
     let release = base_name(file) == RELEASE_WORKFLOW;
     let triggers = triggers(doc);
@@ -208,7 +293,11 @@ fn check_workflow(file: &str, doc: &Yaml) -> Vec<Violation> {
     for (name, job) in jobs {
         let name = name.as_str().unwrap_or("?");
         let mut violation = |message: String| out.push(finding(file, Some(name), message));
-        for step in steps(job) {
+        let (run, unseen) = run_steps(job, actions);
+        for missing in unseen.iter().filter(|u| u.contains("action.yml is in")) {
+            violation(missing.clone());
+        }
+        for step in run {
             for command in step["run"].as_str().map(unlocked_cargo).unwrap_or_default() {
                 violation(format!("`{command}` without --locked: CI builds from Cargo.lock as committed"));
             }
@@ -223,7 +312,7 @@ fn check_workflow(file: &str, doc: &Yaml) -> Vec<Violation> {
         }
         if self_hosted(job) {
             any_self_hosted = true;
-            out.extend(check_self_hosted(file, name, job, doc, &triggers, release));
+            out.extend(check_self_hosted(file, name, job, doc, &triggers, release, actions));
             if !release && triggers.iter().any(|t| t == "workflow_dispatch") {
                 out.extend(check_approved(file, name, job, jobs));
             }
@@ -258,9 +347,14 @@ fn check_self_hosted(
     doc: &Yaml,
     triggers: &[String],
     release: bool,
+    actions: &Actions,
 ) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut violation = |message: String| out.push(finding(file, Some(name), message));
+    let (run, unseen) = run_steps(job, actions);
+    for u in unseen.into_iter().filter(|u| !u.contains("action.yml is in")) {
+        violation(u);
+    }
     for t in triggers.iter().filter(|t| !RUNNER_TRIGGERS.contains(&t.as_str())) {
         violation(format!(
             "runs on a self-hosted runner but the workflow is triggered by `{t}`; the runner takes \
@@ -332,7 +426,7 @@ fn check_self_hosted(
             }
         }
     }
-    for checkout in checkouts(job) {
+    for checkout in run.iter().filter(|s| is_checkout(s)) {
         if checkout["with"]["persist-credentials"].as_bool() != Some(false) {
             violation("checks out without `persist-credentials: false`".into());
         }
@@ -346,7 +440,7 @@ fn check_self_hosted(
             ));
         }
     }
-    for (i, step) in steps(job).enumerate() {
+    for (i, step) in run.iter().enumerate() {
         let step_name = step["name"].as_str().map_or_else(|| format!("#{}", i + 1), |n| format!("`{n}`"));
         for key in step["env"].as_hash().into_iter().flat_map(|h| h.keys()).filter_map(Yaml::as_str) {
             if JOB_STATE_VARS.iter().any(|v| v.eq_ignore_ascii_case(key)) {
@@ -583,18 +677,89 @@ fn check_concurrency(docs: &[(&str, Yaml)]) -> Vec<Violation> {
     out
 }
 
-/// The lines of a shell script that run cargo (other than `--version`) without
-/// `--locked`.
+/// The commands of a shell script that run cargo (other than `--version`)
+/// without `--locked` (or `--frozen`), found as a shell finds commands: after
+/// `;`, `&&`, `||`, `|`, `&`, `(`, `` ` `` and newlines, past `NAME=value`
+/// assignments and `env`/`time`/`command`/`exec`/`nohup`/`sudo`, and inside the
+/// script of `sh -c`/`bash -c`.
 pub fn unlocked_cargo(script: &str) -> Vec<String> {
-    script
-        .lines()
-        .map(str::trim)
-        .filter(|l| {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            words.first() == Some(&"cargo") && words.get(1) != Some(&"--version") && !words.contains(&"--locked")
-        })
-        .map(str::to_string)
-        .collect()
+    let mut out = Vec::new();
+    for words in shell_commands(script) {
+        let mut rest = words.as_slice();
+        while let Some((first, tail)) = rest.split_first() {
+            let assignment = first
+                .split_once('=')
+                .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+            if assignment || ["env", "time", "command", "exec", "nohup", "sudo"].contains(&first.as_str()) {
+                rest = tail;
+            } else {
+                break;
+            }
+        }
+        let Some(program) = rest.first() else { continue };
+        let program = program.rsplit('/').next().unwrap_or(program);
+        if (program == "sh" || program == "bash")
+            && let Some(i) = rest.iter().position(|w| w == "-c")
+        {
+            out.extend(rest.get(i + 1).map(|s| unlocked_cargo(s)).unwrap_or_default());
+        } else if program == "cargo"
+            && rest.get(1).is_none_or(|w| w != "--version")
+            && !rest.iter().any(|w| w == "--locked" || w == "--frozen")
+        {
+            out.push(rest.join(" "));
+        }
+    }
+    out
+}
+
+/// A shell script's simple commands as word lists: quotes group and are
+/// removed, `\` escapes, `\`-newline continues, `#` starts a comment, and
+/// operators and parentheses end a command. Enough of sh to find what runs.
+fn shell_commands(script: &str) -> Vec<Vec<String>> {
+    let (mut commands, mut words, mut word) = (Vec::new(), Vec::new(), None::<String>);
+    let mut chars = script.chars().peekable();
+    let end_word = |words: &mut Vec<String>, word: &mut Option<String>| words.extend(word.take());
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some('\n') | None => {}
+                Some(e) => word.get_or_insert_default().push(e),
+            },
+            '\'' => {
+                let w = word.get_or_insert_default();
+                w.extend(chars.by_ref().take_while(|&q| q != '\''));
+            }
+            '"' => {
+                let w = word.get_or_insert_default();
+                while let Some(q) = chars.next() {
+                    match q {
+                        '"' => break,
+                        '\\' => w.extend(chars.next()),
+                        q => w.push(q),
+                    }
+                }
+            }
+            '#' if word.is_none() => {
+                for n in chars.by_ref() {
+                    if n == '\n' {
+                        break;
+                    }
+                }
+                end_word(&mut words, &mut word);
+                commands.push(std::mem::take(&mut words));
+            }
+            ';' | '&' | '|' | '(' | ')' | '`' | '\n' => {
+                end_word(&mut words, &mut word);
+                commands.push(std::mem::take(&mut words));
+            }
+            c if c.is_whitespace() => end_word(&mut words, &mut word),
+            c => word.get_or_insert_default().push(c),
+        }
+    }
+    end_word(&mut words, &mut word);
+    commands.push(words);
+    commands.retain(|w| !w.is_empty() && w != &["$"]);
+    commands
 }
 
 /// Whether an `if:` is a conjunction, at its top level, of which one term is
@@ -788,7 +953,9 @@ mod tests {
         run: rm -rf target
 ";
 
-    const PUSH: &str = "on:\n  push:\n    branches-ignore: [main, 'dependabot/**', 'gh-readonly-queue/**']\n";
+    const PUSH: &str = "on:\n  push:\n    branches-ignore: [main, 'dependabot/**', 'gh-readonly-queue/**', \
+                        'renovate/**', 'copilot/**', pre-commit-ci-update-config, 'release-please--**', \
+                        'changeset-release/**', 'mergify/**']\n";
 
     fn pushed(job: &str) -> String {
         format!("{PUSH}jobs:\n  g:\n{job}")
@@ -1091,8 +1258,10 @@ mod tests {
 
     #[test]
     fn pushes_of_bot_branches_stay_off_the_runner() {
-        caught("gpu.yml", &[(", 'dependabot/**'", "")], "dependabot/**");
-        caught("gpu.yml", &[(", 'gh-readonly-queue/**'", "")], "branches-ignore");
+        caught("gpu.yml", &[("      - 'dependabot/**'\n", "")], "dependabot/**");
+        caught("gpu.yml", &[("      - 'gh-readonly-queue/**'\n", "")], "branches-ignore");
+        caught("gpu.yml", &[("      - 'renovate/**'\n", "")], "renovate/**");
+        caught("gpu.yml", &[("      - 'copilot/**'\n", "")], "copilot/**");
         let only = |on: &str| one(&format!("{on}jobs:\n  g:\n{JOB}"));
         assert!(!only("on: push\n").is_empty());
         assert!(!only("on:\n  push:\n    branches: ['**']\n").is_empty());
@@ -1128,6 +1297,68 @@ mod tests {
         let v = one("on: push\njobs:\n  g:\n    runs-on: ubuntu-latest\n    steps:\n      - run: cargo xtask ci\n");
         assert_eq!(v.len(), 1, "{v:?}");
         assert!(v[0].contains("without --locked"), "{v:?}");
+    }
+
+    #[test]
+    fn cargo_is_found_wherever_a_shell_would_run_it() {
+        for script in [
+            "FOO=1 cargo build",
+            "cd x && cargo test",
+            "(cargo run -p x)",
+            "true; cargo build",
+            "echo $(cargo metadata)",
+            "env RUSTFLAGS=-Dwarnings cargo clippy",
+            "bash -c 'cargo build --release'",
+            "time /usr/bin/cargo test \\\n  --workspace",
+            "x || cargo b",
+        ] {
+            assert_eq!(unlocked_cargo(script).len(), 1, "{script:?}");
+        }
+        for script in [
+            "echo 'cargo build'",
+            "FOO=1 cargo --locked build",
+            "# cargo build",
+            "cargo --version && cargo --frozen test",
+            "echo cargo",
+            "bash -c 'cargo --locked build'",
+        ] {
+            assert_eq!(unlocked_cargo(script), Vec::<String>::new(), "{script:?}");
+        }
+    }
+
+    const COMPOSITE: &str = "runs:\n  using: composite\n  steps:\n";
+
+    #[test]
+    fn composite_actions_are_read_as_the_steps_they_run() {
+        let mut all = workflows();
+        let setup = "          persist-credentials: false\n";
+        let (_, gpu) = all.iter_mut().find(|(f, _)| f == "gpu.yml").unwrap();
+        assert!(gpu.contains(setup));
+        *gpu = gpu.replacen(setup, &format!("{setup}      - uses: ./.github/actions/setup\n"), 1);
+        let steps = [
+            ("      - uses: actions/cache@v4\n        with: {path: target, key: k}\n", "keeps a cache"),
+            ("      - run: echo X=1 >> $GITHUB_ENV\n        shell: bash\n", "GITHUB_ENV"),
+            ("      - run: FOO=1 cargo build\n        shell: bash\n", "without --locked"),
+            ("      - uses: ./.github/actions/inner\n", "no ./.github/actions/inner/action.yml"),
+            ("      - uses: someone/action@0123456789abcdef0123456789abcdef01234567\n", "cannot see"),
+        ];
+        for (step, needle) in steps {
+            let mut files = all.clone();
+            files.push((".github/actions/setup/action.yml".into(), format!("{COMPOSITE}{step}")));
+            let v: Vec<String> = check_all(&files).unwrap().into_iter().map(|v| v.to_string()).collect();
+            assert!(v.iter().any(|m| m.starts_with("gpu.yml") && m.contains(needle)), "{step} → {v:#?}");
+        }
+        let mut files = all.clone();
+        files.push((
+            ".github/actions/setup/action.yml".into(),
+            format!("{COMPOSITE}      - run: echo ok\n        shell: bash\n"),
+        ));
+        let v = check_all(&files).unwrap();
+        assert!(v.is_empty(), "a clean composite action passes: {v:#?}");
+        let mut files = all.clone();
+        files.push((".github/actions/setup/action.yml".into(), "runs:\n  using: node20\n  main: x.js\n".into()));
+        let v: Vec<String> = check_all(&files).unwrap().into_iter().map(|v| v.to_string()).collect();
+        assert!(v.iter().any(|m| m.contains("not a composite")), "{v:#?}");
     }
 
     #[test]

@@ -37,6 +37,15 @@ pub fn check_name(name: &str) -> Result<()> {
     if !ok {
         bail!("baseline name `{name}`: use letters, digits, `-`, `_` and `.` (it names a file)");
     }
+    if name.len() > 100 {
+        bail!("baseline name of {} characters: at most 100 (it names a file)", name.len());
+    }
+    if let Some(stem) = name.strip_suffix(".json") {
+        bail!(
+            "baseline name `{name}`: a name, not a file (`--baseline {name}` would read ./{name}); \
+             `--save-baseline {stem}` saves target/xtask/baselines/{stem}.json"
+        );
+    }
     Ok(())
 }
 
@@ -276,6 +285,14 @@ pub fn run(paths: &Paths, a: &str, b: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn baseline_names_that_would_not_round_trip_are_refused_at_once() {
+        assert!(check_name("before-tma.1").is_ok());
+        assert!(format!("{:#}", check_name("x.json").unwrap_err()).contains("`--save-baseline x` saves"));
+        assert!(format!("{:#}", check_name(&"a".repeat(300)).unwrap_err()).contains("at most 100"));
+        assert!(check_name("../x").is_err());
+    }
+
     use super::*;
 
     /// Captured on one H100: `bench --save-baseline a`, then `bench --baseline a`,

@@ -108,11 +108,8 @@ impl State {
     }
 
     pub fn current(&self) -> Result<Option<Snapshot>> {
-        let name = match std::fs::read_to_string(self.dir.join("current")) {
-            Ok(n) => n.trim().to_string(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", self.dir.join("current").display())),
-        };
+        let Some(name) = fa_schema::file::read_text_if_exists(&self.dir.join("current"))? else { return Ok(None) };
+        let name = name.trim().to_string();
         let dir = self.dir.join(&name);
         let tree = read_json(&dir.join("tree.json")).context("the accepted snapshot is damaged: delete its folder")?;
         Ok(Some(Snapshot { dir, tree }))

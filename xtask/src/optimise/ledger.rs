@@ -74,11 +74,16 @@ pub fn sanitize_due(iteration: u32) -> bool {
 
 /// The number the next iteration will get.
 pub fn next_iteration(path: &Path) -> Result<u32> {
-    Ok(following(&read(path)?))
+    following(&read(path)?).with_context(|| format!("in {}", path.display()))
 }
 
-fn following(entries: &[Record]) -> u32 {
-    entries.last().map_or(1, |e| e.iteration + 1)
+fn following(entries: &[Record]) -> Result<u32> {
+    match entries.last() {
+        None => Ok(1),
+        Some(e) => e.iteration.checked_add(1).with_context(|| {
+            format!("the last iteration is {}, the largest number there is; the ledger is damaged", e.iteration)
+        }),
+    }
 }
 
 pub fn read(path: &Path) -> Result<Vec<Record>> {
@@ -87,11 +92,7 @@ pub fn read(path: &Path) -> Result<Vec<Record>> {
 
 /// The ledger's text; empty if there is no ledger yet.
 fn read_text(path: &Path) -> Result<String> {
-    match std::fs::read_to_string(path) {
-        Ok(t) => Ok(t),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-    }
+    Ok(fa_schema::file::read_text_if_exists(path)?.unwrap_or_default())
 }
 
 /// One entry per non-blank line; `path` only names the file in errors.
@@ -112,7 +113,7 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Record>> {
 pub fn append(path: &Path, mut entry: Record) -> Result<Record> {
     let _lock = Lock::hold(&path.with_extension("lock"), "appending to the ledger")?;
     let mut text = read_text(path)?;
-    entry.iteration = following(&parse(path, &text)?).max(entry.iteration);
+    entry.iteration = following(&parse(path, &text)?)?.max(entry.iteration);
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
@@ -165,6 +166,25 @@ mod tests {
             }
         });
         assert!(released, "lock released");
+    }
+
+    #[test]
+    fn a_last_iteration_of_u32_max_is_a_damaged_ledger_not_a_wrap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.jsonl");
+        append(&path, Record { iteration: u32::MAX, ..entry("a") }).unwrap();
+        let err = format!("{:#}", next_iteration(&path).unwrap_err());
+        assert!(err.contains("the largest number there is"), "{err}");
+        assert!(append(&path, entry("b")).is_err());
+    }
+
+    #[test]
+    fn a_ledger_that_is_a_device_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.jsonl");
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        let err = format!("{:#}", read(&path).unwrap_err());
+        assert!(err.contains("a character device, not a regular file"), "{err}");
     }
 
     #[test]

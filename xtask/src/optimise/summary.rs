@@ -81,12 +81,18 @@ pub fn markdown(entries: &[Record]) -> String {
             "| {} | {} | {} | {} | {} |",
             e.iteration,
             e.verdict,
-            e.hypothesis.replace('|', "/"),
-            e.prediction.as_deref().unwrap_or("").replace('|', "/"),
+            cell(&e.hypothesis),
+            cell(e.prediction.as_deref().unwrap_or("")),
             cases.join("<br>")
         );
     }
     md
+}
+
+/// Free text as one Markdown table cell: no column breaks, and no HTML (a
+/// hypothesis is whatever someone typed; a renderer would run `<img onerror>`).
+fn cell(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('|', "/").replace('\n', " ")
 }
 
 /// Panels at most (a 4 x 4 grid); the footnote counts the shapes beyond.
@@ -554,6 +560,11 @@ fn draw_panel(root: &Area, cell: &Area, plan: &Plan, panel: &Panel, left: bool, 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn free_text_cannot_inject_html_or_columns() {
+        assert_eq!(cell("<img src=x onerror=alert(1)> a|b & c\nd"), "&lt;img src=x onerror=alert(1)&gt; a/b &amp; c d");
+    }
+
     use super::*;
     use crate::optimise::ledger::BenchLine;
 

@@ -4,8 +4,10 @@
 //! reaches only the direct child, so every child starts in its own process group
 //! (a timeout must reach grandchildren: nvcc runs cicc and ptxas) and this layer
 //! kills the group. A terminal's Ctrl-C therefore reaches xtask alone:
-//! `on_signals` stops every group still running and exits 130 (SIGINT) or 143
-//! (SIGTERM). Short probes (git) go through xshell (`sh`).
+//! `on_signals` stops every group still running and exits 128 + the signal
+//! (SIGINT, SIGTERM, SIGHUP, SIGQUIT); where xtask dies without a handler
+//! (SIGKILL), its reaper process kills them. Short probes (git) go through
+//! xshell (`sh`).
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -328,7 +330,7 @@ impl Session {
 
     fn see_log(&self) -> String {
         let Some(log) = &self.log else { return String::new() };
-        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let text = fa_schema::file::read_text(log).unwrap_or_default();
         format!("; its log {}:\n{}", log.display(), tail(&text, TAIL_LINES))
     }
 }
@@ -405,29 +407,7 @@ pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
     write_atomic(path, contents.as_ref(), false)
 }
 
-/// Writes `bytes` to `path` through a uniquely named file in the same folder,
-/// synced, then renamed over it; a symlink at `path` is replaced, not followed.
-pub fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}-{n}.tmp", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    let written = f
-        .write_all(bytes)
-        .and_then(|()| f.set_permissions(std::fs::Permissions::from_mode(if executable { 0o755 } else { 0o644 })))
-        .and_then(|()| f.sync_all());
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("writing {}", path.display()));
-    }
-    Ok(())
-}
+pub use fa_schema::file::write_atomic;
 
 /// An advisory lock on a file (flock), released when dropped or when the process
 /// ends however it ends; the file names its holder for anyone who waits.
@@ -460,7 +440,7 @@ impl Lock {
         match file.try_lock() {
             Ok(()) => Ok(Ok(Lock::held(file, what))),
             Err(std::fs::TryLockError::WouldBlock) => {
-                Ok(Err(std::fs::read_to_string(path).unwrap_or_default().trim().to_string()))
+                Ok(Err(fa_schema::file::read_text(path).unwrap_or_default().trim().to_string()))
             }
             Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
         }
@@ -472,7 +452,7 @@ impl Lock {
             return Ok(lock);
         }
         let file = Lock::open(path)?;
-        let holder = std::fs::read_to_string(path).unwrap_or_default();
+        let holder = fa_schema::file::read_text(path).unwrap_or_default();
         eprintln!("xtask: waiting for {} ({})", path.display(), holder.trim());
         file.lock().with_context(|| format!("locking {}", path.display()))?;
         Ok(Lock::held(file, what))
@@ -488,6 +468,7 @@ struct Running(libc::pid_t);
 impl Running {
     fn register(pgid: libc::pid_t, shown: &str) -> Running {
         RUNNING.lock().unwrap_or_else(|e| e.into_inner()).push((pgid, shown.to_string()));
+        tell_reaper(&format!("+{pgid}"));
         Running(pgid)
     }
 }
@@ -495,21 +476,83 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         RUNNING.lock().unwrap_or_else(|e| e.into_inner()).retain(|(g, _)| *g != self.0);
+        tell_reaper(&format!("-{}", self.0));
     }
 }
 
-/// On SIGINT or SIGTERM: kill every child process group still running, say
-/// which, and exit 130 or 143. Call once, first thing in `main`.
+/// The argument that turns an xtask process into the reaper of its parent.
+pub const REAPER_ARG: &str = "__reap-children";
+
+/// The write end of the reaper's stdin, once `start_reaper` ran.
+static REAPER: std::sync::Mutex<Option<std::process::ChildStdin>> = std::sync::Mutex::new(None);
+
+fn tell_reaper(line: &str) {
+    if let Some(pipe) = REAPER.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        let _ = writeln!(pipe, "{line}");
+    }
+}
+
+/// Starts a second xtask process (`xtask __reap-children`) that learns of every
+/// child process group as it starts and ends, and kills those still running
+/// when its stdin closes: when this process is gone however it went, SIGKILL
+/// included, which no handler here can catch.
+pub fn start_reaper() -> Result<()> {
+    let exe = std::env::current_exe().context("finding xtask's own executable for its reaper")?;
+    let child = std::process::Command::new(exe)
+        .arg(REAPER_ARG)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .context("starting xtask's reaper of its children")?;
+    *REAPER.lock().unwrap_or_else(|e| e.into_inner()) = child.stdin;
+    Ok(())
+}
+
+/// The reaper's whole life: groups in (`+pgid`), groups out (`-pgid`), and at the
+/// end of its input every group still in is killed. Signals meant for xtask (a
+/// terminal's Ctrl-C reaches its whole process group) do not stop it early.
+pub fn reap() -> std::process::ExitCode {
+    use std::io::BufRead;
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: setting a signal's disposition to SIG_IGN runs no code in a handler.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+    let mut groups = std::collections::BTreeSet::new();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let (sign, pgid) = line.split_at(line.len().min(1));
+        match (sign, pgid.parse::<libc::pid_t>()) {
+            ("+", Ok(g)) if g > 1 => groups.insert(g),
+            ("-", Ok(g)) => groups.remove(&g),
+            _ => false,
+        };
+    }
+    for g in groups {
+        kill_group(g);
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+/// On SIGINT, SIGTERM, SIGHUP (a closed terminal or ssh session) or SIGQUIT:
+/// kill every child process group still running, say which, and exit 128 + the
+/// signal. Call once, first thing in `main`.
 pub fn on_signals() -> Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])
+        .context("installing signal handlers")?;
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
             let running = std::mem::take(&mut *RUNNING.lock().unwrap_or_else(|e| e.into_inner()));
             for (pgid, _) in &running {
                 kill_group(*pgid);
             }
-            let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+            let name = match sig {
+                SIGINT => "SIGINT",
+                SIGTERM => "SIGTERM",
+                SIGHUP => "SIGHUP",
+                _ => "SIGQUIT",
+            };
             let stopped: Vec<&str> = running.iter().map(|(_, shown)| shown.as_str()).collect();
             if stopped.is_empty() {
                 eprintln!("xtask: {name}: stopped");

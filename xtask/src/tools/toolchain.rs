@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::tools::process::{Cmd, write_file};
+use crate::tools::process::{Cmd, Lock, write_file};
 use crate::tools::progress::Progress;
 
 /// The CUDA 13.0 compiler wheels, pinned with the hash of every wheel of each release
@@ -101,7 +101,7 @@ pub fn nvcc(wheel_dir: &Path) -> Result<Nvcc> {
     let (path, origin) = match found {
         Some(found) if found.1 != Origin::Wheels || wheels_current(wheel_dir) => found,
         _ => {
-            install_wheels(wheel_dir)?;
+            install_once(wheel_dir, wheels_current, install_wheels)?;
             (wheel_dir.join(WHEEL_BIN).join("nvcc"), Origin::Wheels)
         }
     };
@@ -186,7 +186,19 @@ fn pins_file(wheel_dir: &Path) -> PathBuf {
 }
 
 fn wheels_current(wheel_dir: &Path) -> bool {
-    std::fs::read_to_string(pins_file(wheel_dir)).is_ok_and(|s| s == REQUIREMENTS)
+    fa_schema::file::read_text(&pins_file(wheel_dir)).is_ok_and(|s| s == REQUIREMENTS)
+}
+
+/// Runs `install` under a lock beside `wheel_dir`, unless another process
+/// finished it while this one waited: two first builds on a fresh clone (or the
+/// tests, in parallel) install once, and neither removes the other's wheels.
+fn install_once(
+    wheel_dir: &Path,
+    current: impl Fn(&Path) -> bool,
+    install: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    let _lock = Lock::hold(&wheel_dir.with_extension("lock"), "installing the CUDA wheels")?;
+    if current(wheel_dir) { Ok(()) } else { install(wheel_dir) }
 }
 
 fn install_wheels(wheel_dir: &Path) -> Result<()> {
@@ -303,6 +315,33 @@ mod tests {
         ] {
             assert!(parse_requirements(&bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn concurrent_first_installs_install_once_and_remove_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheels = dir.path().join("cuda");
+        let installs = std::sync::atomic::AtomicUsize::new(0);
+        let current = |d: &Path| pins_file(d).is_file();
+        let install = |d: &Path| {
+            installs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if d.exists() {
+                std::fs::remove_dir_all(d).unwrap();
+            }
+            std::fs::create_dir_all(d).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(d.is_dir(), "another install removed the wheels under this one");
+            std::fs::write(pins_file(d), "pins").unwrap();
+            Ok(())
+        };
+        std::thread::scope(|s| {
+            let runs: Vec<_> = (0..4).map(|_| s.spawn(|| install_once(&wheels, current, install))).collect();
+            for r in runs {
+                r.join().unwrap().unwrap();
+            }
+        });
+        assert_eq!(installs.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(current(&wheels));
     }
 
     #[test]

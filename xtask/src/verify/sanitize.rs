@@ -396,7 +396,7 @@ fn run_tool(
 /// timed out, or never started the driver) or saved it cut short is an error,
 /// never a run without findings.
 fn read_findings(xml: &Path) -> Result<Vec<Finding>> {
-    let text = std::fs::read_to_string(xml)
+    let text = fa_schema::file::read_text(xml)
         .with_context(|| format!("compute-sanitizer saved no readable XML at {}", xml.display()))?;
     sanitizer::parse_xml(&text).with_context(|| format!("in {}", xml.display()))
 }

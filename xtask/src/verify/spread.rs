@@ -130,17 +130,35 @@ pub fn check_parts(parts: &[(ShardRecord, Vec<String>)]) -> Result<(), String> {
             }
         }
     }
+    for (rec, ran) in parts {
+        let unreported: Vec<&str> =
+            rec.assigned.iter().map(String::as_str).filter(|n| !ran.iter().any(|r| r == n)).collect();
+        if !unreported.is_empty() {
+            return Err(format!(
+                "shard {}/{count} reports {} of its {} cases; missing: {}",
+                rec.shard.index,
+                rec.assigned.len() - unreported.len(),
+                rec.assigned.len(),
+                first_ten(&unreported)
+            ));
+        }
+    }
     let missing_shards: Vec<String> =
         (1..=count).filter(|i| !seen_index.contains(i)).map(|i| format!("{i}/{count}")).collect();
     if !missing_shards.is_empty() {
         return Err(format!("missing shard report(s): {}", missing_shards.join(", ")));
     }
-    let missing: Vec<&str> =
-        first.universe.iter().map(String::as_str).filter(|n| !owner.contains_key(n)).take(10).collect();
+    let missing: Vec<&str> = first.universe.iter().map(String::as_str).filter(|n| !owner.contains_key(n)).collect();
     if !missing.is_empty() {
-        return Err(format!("no shard holds case(s): {}", missing.join(", ")));
+        return Err(format!("no shard holds case(s): {}", first_ten(&missing)));
     }
     Ok(())
+}
+
+/// Up to ten names, and how many more there are.
+pub fn first_ten(names: &[&str]) -> String {
+    let more = if names.len() > 10 { format!(" and {} more", names.len() - 10) } else { String::new() };
+    format!("{}{more}", names[..names.len().min(10)].join(", "))
 }
 
 #[cfg(test)]
@@ -214,6 +232,13 @@ mod tests {
         let mut overlap = all.clone();
         overlap[0].0.assigned.push(all[1].0.assigned[0].clone());
         assert!(check_parts(&overlap).unwrap_err().contains("is in shards"));
+        let mut unreported = all.clone();
+        unreported[1].1.pop();
+        let why = check_parts(&unreported).unwrap_err();
+        assert!(why.contains(&format!("shard 2/3 reports 1 of its 2 cases; missing: {}", all[1].1[1])), "{why}");
+        let mut silent = all.clone();
+        silent[2].1.clear();
+        assert!(check_parts(&silent).unwrap_err().contains("shard 3/3 reports 0 of its 2 cases"));
         let mut lost = all.clone();
         lost[2].0.assigned.clear();
         lost[2].1.clear();

@@ -62,7 +62,7 @@ fn run_whole(paths: &Paths, opts: &Options, driver: PathBuf, raw: &Path) -> Resu
     let (progress, hook) = case_progress("test", None);
     let out = command(driver, paths, opts, raw).on_line(hook).run()?;
     drop(progress);
-    let text = match std::fs::read_to_string(raw) {
+    let text = match fa_schema::file::read_text(raw) {
         Ok(text) if out.success() || out.status.code() == Some(1) => text, // 1: cases failed
         _ => {
             return Err(CannotRun(format!(
@@ -221,11 +221,31 @@ fn run_batch(
         .log(dir.join(format!("batch-{k}.log")))
         .on_line(move |line| hook(line));
     let out = drivers::on_gpu(cmd, gpu).run().map_err(|e| format!("{e:#}"))?;
-    let run = std::fs::read_to_string(&json).ok().and_then(|t| serde_json::from_str::<TestRun>(&t).ok());
+    let run = fa_schema::file::read_text(&json).ok().and_then(|t| serde_json::from_str::<TestRun>(&t).ok());
     match run {
-        Some(run) if out.success() || out.status.code() == Some(1) => Ok(run),
+        Some(run) if out.success() || out.status.code() == Some(1) => account(names, run),
         _ => Err(format!("fa-test exited with {} and wrote no results: {}", out.status, out.tail().trim())),
     }
+}
+
+/// A batch's results against the names it was given: a case fa-test left out is
+/// reported failed, never dropped; a case it was not given, or gave twice, makes
+/// the whole batch untrustworthy.
+fn account(names: &[String], mut run: TestRun) -> std::result::Result<TestRun, String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for c in &run.cases {
+        if !names.contains(&c.name) {
+            return Err(format!("fa-test reported case {}, which it was not given", c.name));
+        }
+        if !seen.insert(c.name.clone()) {
+            return Err(format!("fa-test reported case {} twice", c.name));
+        }
+    }
+    let gpu = run.device.uuid.clone();
+    for name in names.iter().filter(|n| !seen.contains(*n)) {
+        run.cases.push(lost_case(name.clone(), gpu.clone(), "fa-test returned no result for it"));
+    }
+    Ok(run)
 }
 
 /// `cargo xtask report merge`: shard reports (`test.json` of each `--shard I/N`
@@ -420,6 +440,20 @@ mod tests {
         // c0's batch (the two longest cases) is lost with it; the other worker ran the rest.
         let failed: Vec<&str> = r.run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
         assert_eq!(failed, ["c0", "c1"]);
+    }
+
+    #[test]
+    fn a_batch_that_returns_fewer_cases_reports_the_rest_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (paths, driver) = fake(dir.path());
+        write_file(&paths.kernels.join("drop"), "c3,c7").unwrap();
+        let r = run_spread(&paths, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
+        assert_eq!(r.run.cases.len(), 10, "every case is reported");
+        let failed: Vec<&str> = r.run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
+        assert_eq!(failed, ["c3", "c7"]);
+        let c3 = &r.run.cases[3];
+        assert!(c3.error.as_deref().is_some_and(|e| e.contains("returned no result")), "{c3:?}");
+        assert!(finish(&paths, r).is_err(), "a run with unreported cases fails");
     }
 
     #[test]
