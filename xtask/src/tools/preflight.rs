@@ -201,14 +201,7 @@ pub fn run(paths: &Paths) -> Result<()> {
     }
     let smoke = |tool: &std::path::Path, pre: &[&str]| {
         let d = driver.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-        Cmd::new(tool)
-            .args(pre.iter().copied())
-            .arg(d.display().to_string())
-            .args(["--set", "smoke", "--json", "/dev/null"])
-            .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
-            .quiet()
-            .timeout(Duration::from_secs(180))
-            .run()
+        smoke_command(paths, tool, pre, d).run()
     };
     match toolchain::cuda_tool("ncu") {
         Ok(ncu) => match smoke(&ncu, &["--csv", "--metrics", "gpu__time_duration.sum", "-c", "1"]) {
@@ -270,8 +263,34 @@ pub fn run(paths: &Paths) -> Result<()> {
     Ok(())
 }
 
+/// fa-test's smoke set under `tool` (ncu, compute-sanitizer). Its JSON goes to
+/// a file of the run's reports: fa-test replaces its output by rename, so it
+/// refuses a device such as /dev/null.
+fn smoke_command(paths: &Paths, tool: &std::path::Path, pre: &[&str], driver: &std::path::Path) -> Cmd {
+    let tool_name = tool.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let json = paths.reports().join(format!("preflight-{tool_name}-smoke.json"));
+    Cmd::new(tool)
+        .args(pre.iter().copied())
+        .arg(driver.display().to_string())
+        .args(["--set", "smoke", "--json"])
+        .arg(json.display().to_string())
+        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
+        .quiet()
+        .timeout(Duration::from_secs(180))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn smoke_runs_write_their_json_to_a_regular_file_of_the_reports() {
+        let paths = Paths::discover().unwrap();
+        let cmd =
+            smoke_command(&paths, std::path::Path::new("/usr/bin/ncu"), &["--csv"], std::path::Path::new("fa-test"));
+        let shown = cmd.display();
+        let json = shown.split(" --json ").nth(1).and_then(|r| r.split(' ').next()).unwrap();
+        assert_eq!(std::path::Path::new(json), paths.reports().join("preflight-ncu-smoke.json"), "{shown}");
+    }
+
     use super::*;
 
     fn manifest() -> Manifest {
