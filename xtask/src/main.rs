@@ -67,6 +67,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             check::run(&paths, &check::Options { build: build.options(), require_gpu, sanitize, test: test.options() })
         }
         Task::Sanitize { build, tool, tool_timeout, defects, spread } => {
+            tools::gpu::require("sanitize")?; // before any build
             kernel_set::prepare(&paths, &build.options(), build.kernels.is_some())?;
             let b = build.options();
             let tools = if tool.is_empty() { sanitize::Tool::ALL.to_vec() } else { tool };
@@ -86,6 +87,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         Task::Preflight => preflight::run(&paths),
         Task::Summary => summary::run(&paths),
         Task::Tune { build, apply, variant_timeout, budget_ms, gpus } => {
+            tools::gpu::require("tune")?; // before any build
             let b = build.options();
             build::run(&paths, &b)?; // the committed configuration: fa-test --info loads it
             tune::run(
@@ -131,6 +133,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
             vs_torch,
             self_test,
         } => {
+            tools::gpu::require("bench")?; // before any build
             kernel_set::prepare(&paths, &build.options(), build.kernels.is_some())?;
             let opts = bench::Options {
                 against,
@@ -149,6 +152,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         ),
         Task::Report { action: ReportAction::Merge { files, out } } => test::merge(&paths, &files, out.as_deref()),
         Task::Test { build, test } => {
+            tools::gpu::require("test")?; // before any build
             kernel_set::prepare(&paths, &build.options(), build.kernels.is_some())?;
             test::run(&paths, &test.options())
         }
