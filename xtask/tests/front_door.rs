@@ -2,6 +2,8 @@
 //! real xtask, with no nvidia-smi on PATH and a stand-in nvcc that records
 //! every start, must exit 2 at once with nvcc never run.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -9,16 +11,7 @@ use std::time::{Duration, Instant};
 #[test]
 fn gpu_tasks_refuse_before_building_where_there_is_no_gpu() {
     let dir = tempfile::tempdir().unwrap();
-    let kernels = dir.path().join("kernels");
-    std::fs::create_dir_all(&kernels).unwrap();
-    std::fs::write(kernels.join("one.cu"), "extern \"C\" __global__ void one() {}\n").unwrap();
-    std::fs::write(
-        kernels.join("manifest.json"),
-        r#"{"static_smem_limit": 49152,
-            "archs": {"sm_89": {"gencode": "arch=compute_89,code=sm_89", "smem_optin_limit": 101376}},
-            "sources": [{"file": "one.cu", "archs": ["sm_89"], "kernels": [{"entry": "one", "max_registers": 255}]}]}"#,
-    )
-    .unwrap();
+    common::one_kernel_checkout(dir.path());
     let (pids, empty) = (dir.path().join("pids"), dir.path().join("empty-path"));
     std::fs::create_dir_all(&empty).unwrap();
     let nvcc = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/process/nvcc");

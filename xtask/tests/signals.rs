@@ -3,6 +3,8 @@
 //! with a stand-in nvcc that leaves a grandchild, is signalled mid-compile; it
 //! must exit 128 + the signal naming what it stopped, and leave no process.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,16 +20,7 @@ fn alive(pid: i32) -> bool {
 /// Signals a build mid-compile; its exit status, stderr and the processes left.
 fn signal_a_build(sig: i32) -> (std::process::ExitStatus, String, Vec<i32>) {
     let dir = tempfile::tempdir().unwrap();
-    let kernels = dir.path().join("kernels");
-    std::fs::create_dir_all(&kernels).unwrap();
-    std::fs::write(kernels.join("one.cu"), "extern \"C\" __global__ void one() {}\n").unwrap();
-    std::fs::write(
-        kernels.join("manifest.json"),
-        r#"{"static_smem_limit": 49152,
-            "archs": {"sm_89": {"gencode": "arch=compute_89,code=sm_89", "smem_optin_limit": 101376}},
-            "sources": [{"file": "one.cu", "archs": ["sm_89"], "kernels": [{"entry": "one", "max_registers": 255}]}]}"#,
-    )
-    .unwrap();
+    common::one_kernel_checkout(dir.path());
     let pids = dir.path().join("pids");
     let nvcc = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/process/nvcc");
     let xtask = Command::new(env!("CARGO_BIN_EXE_xtask"))
