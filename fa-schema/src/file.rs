@@ -46,9 +46,14 @@ pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// The whole of a regular file of at most [`MAX_INPUT`] bytes.
+pub fn read(path: &Path) -> Result<Vec<u8>> {
+    read_bounded(path, MAX_INPUT)
+}
+
 /// A regular UTF-8 text file of at most [`MAX_INPUT`] bytes.
 pub fn read_text(path: &Path) -> Result<String> {
-    String::from_utf8(read_bounded(path, MAX_INPUT)?).with_context(|| format!("{} is not UTF-8 text", path.display()))
+    String::from_utf8(read(path)?).with_context(|| format!("{} is not UTF-8 text", path.display()))
 }
 
 /// `read_text`, or `None` where `path` does not exist.

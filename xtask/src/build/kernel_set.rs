@@ -27,10 +27,10 @@ pub fn sources_hash(manifest: &Path, src_dir: &Path, defines: &[String]) -> Resu
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
-    part(&read(manifest)?);
+    part(&fa_schema::file::read(manifest)?);
     for f in &files {
         part(f.strip_prefix(src_dir).unwrap_or(f).as_os_str().as_encoded_bytes());
-        part(&read(f)?);
+        part(&fa_schema::file::read(f)?);
     }
     for d in defines {
         part(d.as_bytes());
@@ -38,12 +38,8 @@ pub fn sources_hash(manifest: &Path, src_dir: &Path, defines: &[String]) -> Resu
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn read(path: &Path) -> Result<Vec<u8>> {
-    fa_schema::file::read_bounded(path, fa_schema::file::MAX_INPUT)
-}
-
 /// The `.cu`, `.cuh` and `.h` files under `dir`, in every folder but hidden ones.
-fn source_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+pub fn source_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let e = e.with_context(|| format!("listing {}", dir.display()))?;
         let (path, kind) = (e.path(), e.file_type().with_context(|| format!("reading {}", e.path().display()))?);
@@ -86,7 +82,7 @@ pub fn record(
     names.extend(manifest.sources.iter().flat_map(|s| s.archs.iter().map(|a| s.fatbin(a))));
     let files = names
         .into_iter()
-        .map(|n| Ok((n.clone(), fa_schema::kernel_set::sha256_hex(&read(&out_dir.join(&n))?))))
+        .map(|n| Ok((n.clone(), fa_schema::kernel_set::sha256_hex(&fa_schema::file::read(&out_dir.join(&n))?))))
         .collect::<Result<_>>()?;
     let set = KernelSet { sources: sources_hash(manifest_path, src_dir, defines)?, defines: defines.to_vec(), files };
     write_file(&out_dir.join(FILE), serde_json::to_string_pretty(&set)? + "\n")

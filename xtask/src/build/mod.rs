@@ -151,7 +151,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     for src in &manifest.sources {
         let source_path = src_dir.join(&src.file);
         inside(&source_path, &src_dir).map_err(|e| CannotRun(format!("source {}: {e}", src.file)))?;
-        let text = fa_schema::file::read_bounded(&source_path, fa_schema::file::MAX_INPUT)
+        let text = fa_schema::file::read(&source_path)
             .with_context(|| format!("reading kernel source {}", source_path.display()))?;
         for arch in &src.archs {
             let gencode = &manifest.archs[arch].gencode;
@@ -299,14 +299,14 @@ fn check_out_dir(out: &Path, root: &Path, src_dir: &Path) -> std::result::Result
     }
     let kernel_set = |p: &Path| p.join(kernel_set::FILE).exists() || p.join(".build.lock").exists();
     let holds_files = std::fs::read_dir(&real).is_ok_and(|mut entries| entries.next().is_some());
-    match holds_files {
-        true if !kernel_set(&real) => Err(format!(
+    if holds_files && !kernel_set(&real) {
+        return Err(format!(
             "{} already holds files and no kernel set ({} or .build.lock); name a new or empty folder",
             real.display(),
             kernel_set::FILE
-        )),
-        _ => Ok(()),
+        ));
     }
+    Ok(())
 }
 
 struct Job {
@@ -496,18 +496,17 @@ fn cuobjdump_beside(nvcc: &Nvcc) -> Result<PathBuf> {
     if beside.is_file() { Ok(beside) } else { toolchain::cuda_tool("cuobjdump") }
 }
 
-/// Digest of every header beside the sources: a header change rebuilds every unit.
+/// Digest of every header under the sources' folder (sub-folders too, as the
+/// kernel-set hash): a header change rebuilds every unit.
 fn header_digest(dir: &Path) -> Result<Vec<u8>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("listing {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cuh" || x == "h"))
-        .collect();
+    let mut files = Vec::new();
+    kernel_set::source_files(dir, &mut files)?;
+    files.retain(|p| p.extension().is_some_and(|x| x == "cuh" || x == "h"));
     files.sort();
     let mut h = Sha256::new();
     for f in files {
-        h.update(f.file_name().unwrap_or_default().as_encoded_bytes());
-        h.update(fa_schema::file::read_bounded(&f, fa_schema::file::MAX_INPUT)?);
+        h.update(f.strip_prefix(dir).unwrap_or(&f).as_os_str().as_encoded_bytes());
+        h.update(fa_schema::file::read(&f)?);
     }
     Ok(h.finalize().to_vec())
 }
@@ -624,6 +623,16 @@ mod tests {
         std::fs::write(set.join(".build.lock"), "").unwrap();
         std::fs::write(set.join("k.sm_89.fatbin"), "").unwrap();
         assert_eq!(check_out_dir(&set, &root, &src), Ok(()), "a kernel set built before");
+    }
+
+    #[test]
+    fn a_header_in_a_sub_folder_invalidates_the_unit_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/h.cuh"), "a").unwrap();
+        let before = header_digest(dir.path()).unwrap();
+        std::fs::write(dir.path().join("sub/h.cuh"), "b").unwrap();
+        assert_ne!(header_digest(dir.path()).unwrap(), before);
     }
 
     #[test]

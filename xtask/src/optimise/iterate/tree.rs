@@ -112,7 +112,7 @@ impl Store {
 
     pub fn get(&self, sha: &str) -> Result<Vec<u8>> {
         let path = self.dir.join(sha);
-        let bytes = fa_schema::file::read_bounded(&path, fa_schema::file::MAX_INPUT)?;
+        let bytes = fa_schema::file::read(&path)?;
         if sha256(&bytes) != sha {
             bail!("{} does not hold what its name says: the accepted snapshot is damaged", path.display());
         }
@@ -173,7 +173,7 @@ fn read_node(root: &Path, rel: &str, store: Option<&Store>) -> Result<Option<Nod
     if !meta.is_file() {
         return Ok(None);
     }
-    let bytes = fa_schema::file::read_bounded(&path, fa_schema::file::MAX_INPUT)?;
+    let bytes = fa_schema::file::read(&path)?;
     let sha256 = match store {
         Some(s) => s.put(&bytes)?,
         None => sha256(&bytes),
