@@ -18,6 +18,12 @@ pub enum Error {
     },
 }
 
+impl From<fa_schema::tensor::Invalid> for Error {
+    fn from(e: fa_schema::tensor::Invalid) -> Error {
+        Error::Invalid(e.0)
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Attaches what was being done to a driver error.

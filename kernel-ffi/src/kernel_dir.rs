@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// The variable that names the kernel folder outright.
-pub const ENV: &str = "FA_KERNEL_DIR";
+pub const ENV: &str = fa_schema::env::KERNEL_DIR;
 
 /// What the search starts from.
 #[derive(Debug, Clone, Default)]

@@ -15,10 +15,9 @@ pub mod planner;
 pub mod probe;
 pub mod reference;
 pub mod rng;
-pub mod tensor;
 
 pub use attention::{Attention, Family, KernelChoice, Launched, Options, Splits, Tensor, Variant};
 pub use device::Gpu;
 pub use error::{Error, Result};
-pub use fa_schema::{manifest, schema};
+pub use fa_schema::{manifest, schema, tensor};
 pub use tensor::{Desc, Dtype, Layout, Problem};

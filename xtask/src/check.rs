@@ -4,7 +4,7 @@
 
 use anyhow::{Result, bail};
 
-use crate::build;
+use crate::compile;
 use crate::optimise::ledger;
 use crate::paths::Paths;
 use crate::tools::gpu;
@@ -13,7 +13,7 @@ use crate::verify::sanitize;
 use crate::verify::test;
 
 pub struct Options {
-    pub build: build::Options,
+    pub build: compile::Options,
     pub require_gpu: bool,
     pub sanitize: bool,
     pub test: test::Options,
@@ -26,7 +26,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     // A line per stage, failures in full; the tables go to target/xtask/*.txt (-v prints them).
     crate::tools::process::set_detail(false);
     eprintln!("== check: build and resource budgets");
-    build::run(paths, &opts.build)?;
+    compile::run(paths, &opts.build)?;
 
     match gpu::detect() {
         Ok(gpus) => {

@@ -14,17 +14,17 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::build;
-use crate::build::BuildPayload;
 use crate::check;
+use crate::compile;
+use crate::compile::BuildPayload;
 use crate::errors::{CannotRun, CheckFailed};
-use crate::manifest::Manifest;
 use crate::measure::bench;
 use crate::paths::Paths;
 use crate::report::{Envelope, read_json};
 use crate::tools::preflight;
 use crate::tools::process::Cmd;
 use crate::verify::test;
+use fa_schema::manifest::Manifest;
 
 /// zizmor, pinned with the hash of every wheel (pip `--require-hashes`).
 const LINT_REQUIREMENTS: &str = "ci/requirements-lint.txt";
@@ -35,7 +35,7 @@ const ACTIONLINT_DIR: &str = "ci/actionlint";
 
 pub struct Options {
     pub gpu: bool,
-    pub build: build::Options,
+    pub build: compile::Options,
     pub test: test::Options,
     pub bench: bench::Options,
 }
@@ -124,7 +124,7 @@ fn gpu(paths: &Paths, opts: &Options) -> Result<()> {
     }
     // Build first: preflight loads the fatbins it checks.
     eprintln!("== ci --gpu: build");
-    build::run(paths, &opts.build)?;
+    compile::run(paths, &opts.build)?;
     eprintln!("== ci --gpu: preflight");
     preflight::run(paths)?;
     eprintln!("== ci --gpu: correctness matrix");

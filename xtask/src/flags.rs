@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::build;
+use crate::compile;
 use crate::errors::CannotRun;
 use crate::measure::bench;
 use crate::measure::compare;
@@ -302,13 +302,13 @@ impl GateArgs {
 }
 
 impl BuildArgs {
-    pub fn options(&self) -> build::Options {
+    pub fn options(&self) -> compile::Options {
         let jobs = self.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-        build::Options {
+        compile::Options {
             manifest: self.manifest.clone(),
             defines: self.defines.clone(),
             out_dir: self.out_dir.clone(),
-            ..build::Options::new(Duration::from_secs(self.build_timeout), jobs)
+            ..compile::Options::new(Duration::from_secs(self.build_timeout), jobs)
         }
     }
 }

@@ -1,9 +1,9 @@
 //! xtask: the kernel team's build-and-verify pipeline. `main` parses flags and
 //! dispatches; each task lives in its own module.
 
-mod build;
 mod check;
 mod ci;
+mod compile;
 mod errors;
 mod flags;
 mod measure;
@@ -21,9 +21,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use fa_schema::{manifest, schema};
 
-use build::kernel_set;
+use compile::kernel_set;
 use flags::{BenchAction, Cli, ReportAction, Task};
 use measure::{bench, compare, profile, tune};
 use optimise::{iterate, summary};
@@ -62,7 +61,7 @@ fn main() -> ExitCode {
 fn dispatch(task: Task) -> anyhow::Result<()> {
     let paths = task.paths()?;
     match task {
-        Task::Build(b) => build::run(&paths, &b.options()),
+        Task::Build(b) => compile::run(&paths, &b.options()),
         Task::Check { build, require_gpu, sanitize, test } => {
             check::run(&paths, &check::Options { build: build.options(), require_gpu, sanitize, test: test.options() })
         }
@@ -89,7 +88,7 @@ fn dispatch(task: Task) -> anyhow::Result<()> {
         Task::Tune { build, apply, variant_timeout, budget_ms, gpus } => {
             tools::gpu::require("tune")?; // before any build
             let b = build.options();
-            build::run(&paths, &b)?; // the committed configuration: fa-test --info loads it
+            compile::run(&paths, &b)?; // the committed configuration: fa-test --info loads it
             tune::run(
                 &paths,
                 &tune::Options {

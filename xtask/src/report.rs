@@ -58,8 +58,8 @@ pub struct Device {
     pub uuid: Option<String>,
 }
 
-impl From<&crate::schema::DeviceInfo> for Device {
-    fn from(d: &crate::schema::DeviceInfo) -> Device {
+impl From<&fa_schema::schema::DeviceInfo> for Device {
+    fn from(d: &fa_schema::schema::DeviceInfo) -> Device {
         Device {
             name: d.name.clone(),
             compute_capability: d.compute_capability.clone(),
@@ -90,7 +90,7 @@ impl<T: Serialize> Envelope<T> {
 
     /// Records the kernel set in `dir` as the one this report judged.
     pub fn kernels(mut self, dir: &Path) -> Self {
-        let set = crate::build::kernel_set::load(dir);
+        let set = crate::compile::kernel_set::load(dir);
         self.kernel_set = Some(KernelSetRecord {
             dir: dir.display().to_string(),
             sources: set.as_ref().map(|s| s.sources.clone()),

@@ -32,13 +32,13 @@ use kernel_ffi::{Attention, Desc, Dtype, KernelChoice, Launched, Layout, Options
 struct Args {
     /// GPU to run on: a CUDA ordinal among the visible devices, or a UUID as
     /// `nvidia-smi -L` prints it.
-    #[arg(long, env = "FA_DEVICE", default_value = "0")]
+    #[arg(long, env = fa_schema::env::DEVICE, default_value = "0")]
     device: kernel_ffi::Gpu,
     /// Shapes B,H,S,D[,causal]; repeatable. Default: the default set.
     #[arg(long = "shape", value_parser = Shape::parse, conflicts_with = "serve")]
     shapes: Vec<Shape>,
     /// f16, bf16 or both (comma-separated).
-    #[arg(long, default_value = "f16", value_delimiter = ',', value_parser = parse_dtype)]
+    #[arg(long, default_value = "f16", value_delimiter = ',', value_parser = Dtype::parse)]
     dtype: Vec<Dtype>,
     /// Key splits: auto or a count (1 = unsplit).
     #[arg(long, default_value = "auto")]
@@ -74,14 +74,6 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     cli::finish(run())
-}
-
-fn parse_dtype(d: &str) -> Result<Dtype, String> {
-    match d {
-        "f16" => Ok(Dtype::F16),
-        "bf16" => Ok(Dtype::Bf16),
-        other => Err(format!("unknown dtype `{other}`; use f16 or bf16")),
-    }
 }
 
 fn positive(s: &str) -> Result<f64, String> {
@@ -474,7 +466,7 @@ fn setup<'a>(
     method: Option<&str>,
 ) -> Result<Served<'a>> {
     let shape = Shape::parse(shape).map_err(anyhow::Error::msg)?;
-    let mut case = Case::new(att, parse_dtype(dtype).map_err(anyhow::Error::msg)?, shape, args.splits, args.choice)?;
+    let mut case = Case::new(att, Dtype::parse(dtype).map_err(anyhow::Error::msg)?, shape, args.splits, args.choice)?;
     let estimate = case.estimate_us(flush)?;
     let l2_bytes = att
         .context()

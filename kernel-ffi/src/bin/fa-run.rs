@@ -18,7 +18,7 @@ use kernel_ffi::{Attention, KernelChoice, Layout, Options, Splits, cli, kernel_d
 struct Args {
     /// GPU to run on: a CUDA ordinal among the visible devices, or a UUID as
     /// `nvidia-smi -L` prints it.
-    #[arg(long, env = "FA_DEVICE", default_value = "0")]
+    #[arg(long, env = fa_schema::env::DEVICE, default_value = "0")]
     device: kernel_ffi::Gpu,
     /// safetensors file holding `q`, `k`, `v` (f16 or bf16, rank 4).
     #[arg(long)]

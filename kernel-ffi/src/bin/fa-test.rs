@@ -412,7 +412,7 @@ fn not_run(case: &Case, e: &anyhow::Error) -> TestCase {
 struct Args {
     /// GPU to run on: a CUDA ordinal among the visible devices, or a UUID as
     /// `nvidia-smi -L` prints it.
-    #[arg(long, env = "FA_DEVICE", default_value = "0")]
+    #[arg(long, env = fa_schema::env::DEVICE, default_value = "0")]
     device: kernel_ffi::Gpu,
     /// Write the results here as JSON (else to stdout).
     #[arg(long)]

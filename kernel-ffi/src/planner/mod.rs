@@ -37,20 +37,7 @@ pub struct Plan {
     pub keys_per_split: u32,
 }
 
-/// Matrix-product FLOPs of an attention forward by the usual convention (the
-/// one FlashAttention papers and the bench's TFLOP/s use): 4·B·H·Sq·Sk·D, halved
-/// for causal.
-pub fn attention_flops(
-    batch: usize,
-    heads: usize,
-    seqlen_q: usize,
-    seqlen_k: usize,
-    head_dim: usize,
-    causal: bool,
-) -> f64 {
-    let f = 4.0 * (batch * heads) as f64 * seqlen_q as f64 * seqlen_k as f64 * head_dim as f64;
-    if causal { f / 2.0 } else { f }
-}
+pub use fa_schema::shape::attention_flops;
 
 /// Devices and launches the tests of several planners share.
 #[cfg(test)]

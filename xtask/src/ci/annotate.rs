@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, Result, bail};
 
-use crate::build::BuildPayload;
-use crate::manifest::Manifest;
+use crate::compile::BuildPayload;
+use fa_schema::manifest::Manifest;
 
 /// One workflow command, `::error file=…,line=…,title=…::message`.
 #[derive(Debug, Clone, PartialEq, Eq)]

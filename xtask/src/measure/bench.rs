@@ -18,11 +18,11 @@ use crate::measure::gate::sequence::{Verdict, median};
 use crate::measure::gate::{self, GateRun, Side, verdict_word};
 use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain, read_json};
-use crate::schema::{BenchCase, BenchRun};
 use crate::table;
 use crate::tools::drivers;
 use crate::tools::process::{Cmd, write_file};
 use crate::tools::toolchain;
+use fa_schema::schema::{BenchCase, BenchRun};
 
 pub struct Options {
     pub shapes: Vec<String>,
@@ -216,7 +216,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     verdict(&envelope.payload)
 }
 
-fn device_of(p: &BenchPayload) -> Option<crate::schema::DeviceInfo> {
+fn device_of(p: &BenchPayload) -> Option<fa_schema::schema::DeviceInfo> {
     let gate = p.gate.as_ref().or(p.self_test.as_ref().map(|t| &t.aa));
     gate.map(|g| g.device.clone()).or_else(|| p.runs.first().map(|r| r.run.device.clone()))
 }
@@ -742,7 +742,7 @@ mod tests {
 
     fn gate_run(shapes: Vec<gate::ShapeGate>) -> GateRun {
         GateRun {
-            device: crate::schema::DeviceInfo {
+            device: fa_schema::schema::DeviceInfo {
                 name: "NVIDIA H100 80GB HBM3".into(),
                 compute_capability: "9.0".into(),
                 sm_count: 132,

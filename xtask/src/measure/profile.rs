@@ -14,7 +14,6 @@ use crate::errors::CannotRun;
 use crate::parse::ncu::{self, Row};
 use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain};
-use crate::schema::ListedCase;
 use crate::table;
 use crate::tools::deal::deal;
 use crate::tools::drivers;
@@ -23,6 +22,7 @@ use crate::tools::preflight;
 use crate::tools::process::Cmd;
 use crate::tools::toolchain;
 use crate::verify::spread;
+use fa_schema::schema::ListedCase;
 
 /// Metrics every sm_80+ chip has (checked against `ncu --query-metrics` for gh100 and ad104).
 const METRICS: &[&str] = &[

@@ -18,18 +18,18 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::build;
+use crate::compile;
 use crate::errors::CheckFailed;
-use crate::manifest::{Launch, Manifest, is_hopper_entry};
 use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain, read_json};
-use crate::schema::{BenchRun, TestRun};
 use crate::table;
 use crate::tools::deal::deal;
 use crate::tools::drivers;
 use crate::tools::gpu::ListedGpu;
 use crate::tools::process::{Cmd, write_file};
 use crate::tools::progress::Progress;
+use fa_schema::manifest::{Launch, Manifest, is_hopper_entry};
+use fa_schema::schema::{BenchRun, TestRun};
 
 pub struct Options {
     pub apply: bool,
@@ -285,19 +285,19 @@ fn prepare(
         result.fail("failed", e);
         return result;
     }
-    let built = build::run(
+    let built = compile::run(
         paths,
-        &build::Options {
+        &compile::Options {
             manifest: Some(variant_manifest),
             src_dir: Some(paths.root.join("kernels")),
             archs: Some(vec![arch.to_string()]),
             out_dir: Some(dir.join("kernels")),
             report: format!("tune/{}/build", config.name()),
-            ..build::Options::new(opts.build_timeout, jobs)
+            ..compile::Options::new(opts.build_timeout, jobs)
         },
     );
     if let Err(e) = built {
-        result.fail(if build::over_budget(&e) { "over budget" } else { "build failed" }, e);
+        result.fail(if compile::over_budget(&e) { "over budget" } else { "build failed" }, e);
         return result;
     }
     // Correctness on the covering set, this head dim only.

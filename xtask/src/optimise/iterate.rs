@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use crate::build;
-use crate::build::BuildPayload;
+use crate::compile;
+use crate::compile::BuildPayload;
 use crate::errors::{CannotRun, CheckFailed};
 use crate::measure::bench::{self, TorchRatio};
 use crate::measure::gate::sequence::Verdict;
@@ -36,12 +36,12 @@ use crate::measure::gate::{self, GateRun, Side};
 use crate::optimise::ledger::{self, BenchLine, KernelLine, Record, TestLine};
 use crate::paths::Paths;
 use crate::report::{Envelope, git_state, read_json, rfc3339};
-use crate::schema::TestRun;
 use crate::tools::drivers;
 use crate::tools::process::{Lock, write_atomic};
 use crate::verify::sanitize;
 use crate::verify::test;
 use attempt::Scratch;
+use fa_schema::schema::TestRun;
 use tree::{Change, Store, Tree};
 
 pub struct Options {
@@ -50,7 +50,7 @@ pub struct Options {
     pub sanitize: bool,
     pub no_revert: bool,
     pub bench: bench::Options,
-    pub build: build::Options,
+    pub build: compile::Options,
     pub test: test::Options,
     pub sanitize_opts: sanitize::Options,
 }
@@ -379,7 +379,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
 /// Builds the kernels and fa-bench and copies both out of the target dir, so
 /// what is timed and accepted is this build whatever else writes there.
 fn build_candidate(paths: &Paths, opts: &Options, state: &State, entry: &mut Record) -> Result<Staged> {
-    let built = build::run(paths, &opts.build);
+    let built = compile::run(paths, &opts.build);
     if let Ok(report) = read_json::<Envelope<BuildPayload>>(&paths.report("build")) {
         entry.build = report
             .payload

@@ -14,8 +14,8 @@ use crate::parse::ptxas;
 use crate::parse::sanitizer;
 use crate::parse::sass;
 use crate::parse::smi;
-use crate::schema::{BenchRun, DeviceInfo, ServeReply, TestRun};
 use crate::tools::toolchain;
+use fa_schema::schema::{BenchRun, DeviceInfo, ServeReply, TestRun};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 

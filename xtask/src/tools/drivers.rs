@@ -10,10 +10,10 @@ use anyhow::{Context, Result, bail};
 
 use crate::errors::CannotRun;
 use crate::paths::Paths;
-use crate::schema::DeviceInfo;
 use crate::tools::gpu::ListedGpu;
 use crate::tools::process::Cmd;
 use crate::tools::progress::Progress;
+use fa_schema::schema::DeviceInfo;
 
 pub fn binary(paths: &Paths, name: &str) -> Result<PathBuf> {
     let dir = if let Some(cargo) = std::env::var_os("CARGO") {

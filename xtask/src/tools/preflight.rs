@@ -7,7 +7,6 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::errors::{CannotRun, CheckFailed};
-use crate::manifest::Manifest;
 use crate::parse::sanitizer;
 use crate::parse::smi::{self, Smi};
 use crate::paths::Paths;
@@ -16,6 +15,7 @@ use crate::table;
 use crate::tools::drivers;
 use crate::tools::process::Cmd;
 use crate::tools::toolchain;
+use fa_schema::manifest::Manifest;
 
 /// What to do when ncu may not read the performance counters (profile and preflight).
 pub const COUNTER_PERMISSION_HINT: &str = "ncu may not read the GPU's performance counters (ERR_NVGPUCTRPERM): \

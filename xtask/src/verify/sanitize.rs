@@ -8,14 +8,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::build;
+use crate::compile;
 use crate::errors::CheckFailed;
-use crate::manifest::Manifest;
 use crate::parse::sanitizer::{self, Finding, Summary};
 use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain};
-use crate::schema::ListedCase;
-use crate::schema::TestRun;
 use crate::table;
 use crate::tools::drivers;
 use crate::tools::gpu::ListedGpu;
@@ -23,6 +20,9 @@ use crate::tools::process::{Cmd, write_file};
 use crate::tools::toolchain;
 use crate::verify::spread::{self, Shard, ShardRecord};
 use crate::verify::test;
+use fa_schema::manifest::Manifest;
+use fa_schema::schema::ListedCase;
+use fa_schema::schema::TestRun;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -225,15 +225,15 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         for (define, tool) in DEFECTS {
             let kernels = dir.join(format!("kernels-{define}"));
             eprintln!("== sanitize: planting {define} (built for {arch} into {})", kernels.display());
-            build::run(
+            compile::run(
                 paths,
-                &build::Options {
+                &compile::Options {
                     archs: Some(vec![arch.clone()]),
                     defines: vec![define.to_string()],
                     out_dir: Some(kernels.clone()),
                     report: format!("sanitize/build-{define}"),
                     enforce_budgets: false,
-                    ..build::Options::new(opts.build_timeout, opts.jobs)
+                    ..compile::Options::new(opts.build_timeout, opts.jobs)
                 },
             )?;
             let run = run_tool(&sanitizer, &driver, tool, &kernels, define, &dir, opts, &Part::default())?;

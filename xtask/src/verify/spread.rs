@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::schema::ListedCase;
 use crate::tools::gpu::ListedGpu;
+use fa_schema::schema::ListedCase;
 
 /// `--shard I/N`: the I-th of N parts, counted from 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 use crate::errors::{CannotRun, CheckFailed};
 use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain, read_json};
-use crate::schema::{DeviceInfo, ListedCase, TestCase, TestRun};
 use crate::table;
 use crate::tools::deal::deal;
 use crate::tools::drivers;
@@ -19,6 +18,7 @@ use crate::tools::gpu::ListedGpu;
 use crate::tools::process::{Cmd, write_file};
 use crate::tools::progress::Progress;
 use crate::verify::spread::{self, Shard, ShardRecord};
+use fa_schema::schema::{DeviceInfo, ListedCase, TestCase, TestRun};
 
 #[derive(Clone)]
 pub struct Options {

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::schema::{DeviceInfo, EntryRecord, SERVE_PROTOCOL, ServeReply, ServeRequest};
 use crate::tools::process::{Cmd, Session};
 use crate::tools::progress::Progress;
+use fa_schema::schema::{DeviceInfo, EntryRecord, SERVE_PROTOCOL, ServeReply, ServeRequest};
 use monitor::Monitor;
 use sequence::{Rule, Step, Verdict};
 

@@ -124,7 +124,7 @@ fn gate_says(verdict: Verdict, change: f64) -> GateRun {
     );
     (shape.change, shape.ci_low, shape.ci_high) = (change, change - 0.004, change + 0.004);
     GateRun {
-        device: crate::schema::DeviceInfo {
+        device: fa_schema::schema::DeviceInfo {
             name: "NVIDIA H100 80GB HBM3".into(),
             compute_capability: "9.0".into(),
             sm_count: 132,
@@ -315,7 +315,7 @@ fn a_fixture_run_records_speedup_vs_torch_in_the_ledger() {
         run: read_json(&data.join("fa-bench-candidate-0.json")).unwrap(),
         sm_clock_mhz: None,
     };
-    let torch: Vec<crate::schema::BenchRun> = read_json(&data.join("torch-0.json")).unwrap();
+    let torch: Vec<fa_schema::schema::BenchRun> = read_json(&data.join("torch-0.json")).unwrap();
     let runs = std::slice::from_ref(&run);
     let ratios =
         bench::torch_ratios(&bench::side_medians(runs, "candidate"), &bench::side_methods(runs, "candidate"), &torch);

@@ -2,9 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::{Arch, Kernel, Manifest};
 use crate::parse::ptxas::{KernelResources, WgmmaSerialized};
 use crate::parse::sass::LOCAL_MEMORY;
+use fa_schema::manifest::{Arch, Kernel, Manifest};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Breach {

@@ -95,9 +95,9 @@ pub fn load(dir: &Path) -> Option<KernelSet> {
 
 /// The run's kernel set: the prebuilt one in `paths.kernels`, checked against the
 /// checkout's sources, or a fresh build into it.
-pub fn prepare(paths: &Paths, build: &crate::build::Options, prebuilt: bool) -> Result<()> {
+pub fn prepare(paths: &Paths, build: &crate::compile::Options, prebuilt: bool) -> Result<()> {
     if !prebuilt {
-        return crate::build::run(paths, build);
+        return crate::compile::run(paths, build);
     }
     let set = verify(paths)?;
     eprintln!(

@@ -1,8 +1,25 @@
-//! Shapes, strides and the validation rules of the launch API. Pure: no CUDA.
+//! Shapes, strides and the validation rules of the launch API. Pure: no CUDA,
+//! so that xtask checks a flag by the same rules kernel-ffi checks a launch.
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, invalid};
+/// A value that breaks one of the launch API's rules; the message names both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid(pub String);
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+pub type Result<T, E = Invalid> = std::result::Result<T, E>;
+
+macro_rules! invalid {
+    ($($arg:tt)*) => { return Err(Invalid(format!($($arg)*))) };
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -12,6 +29,15 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// `f16` or `bf16`: what `name` writes.
+    pub fn parse(s: &str) -> std::result::Result<Dtype, String> {
+        match s {
+            "f16" => Ok(Dtype::F16),
+            "bf16" => Ok(Dtype::Bf16),
+            other => Err(format!("unknown dtype `{other}`; use f16 or bf16")),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F16 => "f16",

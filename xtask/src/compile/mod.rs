@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::errors::{CannotRun, CheckFailed};
-use crate::manifest::Manifest;
 use crate::parse::nvcc;
 use crate::parse::ptxas::{self, KernelResources};
 use crate::parse::sass::{self, OpcodeCounts};
@@ -24,6 +23,7 @@ use crate::tools::process::{Cmd, Lock, write_file};
 use crate::tools::progress::Progress;
 use crate::tools::toolchain::{self, Nvcc};
 use budget::{Breach, LocalMemory, SassRecord};
+use fa_schema::manifest::Manifest;
 
 #[derive(Clone)]
 pub struct Options {
