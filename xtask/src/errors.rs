@@ -28,3 +28,12 @@ impl std::error::Error for CannotRun {}
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     if err.downcast_ref::<CheckFailed>().is_some() { 1 } else { 2 }
 }
+
+/// Prints the whole error chain (a failed unit's first nvcc error and its log
+/// path are in it) and gives the exit code it means.
+pub fn report(err: &anyhow::Error) -> std::process::ExitCode {
+    let code = exit_code(err);
+    let what = if code == 1 { "FAILED" } else { "could not run" };
+    eprintln!("xtask: {what}: {err:#}");
+    std::process::ExitCode::from(code)
+}

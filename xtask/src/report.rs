@@ -1,5 +1,7 @@
 //! Report envelope and the typed payloads xtask writes under `target/xtask/`.
-//! One module for writer and reader, so the schema lives in one place.
+//! One module for writer and reader, so the schema lives in one place. It runs
+//! nothing: the git state and the kernel set come in as values
+//! (`tools::process::git_state`, `compile::kernel_set::record`).
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -7,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::tools::process::write_file;
+use fa_schema::file::write_file;
 
 /// Bumped whenever a payload changes shape.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -69,16 +71,23 @@ impl From<&fa_schema::schema::DeviceInfo> for Device {
     }
 }
 
+/// The checkout a report was made from: `XTASK_GIT_REV` where set, else git's HEAD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitState {
+    pub rev: String,
+    /// Tracked files differ from HEAD.
+    pub dirty: bool,
+}
+
 impl<T: Serialize> Envelope<T> {
-    pub fn new(kind: &str, toolchain: Toolchain, device: Option<Device>, payload: T) -> Self {
-        let (git_rev, git_dirty) = git_state();
+    pub fn new(kind: &str, git: GitState, toolchain: Toolchain, device: Option<Device>, payload: T) -> Self {
         Envelope {
             schema_version: SCHEMA_VERSION,
             kind: kind.to_string(),
-            git_rev,
-            git_dirty,
+            git_rev: git.rev,
+            git_dirty: git.dirty,
             timestamp: rfc3339(SystemTime::now()),
-            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            host: fa_schema::file::read_text(Path::new("/proc/sys/kernel/hostname"))
                 .map(|s| s.trim().to_string())
                 .unwrap_or_else(|_| "unknown".into()),
             toolchain,
@@ -88,18 +97,12 @@ impl<T: Serialize> Envelope<T> {
         }
     }
 
-    /// Records the kernel set in `dir` as the one this report judged.
-    pub fn kernels(mut self, dir: &Path) -> Self {
-        let set = crate::compile::kernel_set::load(dir);
-        self.kernel_set = Some(KernelSetRecord {
-            dir: dir.display().to_string(),
-            sources: set.as_ref().map(|s| s.sources.clone()),
-            defines: set.map(|s| s.defines).unwrap_or_default(),
-        });
+    /// Records the kernel set the report judged.
+    pub fn kernels(mut self, set: KernelSetRecord) -> Self {
+        self.kernel_set = Some(set);
         self
     }
 
-    /// Writes pretty JSON atomically (temp file + rename), so a reader never sees half a report.
     pub fn write(&self, path: &Path) -> Result<()> {
         write_file(path, serde_json::to_string_pretty(self)? + "\n")
     }
@@ -113,21 +116,6 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
 
 /// `(rev, dirty)`. `XTASK_GIT_REV` overrides, for copies of the tree without `.git`
 /// (the GPU machine).
-pub fn git_state() -> (String, bool) {
-    if let Ok(rev) = std::env::var("XTASK_GIT_REV") {
-        return (rev, false);
-    }
-    let quick = |args: &[&str]| crate::tools::process::git(Path::new("."), args);
-    match quick(&["rev-parse", "HEAD"]) {
-        Some(rev) => {
-            let dirty = quick(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-            (rev, dirty)
-        }
-        None => ("unknown".into(), false),
-    }
-}
-
-/// A time as `YYYY-MM-DDTHH:MM:SSZ` (UTC, whole seconds); before 1970 reads as 1970.
 pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t.max(UNIX_EPOCH)).to_string()
 }

@@ -32,7 +32,26 @@ fn main_parses_and_dispatches_only() {
         .lines()
         .filter(|l| ["pub ", "struct ", "enum ", "fn ", "impl ", "const ", "static "].iter().any(|k| l.starts_with(k)))
         .collect();
-    assert_eq!(items, ["fn main() -> ExitCode {", "fn dispatch(task: Task) -> anyhow::Result<()> {"]);
+    assert_eq!(items, ["fn main() -> ExitCode {"]);
+    assert!(main.lines().count() <= 80, "main.rs is {} lines; commands belong in commands/", main.lines().count());
+    // One line per command: `Command::X(c) => c.run(&cx),`.
+    let commands = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/commands/mod.rs")).unwrap();
+    let variants = commands.split("pub enum Command {").nth(1).unwrap().split("\n}").next().unwrap();
+    let names = variants.lines().map(str::trim).filter(|l| !l.starts_with("//") && !l.starts_with('#'));
+    for v in names.filter_map(|l| l.split_once('(')).map(|(name, _)| name) {
+        assert!(main.contains(&format!("Command::{v}(c) => c.run(&cx),")), "main does not dispatch {v} in one line");
+    }
+}
+
+#[test]
+fn no_process_global_environment_and_every_binary_variable_named_once() {
+    for (path, text) in files_under("xtask/src", &["rs"]).into_iter().filter(|(p, _)| !p.ends_with("tidy.rs")) {
+        let code = code(&text);
+        assert!(!code.contains("set_var(") && !code.contains("remove_var("), "{}: process-global env", path.display());
+        for name in ["\"FA_DEVICE\"", "\"FA_KERNEL_DIR\""] {
+            assert!(!code.contains(name), "{}: {name} spelled out; use fa_schema::env", path.display());
+        }
+    }
 }
 
 #[test]
@@ -63,32 +82,112 @@ fn parsers_do_no_io() {
     }
 }
 
+/// The modules each layer may not import, lowest layer first: data and errors,
+/// the process layer and its tools, then the stages, then the commands.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("parse/", &["tools", "compile", "verify", "measure", "optimise", "ci", "commands", "ledger", "run", "report"]),
+    ("errors.rs", &["tools", "compile", "verify", "measure", "optimise", "ci", "commands", "ledger", "run", "report"]),
+    ("report.rs", &["tools", "compile", "verify", "measure", "optimise", "ci", "commands", "ledger", "run"]),
+    ("run.rs", &["tools", "compile", "verify", "measure", "optimise", "ci", "commands", "ledger"]),
+    ("tools/", &["compile", "verify", "measure", "optimise", "ci", "commands", "ledger"]),
+    ("ledger.rs", &["compile", "verify", "measure", "optimise", "ci", "commands"]),
+    ("compile/", &["verify", "measure", "optimise", "ci", "commands"]),
+    ("verify/", &["measure", "optimise", "ci", "commands"]),
+    ("measure/", &["optimise", "ci", "commands"]),
+    ("optimise/", &["ci", "commands"]),
+    ("ci.rs", &["commands"]),
+    ("ci/", &["commands"]),
+];
+
+/// `…/xtask/src/a/b.rs` → `a/b.rs`.
+fn rel_to_src(path: &Path) -> String {
+    let p = path.to_string_lossy().replace('\\', "/");
+    p.split_once("xtask/src/").map_or(p.clone(), |(_, r)| r.to_string())
+}
+
+/// The crate modules a file's code names (`crate::a::b`, `crate::a::{b, c}`),
+/// as paths relative to src/ without extension: `a/b`.
+fn crate_imports(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in code(text).match_indices("crate::") {
+        let rest = &code(text)[i + "crate::".len()..];
+        let end = rest
+            .find(|c: char| {
+                !(c.is_alphanumeric() || c == '_' || c == ':' || c == '{' || c == '}' || c == ',' || c.is_whitespace())
+            })
+            .unwrap_or(rest.len());
+        let path = &rest[..end];
+        match path.split_once("::{") {
+            Some((head, group)) => {
+                for item in group.split('}').next().unwrap_or("").split(',') {
+                    let item = item.trim().split("::").next().unwrap_or("");
+                    out.push(if item == "self" || item.is_empty() {
+                        head.replace("::", "/")
+                    } else {
+                        format!("{}/{item}", head.replace("::", "/"))
+                    });
+                }
+            }
+            None => out.push(path.split([' ', ',', '}', '\n']).next().unwrap_or("").replace("::", "/")),
+        }
+    }
+    out
+}
+
 #[test]
 fn imports_flow_one_way() {
-    // Parsers import only parsers and the shared schema; the tools layer imports no
-    // stage; no module imports from `main`.
     for (path, text) in files_under("xtask/src", &["rs"]) {
-        let imports: Vec<&str> = code(&text).lines().filter(|l| l.contains("crate::")).collect();
-        let rel = path.to_string_lossy().replace('\\', "/");
-        let forbidden: &[&str] = if rel.ends_with("parse/fuzz.rs") {
-            &[] // a test module: it may read the captured fixtures
-        } else if rel.contains("/src/parse/") {
-            &["crate::tools", "crate::compile", "crate::verify", "crate::measure", "crate::optimise", "crate::ci"]
-        } else if rel.contains("/src/tools/") {
-            &["crate::compile", "crate::verify", "crate::measure", "crate::optimise", "crate::ci", "crate::check"]
-        } else {
-            &["crate::main", "crate::flags"]
-        };
-        for line in imports {
-            if !rel.ends_with("main.rs") && !rel.ends_with("tidy.rs") {
-                assert!(
-                    !forbidden.iter().any(|f| line.contains(f)),
-                    "{rel}: `{}` runs against the layering",
-                    line.trim()
-                );
+        let rel = rel_to_src(&path);
+        if rel == "main.rs" || rel == "tidy.rs" || rel.ends_with("parse/fuzz.rs") || rel.ends_with("/tests.rs") {
+            continue; // the root, the tidy tests, and test modules that read fixtures
+        }
+        let imports = crate_imports(&text);
+        for import in &imports {
+            let top = import.split('/').next().unwrap_or("");
+            assert!(
+                !["main", "schema", "manifest", "check"].contains(&top),
+                "{rel}: `crate::{import}`: import fa_schema directly; nothing imports main"
+            );
+            if !rel.starts_with("commands/") {
+                assert_ne!(top, "commands", "{rel}: a stage imports a command");
+            }
+            if let Some((_, forbidden)) = LAYERS.iter().find(|(layer, _)| rel.starts_with(layer)) {
+                assert!(!forbidden.contains(&top), "{rel}: `crate::{import}` runs against the layering");
             }
         }
     }
+}
+
+#[test]
+fn imports_are_read_in_every_form() {
+    let text = "use crate::a::b;\nuse crate::c::{self, d::E,\n    f};\nlet x = crate::g::h(1);\n";
+    assert_eq!(crate_imports(text), ["a/b", "c", "c/d", "c/f", "g/h"]);
+}
+
+#[test]
+fn no_two_modules_import_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let module = |rel: &str| rel.trim_end_matches(".rs").trim_end_matches("/mod").to_string();
+    let mut edges = std::collections::BTreeSet::new();
+    for (path, text) in files_under("xtask/src", &["rs"]) {
+        let rel = rel_to_src(&path);
+        if rel == "tidy.rs" || rel.ends_with("/tests.rs") {
+            continue;
+        }
+        let from = module(&rel);
+        for to in crate_imports(&text) {
+            // `a/b/item` names module a/b where a/b is a file; keep the longest module that exists.
+            let mut to = to;
+            while !to.is_empty() && !src.join(format!("{to}.rs")).is_file() && !src.join(&to).join("mod.rs").is_file() {
+                to = to.rsplit_once('/').map_or(String::new(), |(h, _)| h.to_string());
+            }
+            if !to.is_empty() && to != from && !from.starts_with(&format!("{to}/")) {
+                edges.insert((from.clone(), to));
+            }
+        }
+    }
+    let cycles: Vec<_> = edges.iter().filter(|(a, b)| edges.contains(&(b.clone(), a.clone()))).collect();
+    assert!(cycles.is_empty(), "modules that import each other: {cycles:?}");
 }
 
 #[test]

@@ -33,3 +33,36 @@ fn gpu_tasks_refuse_before_building_where_there_is_no_gpu() {
         assert!(!pids.exists(), "{task} started nvcc before refusing");
     }
 }
+
+#[test]
+fn a_bad_value_and_a_missing_tool_are_said_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    common::one_kernel_checkout(dir.path());
+    let (pids, empty) = (dir.path().join("pids"), dir.path().join("empty-path"));
+    std::fs::create_dir_all(&empty).unwrap();
+    let nvcc = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/process/nvcc");
+    let xtask = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
+            .args(args)
+            .env("XTASK_ROOT", dir.path())
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("NVCC_CCBIN")
+            .env("PATH", &empty)
+            .env("NVCC", &nvcc)
+            .env("FA_TEST_PIDS", &pids)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    // clap refuses a value against the launch API's rules: exit 2, the rule named.
+    let (code, stderr) = xtask(&["bench", "--shape", "1,1,128,96"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("head dim is 96"), "{stderr}");
+    let (code, stderr) = xtask(&["test", "--gpus", "0"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    // No host compiler: said with what to install, before nvcc starts.
+    let (code, stderr) = xtask(&["build"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("gcc and g++, not found on PATH") && stderr.contains("apt install g++"), "{stderr}");
+    assert!(!pids.exists(), "nvcc started");
+}

@@ -1,7 +1,7 @@
 //! The kernel set a run judges: a folder of fatbins, its `manifest.json` copy,
 //! and `kernel-set.json`, which names the sources they were built from (one
 //! hash over the manifest, every kernel source and header, and the extra
-//! defines). Every GPU stage loads the set from `Paths::kernels` and records it
+//! defines). Every GPU stage loads the set from `Run::kernels` and records it
 //! in its report; a stage handed a prebuilt set (`--kernels DIR`) refuses one
 //! built from other sources than the checkout's.
 
@@ -11,10 +11,21 @@ use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
 use crate::errors::CheckFailed;
-use crate::paths::Paths;
+use crate::run::Run;
 use crate::tools::process::write_file;
 pub use fa_schema::kernel_set::{FILE, KernelSet};
 use fa_schema::manifest::Manifest;
+
+/// What a report records of the kernel set in `dir`: the folder, and the
+/// sources and defines it was built from where its record is readable.
+pub fn reported(dir: &Path) -> crate::report::KernelSetRecord {
+    let set = load(dir);
+    crate::report::KernelSetRecord {
+        dir: dir.display().to_string(),
+        sources: set.as_ref().map(|s| s.sources.clone()),
+        defines: set.map(|s| s.defines).unwrap_or_default(),
+    }
+}
 
 /// One hash over `manifest`, every `.cu`, `.cuh` and `.h` file in `src_dir`
 /// (by name, in name order) and `defines`, each part length-prefixed.
@@ -93,27 +104,23 @@ pub fn load(dir: &Path) -> Option<KernelSet> {
     KernelSet::load(dir).ok()
 }
 
-/// The run's kernel set: the prebuilt one in `paths.kernels`, checked against the
+/// The run's kernel set: the prebuilt one in `cx.kernels`, checked against the
 /// checkout's sources, or a fresh build into it.
-pub fn prepare(paths: &Paths, build: &crate::compile::Options, prebuilt: bool) -> Result<()> {
+pub fn prepare(cx: &Run, build: &crate::compile::Options, prebuilt: bool) -> Result<()> {
     if !prebuilt {
-        return crate::compile::run(paths, build);
+        return crate::compile::run(cx, build);
     }
-    let set = verify(paths)?;
-    eprintln!(
-        "xtask: kernels from {} (sources {})",
-        paths.kernels.display(),
-        &set.sources[..12.min(set.sources.len())]
-    );
+    let set = verify(cx)?;
+    eprintln!("xtask: kernels from {} (sources {})", cx.kernels.display(), &set.sources[..12.min(set.sources.len())]);
     Ok(())
 }
 
-/// The prebuilt set in `paths.kernels`, checked against the checkout's sources.
-pub fn verify(paths: &Paths) -> Result<KernelSet> {
-    let dir = &paths.kernels;
+/// The prebuilt set in `cx.kernels`, checked against the checkout's sources.
+pub fn verify(cx: &Run) -> Result<KernelSet> {
+    let dir = &cx.kernels;
     let set = KernelSet::load(dir)
         .with_context(|| format!("rebuild it with `cargo xtask build --out-dir {}`", dir.display()))?;
-    let manifest = paths.manifest();
+    let manifest = cx.manifest();
     let src_dir = manifest.parent().unwrap_or(Path::new("."));
     let want = sources_hash(&manifest, src_dir, &set.defines)?;
     if set.sources != want {
@@ -137,32 +144,38 @@ mod tests {
 
     const EMPTY: &str = r#"{"static_smem_limit": 49152, "archs": {}, "sources": []}"#;
 
-    fn record_in(paths: &Paths, src: &Path, defines: &[String]) {
+    fn record_in(cx: &Run, src: &Path, defines: &[String]) {
         let manifest = Manifest::parse(EMPTY).unwrap();
-        std::fs::create_dir_all(&paths.kernels).unwrap();
-        record(&paths.kernels, &manifest, &src.join("manifest.json"), src, defines).unwrap();
+        std::fs::create_dir_all(&cx.kernels).unwrap();
+        record(&cx.kernels, &manifest, &src.join("manifest.json"), src, defines).unwrap();
     }
 
-    fn checkout(dir: &Path) -> Paths {
+    fn checkout(dir: &Path) -> Run {
         let kernels = dir.join("kernels");
         std::fs::create_dir_all(&kernels).unwrap();
         std::fs::write(kernels.join("manifest.json"), EMPTY).unwrap();
         std::fs::write(kernels.join("a.cu"), "kernel a").unwrap();
         std::fs::write(kernels.join("a.cuh"), "header").unwrap();
         let target = dir.join("target");
-        Paths { root: dir.to_path_buf(), cuda_wheels: target.join("cuda"), kernels: dir.join("prebuilt"), target }
+        Run {
+            root: dir.to_path_buf(),
+            cuda_wheels: target.join("cuda"),
+            kernels: dir.join("prebuilt"),
+            target,
+            device: None,
+        }
     }
 
     #[test]
     fn a_set_from_other_sources_is_refused_and_one_from_these_accepted() {
         let tmp = tempfile::tempdir().unwrap();
-        let paths = checkout(tmp.path());
+        let cx = checkout(tmp.path());
         let src = tmp.path().join("kernels");
-        let err = format!("{:#}", verify(&paths).unwrap_err());
+        let err = format!("{:#}", verify(&cx).unwrap_err());
         assert!(err.contains("no kernel-set.json") && err.contains("--out-dir"), "{err}");
 
-        record_in(&paths, &src, &[]);
-        assert!(verify(&paths).is_ok());
+        record_in(&cx, &src, &[]);
+        assert!(verify(&cx).is_ok());
 
         for (file, text) in [
             ("a.cuh", "edited header"),
@@ -173,7 +186,7 @@ mod tests {
             let before = std::fs::read(src.join(file)).ok();
             std::fs::create_dir_all(src.join(file).parent().unwrap()).unwrap();
             std::fs::write(src.join(file), text).unwrap();
-            let err = verify(&paths).unwrap_err();
+            let err = verify(&cx).unwrap_err();
             assert!(err.downcast_ref::<CheckFailed>().is_some(), "{file}: {err:#}");
             assert!(err.to_string().contains("built from other sources"), "{err}");
             match before {
@@ -181,11 +194,11 @@ mod tests {
                 None => std::fs::remove_file(src.join(file)).unwrap(),
             }
         }
-        assert!(verify(&paths).is_ok());
+        assert!(verify(&cx).is_ok());
 
         // A set built with a planted define is not the checkout's own build...
-        record_in(&paths, &src, &["FA_PLANT=1".into()]);
-        let set = verify(&paths).unwrap();
+        record_in(&cx, &src, &["FA_PLANT=1".into()]);
+        let set = verify(&cx).unwrap();
         assert_eq!(set.defines, ["FA_PLANT=1"], "…and says so in what it records");
         assert_ne!(set.sources, sources_hash(&src.join("manifest.json"), &src, &[]).unwrap());
     }

@@ -16,8 +16,8 @@ use crate::errors::{CannotRun, CheckFailed};
 use crate::parse::nvcc;
 use crate::parse::ptxas::{self, KernelResources};
 use crate::parse::sass::{self, OpcodeCounts};
-use crate::paths::Paths;
 use crate::report::{Envelope, Toolchain};
+use crate::run::Run;
 use crate::table;
 use crate::tools::process::{Cmd, Lock, write_file};
 use crate::tools::progress::Progress;
@@ -116,13 +116,14 @@ pub fn over_budget(e: &anyhow::Error) -> bool {
     e.downcast_ref::<CheckFailed>().is_some() && e.downcast_ref::<CompileFailed>().is_none()
 }
 
-pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     if opts.jobs == 0 {
         return Err(
             CannotRun("-j/--jobs 0: at least one nvcc job must run; leave -j out to use every core".into()).into()
         );
     }
-    let manifest_path = opts.manifest.clone().unwrap_or_else(|| paths.manifest());
+    crate::tools::toolchain::require_host_compiler()?;
+    let manifest_path = opts.manifest.clone().unwrap_or_else(|| cx.manifest());
     let mut manifest = Manifest::load(&manifest_path)?;
     if let Some(only) = &opts.archs {
         manifest.sources.iter_mut().for_each(|s| s.archs.retain(|a| only.contains(a)));
@@ -141,10 +142,10 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     }
     let src_dir =
         opts.src_dir.clone().unwrap_or_else(|| manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf());
-    let nvcc = toolchain::nvcc(&paths.cuda_wheels)?;
+    let nvcc = toolchain::nvcc(&cx.cuda_wheels)?;
     let cuobjdump = cuobjdump_beside(&nvcc)?;
-    let out_dir = opts.out_dir.clone().unwrap_or_else(|| paths.kernels_out());
-    check_out_dir(&out_dir, &paths.root, &src_dir).map_err(|e| CannotRun(format!("--out-dir: {e}")))?;
+    let out_dir = opts.out_dir.clone().unwrap_or_else(|| cx.kernels.clone());
+    check_out_dir(&out_dir, &cx.root, &src_dir).map_err(|e| CannotRun(format!("--out-dir: {e}")))?;
     let headers = header_digest(&src_dir)?;
 
     let mut jobs = Vec::new();
@@ -220,8 +221,9 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     };
     let toolchain =
         Toolchain { nvcc: Some(nvcc.version.clone()), nvcc_path: Some(nvcc.path.display().to_string()), driver: None };
-    let report_path = paths.report(&opts.report);
-    Envelope::new("build", toolchain, None, &payload).write(&report_path)?;
+    let report_path = cx.report(&opts.report);
+    Envelope::new("build", crate::tools::process::git_state(&cx.root), toolchain, None, &payload)
+        .write(&report_path)?;
 
     let table_path = report_path.with_extension("txt");
     crate::tools::process::table(&table_path, &resource_table(&payload.kernels, &payload.sass, &manifest))?;
@@ -651,10 +653,10 @@ mod tests {
 
     /// Compiles planted breaches with the real nvcc (installing the wheels into the
     /// workspace's target/cuda if no toolkit is found) and expects the budget table.
-    /// Paths under `dir`, with the workspace's CUDA wheels.
-    fn paths_in(dir: &Path) -> Paths {
+    /// Run under `dir`, with the workspace's CUDA wheels.
+    fn paths_in(dir: &Path) -> Run {
         let target = dir.join("target");
-        Paths { root: dir.to_path_buf(), kernels: target.join("kernels"), target, ..Paths::discover().unwrap() }
+        Run { root: dir.to_path_buf(), kernels: target.join("kernels"), target, ..Run::discover().unwrap() }
     }
 
     /// A kernel folder under `dir` with these sources and a manifest building
@@ -702,13 +704,13 @@ extern "C" __global__ void bad(float* y) {
             r#"[{"file": "good.cu", "archs": ["sm_89"], "kernels": [{"entry": "good", "max_registers": 255}]},
                 {"file": "bad.cu", "archs": ["sm_89", "sm_90"], "kernels": [{"entry": "bad", "max_registers": 255}]}]"#,
         );
-        let paths = paths_in(dir.path());
+        let cx = paths_in(dir.path());
         let opts = Options {
             manifest: Some(manifest),
             defines: vec!["STEPS=(".into()],
             ..Options::new(Duration::from_secs(300), 2)
         };
-        let err = run(&paths, &opts).unwrap_err();
+        let err = run(&cx, &opts).unwrap_err();
         let failed = err.downcast_ref::<CheckFailed>().unwrap_or_else(|| panic!("not a failed check: {err:#}"));
         assert!(!over_budget(&err));
         let msg = &failed.0;
@@ -716,12 +718,12 @@ extern "C" __global__ void bad(float* y) {
         let first = format!("{}(4): error: expected an expression", dir.path().join("kernels/bad.cu").display());
         assert_eq!(msg.lines().filter(|l| *l == first).count(), 1, "{msg}");
         for arch in ["sm_89", "sm_90"] {
-            let log = paths.kernels_out().join(format!("bad.{arch}.log"));
+            let log = cx.kernels.clone().join(format!("bad.{arch}.log"));
             assert!(msg.contains(&format!("  in bad.cu {arch} (first of ")), "{msg}");
             assert!(msg.contains(&log.display().to_string()), "{msg}");
             assert!(std::fs::read_to_string(&log).unwrap().contains(&first));
         }
-        assert!(!paths.report("build").exists());
+        assert!(!cx.report("build").exists());
     }
 
     /// The portable kernel's tile rule: a split launch stages kBlockM rows of fp32 O
@@ -778,21 +780,21 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
     fn zero_jobs_is_refused_before_anything_is_built() {
         let dir = tempfile::tempdir().unwrap();
         let manifest = planted(dir.path(), &[("good.cu", GOOD)], GOOD_SOURCES);
-        let paths = paths_in(dir.path());
+        let cx = paths_in(dir.path());
         let opts = Options { manifest: Some(manifest), ..Options::new(Duration::from_secs(300), 0) };
-        let err = run(&paths, &opts).unwrap_err();
+        let err = run(&cx, &opts).unwrap_err();
         assert!(err.downcast_ref::<CannotRun>().is_some_and(|e| e.0.contains("-j/--jobs 0")), "{err:#}");
-        assert!(!paths.kernels_out().exists() && !paths.report("build").exists());
+        assert!(!cx.kernels.clone().exists() && !cx.report("build").exists());
     }
 
     #[test]
     fn nothing_to_build_is_refused_and_keeps_the_last_report() {
         let dir = tempfile::tempdir().unwrap();
-        let paths = paths_in(dir.path());
-        write_file(&paths.report("build"), "the last build").unwrap();
+        let cx = paths_in(dir.path());
+        write_file(&cx.report("build"), "the last build").unwrap();
         let empty = planted(dir.path(), &[], "[]");
         let err =
-            run(&paths, &Options { manifest: Some(empty), ..Options::new(Duration::from_secs(300), 1) }).unwrap_err();
+            run(&cx, &Options { manifest: Some(empty), ..Options::new(Duration::from_secs(300), 1) }).unwrap_err();
         assert!(err.downcast_ref::<CannotRun>().is_some_and(|e| e.0.contains("\"sources\" is empty")), "{err:#}");
         let manifest = planted(dir.path(), &[("good.cu", GOOD)], GOOD_SOURCES);
         let opts = Options {
@@ -800,10 +802,10 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
             archs: Some(vec!["sm_90".into()]),
             ..Options::new(Duration::from_secs(300), 1)
         };
-        let err = run(&paths, &opts).unwrap_err();
+        let err = run(&cx, &opts).unwrap_err();
         assert!(err.downcast_ref::<CannotRun>().is_some_and(|e| e.0.contains("no source lists sm_90")), "{err:#}");
-        assert_eq!(std::fs::read_to_string(paths.report("build")).unwrap(), "the last build");
-        assert!(!paths.kernels_out().exists());
+        assert_eq!(std::fs::read_to_string(cx.report("build")).unwrap(), "the last build");
+        assert!(!cx.kernels.clone().exists());
     }
 
     /// A committed script stands in for nvcc: a diagnostic, 30 blank lines, then a hang.
@@ -864,19 +866,19 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
     #[test]
     fn forty_concurrent_builds_into_one_target_all_succeed() {
         let dir = tempfile::tempdir().unwrap();
-        let paths = paths_in(dir.path());
+        let cx = paths_in(dir.path());
         let manifest = planted(dir.path(), &[("good.cu", GOOD)], GOOD_SOURCES);
         let opts = Options { manifest: Some(manifest), ..Options::new(Duration::from_secs(300), 1) };
         let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let runs: Vec<_> = (0..40).map(|_| s.spawn(|| run(&paths, &opts))).collect();
+            let runs: Vec<_> = (0..40).map(|_| s.spawn(|| run(&cx, &opts))).collect();
             runs.into_iter().map(|r| r.join().unwrap()).collect()
         });
         let failed: Vec<String> = results.iter().filter_map(|r| r.as_ref().err()).map(|e| format!("{e:#}")).collect();
         assert!(failed.is_empty(), "{} of 40 failed: {:?}", failed.len(), failed.first());
         let report: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(paths.report("build")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(cx.report("build")).unwrap()).unwrap();
         assert_eq!(report["payload"]["units"][0]["source"], "good.cu");
-        let leftovers: Vec<_> = std::fs::read_dir(paths.reports())
+        let leftovers: Vec<_> = std::fs::read_dir(cx.reports())
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .filter(|n| n.ends_with(".tmp"))
@@ -887,7 +889,7 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
     #[test]
     fn planted_spill_and_smem_breaches_fail_the_build() {
         let dir = tempfile::tempdir().unwrap();
-        let paths = paths_in(dir.path());
+        let cx = paths_in(dir.path());
         let manifest = planted(
             dir.path(),
             &[("planted.cu", PLANTED)],
@@ -896,10 +898,10 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
                 {"entry": "big_smem", "max_registers": 255, "dynamic_smem": 65536}]}]"#,
         );
         let opts = Options { manifest: Some(manifest), ..Options::new(Duration::from_secs(300), 1) };
-        let err = run(&paths, &opts).unwrap_err();
+        let err = run(&cx, &opts).unwrap_err();
         assert!(over_budget(&err), "{err:#}");
         let report: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(paths.report("build")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(cx.report("build")).unwrap()).unwrap();
         let breaches: Vec<(String, String)> = report["payload"]["breaches"]
             .as_array()
             .unwrap()
@@ -909,7 +911,7 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
         assert!(breaches.contains(&("spills".into(), "spill bytes".into())), "{breaches:?}");
         assert!(breaches.contains(&("big_smem".into(), "static+dynamic smem bytes".into())), "{breaches:?}");
         // A second run hits the cache and still fails the same way.
-        assert!(run(&paths, &opts).unwrap_err().downcast_ref::<CheckFailed>().is_some());
+        assert!(run(&cx, &opts).unwrap_err().downcast_ref::<CheckFailed>().is_some());
     }
 
     const PLANTED: &str = r#"

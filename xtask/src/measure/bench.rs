@@ -4,20 +4,22 @@
 //! against base and against a planted slowdown. A saved baseline (`compare`)
 //! and PyTorch SDPA are compared by plain medians: information, not a verdict.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
 
 use crate::errors::{CannotRun, CheckFailed};
-use crate::measure::compare::{self, Comparison};
+use crate::measure::compare;
 use crate::measure::gate::monitor::ClockSampler;
 use crate::measure::gate::sequence::{Verdict, median};
 use crate::measure::gate::{self, GateRun, Side, verdict_word};
-use crate::paths::Paths;
+use crate::measure::payload::{
+    BIAS_LIMIT, BenchPayload, ProcessRun, SelfTest, SelfTestShape, TorchRatio, side_medians, side_methods,
+};
 use crate::report::{Device, Envelope, Toolchain, read_json};
+use crate::run::Run;
 use crate::table;
 use crate::tools::drivers;
 use crate::tools::process::{Cmd, write_file};
@@ -37,8 +39,8 @@ pub struct Options {
     pub budget_ms: u64,
     /// The gate's most seconds of quads per shape.
     pub gate_secs: f64,
-    /// Seeds the gate's quad order; `None`: from the clock (recorded in the report).
-    pub seed: Option<u64>,
+    /// Seeds the gate's quad order (recorded in the report).
+    pub seed: u64,
     /// fa-bench's --variant (auto, portable, hopper).
     pub variant: String,
     /// Save this run as a named baseline (`compare::locate`).
@@ -53,118 +55,32 @@ pub struct Options {
 
 impl Options {
     pub fn gate(&self) -> gate::Options {
-        let seed = self.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-        });
         gate::Options {
             shapes: self.shapes.clone(),
             dtypes: self.dtypes.split(',').map(|d| d.trim().to_string()).collect(),
             variant: self.variant.clone(),
             budget_secs: self.gate_secs,
-            seed,
+            seed: self.seed,
         }
     }
 }
 
-/// One fa-bench process: its results and the SM clock sampled while it ran.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ProcessRun {
-    pub side: String,
-    pub run: BenchRun,
-    pub sm_clock_mhz: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TorchRatio {
-    pub name: String,
-    pub fa_us: f64,
-    /// How our processes timed the case ("graph-replay+events-cold-l2" if they differed).
-    #[serde(default)]
-    pub fa_method: String,
-    /// Backend → (µs, speedup = backend µs / fa µs), from its runs timed by `fa_method`.
-    pub backends: BTreeMap<String, (f64, f64)>,
-    /// Backend → methods of its runs left out because they timed the case another way.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub other_method: BTreeMap<String, Vec<String>>,
-}
-
-/// `--self-test`: the gate's health on this GPU, per shape.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SelfTest {
-    /// The planted slowdown, a fraction of each timed half.
-    pub planted: f64,
-    pub shapes: Vec<SelfTestShape>,
-    /// The two gate runs behind it, quads included.
-    pub aa: GateRun,
-    pub planted_run: GateRun,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SelfTestShape {
-    pub name: String,
-    pub aa_change: f64,
-    pub aa_low: f64,
-    pub aa_high: f64,
-    pub aa_verdict: Verdict,
-    /// The A/A interval excludes 0 by more than `BIAS_LIMIT`: the harness, not the code.
-    pub biased: bool,
-    pub planted_change: f64,
-    pub planted_low: f64,
-    pub planted_verdict: Verdict,
-    pub caught: bool,
-}
-
-/// An A/A interval that excludes zero by more than this marks the harness biased.
-pub const BIAS_LIMIT: f64 = 0.003;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BenchPayload {
-    pub mode: String,
-    pub runs: Vec<ProcessRun>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gate: Option<GateRun>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub self_test: Option<SelfTest>,
-    /// `--baseline NAME`: this run against a saved one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub baseline: Option<Comparison>,
-    pub torch: Vec<TorchRatio>,
-}
-
-/// Per-process medians per case, of one side's processes.
-pub fn side_medians(runs: &[ProcessRun], side: &str) -> BTreeMap<String, Vec<f64>> {
-    let mut out: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for r in runs.iter().filter(|r| r.side == side) {
-        for c in &r.run.cases {
-            out.entry(c.name.clone()).or_default().push(c.median_us);
-        }
-    }
-    out
-}
-
-/// The timing method per case of one side's processes, `+`-joined where they differed.
-pub fn side_methods(runs: &[ProcessRun], side: &str) -> BTreeMap<String, String> {
-    let mut out: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
-    for r in runs.iter().filter(|r| r.side == side) {
-        for c in &r.run.cases {
-            out.entry(c.name.clone()).or_default().insert(&c.method);
-        }
-    }
-    out.into_iter().map(|(k, m)| (k, m.into_iter().collect::<Vec<_>>().join("+"))).collect()
-}
-
-pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     crate::tools::gpu::require("bench")?;
-    let cand = Side::new(drivers::binary(paths, "fa-bench")?, paths.kernels_out());
+    let cand = Side::new(drivers::binary(cx, "fa-bench")?, cx.kernels.clone(), cx.device.clone());
     let base = match (&opts.against, &opts.base_dir) {
-        (Some(rev), _) => Some(build_revision(paths, rev)?),
+        (Some(rev), _) => Some(build_revision(cx, rev)?),
         (None, Some(dir)) => {
             let bench = dir.join("fa-bench");
-            Some(Side::new(if bench.is_file() { bench } else { cand.bench.clone() }, dir.join("kernels")))
+            Some(Side::new(
+                if bench.is_file() { bench } else { cand.bench.clone() },
+                dir.join("kernels"),
+                cx.device.clone(),
+            ))
         }
         (None, None) => None,
     };
-    let dir = paths.reports().join("bench");
+    let dir = cx.reports().join("bench");
     let mut payload = BenchPayload {
         mode: String::new(),
         runs: Vec::new(),
@@ -190,26 +106,32 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         println!("\n{}", self_test_table(t));
     }
     if opts.vs_torch {
-        payload.torch = vs_torch(paths, &payload.runs, opts)?;
+        payload.torch = vs_torch(cx, &payload.runs, opts)?;
     }
     let device = device_of(&payload);
-    let report = paths.report("bench");
+    let report = cx.report("bench");
     let driver = device.as_ref().and_then(|d| d.driver.clone());
     let device = device.as_ref().map(Device::from);
-    let mut envelope =
-        Envelope::new("bench", Toolchain { driver, ..Toolchain::default() }, device, payload).kernels(&paths.kernels);
+    let mut envelope = Envelope::new(
+        "bench",
+        crate::tools::process::git_state(&cx.root),
+        Toolchain { driver, ..Toolchain::default() },
+        device,
+        payload,
+    )
+    .kernels(crate::compile::kernel_set::reported(&cx.kernels));
     if let Some(name) = &opts.baseline {
-        let saved = compare::load(paths, name)?;
-        let c = compare::compare(compare::Run::of(name, &saved), compare::Run::of("this run", &envelope));
+        let saved = compare::load(cx, name)?;
+        let c = compare::compare(compare::Side::of(name, &saved), compare::Side::of("this run", &envelope));
         println!("\n{}", compare::render(&c));
         envelope.payload.baseline = Some(c);
     }
     envelope.write(&report)?;
-    write_file(&paths.reports().join("bench.md"), markdown(&envelope.payload))?;
-    write_file(&paths.reports().join("bench.csv"), csv(&envelope.payload))?;
+    write_file(&cx.reports().join("bench.md"), markdown(&envelope.payload))?;
+    write_file(&cx.reports().join("bench.csv"), csv(&envelope.payload))?;
     println!("report: {} (and bench.md, bench.csv)", report.display());
     if let Some(name) = &opts.save_baseline {
-        let path = compare::locate(paths, name);
+        let path = compare::locate(cx, name);
         envelope.write(&path)?;
         println!("saved as baseline `{name}`: {}", path.display());
     }
@@ -319,14 +241,14 @@ fn plain_runs(cand: &Side, opts: &Options, dir: &Path, payload: &mut BenchPayloa
 pub fn run_process(side: &Side, label: &str, i: usize, dir: &Path, opts: &Options) -> Result<ProcessRun> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let json = dir.join(format!("{label}-{i}.json"));
-    let mut cmd = Cmd::new(&side.bench)
+    let cmd = Cmd::new(&side.bench)
         .arg("--json")
         .arg(json.display().to_string())
         .args(["--dtype", &opts.dtypes, "--budget-ms", &opts.budget_ms.to_string()])
-        .env("FA_KERNEL_DIR", side.kernels.display().to_string())
         .timeout(opts.timeout)
         .log(dir.join(format!("{label}-{i}.log")))
         .echo();
+    let mut cmd = drivers::aim(cmd, &side.kernels, side.device.as_deref());
     for s in &opts.shapes {
         cmd = cmd.arg("--shape").arg(s.clone());
     }
@@ -355,29 +277,29 @@ fn busy_median(samples: &[f64]) -> Option<f64> {
 
 /// Builds `rev` in a git worktree under target/ (never touching the working tree):
 /// its kernel-ffi binaries and its kernels, with this checkout's nvcc.
-fn build_revision(paths: &Paths, rev: &str) -> Result<Side> {
+fn build_revision(cx: &Run, rev: &str) -> Result<Side> {
     let cargo = std::env::var_os("CARGO").context(
         "--against builds the base with cargo; on a machine without Rust, pass a prebuilt base with --base-dir",
     )?;
-    let sha = crate::tools::process::git(&paths.root, &["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
-        .with_context(|| format!("`{rev}` is not a commit of {}", paths.root.display()))?;
-    let wt = paths.reports().join("worktrees").join(&sha[..12]);
+    let sha = crate::tools::process::git(&cx.root, &["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
+        .with_context(|| format!("`{rev}` is not a commit of {}", cx.root.display()))?;
+    let wt = cx.reports().join("worktrees").join(&sha[..12]);
     if !wt.join("Cargo.toml").is_file() {
         Cmd::new("git")
             .args(["worktree", "add", "--detach"])
             .arg(wt.display().to_string())
             .arg(&sha)
-            .cwd(&paths.root)
+            .cwd(&cx.root)
             .run_checked()?;
     }
     let target = wt.join("target");
-    let nvcc = toolchain::nvcc(&paths.cuda_wheels)?;
+    let nvcc = toolchain::nvcc(&cx.cuda_wheels)?;
     Cmd::new(&cargo)
         .args(["build", "--locked", "--release", "--quiet", "-p", "kernel-ffi", "--bins"])
         .cwd(&wt)
         .env("CARGO_TARGET_DIR", target.display().to_string())
         .timeout(Duration::from_secs(1800))
-        .log(paths.reports().join("bench/base-build.log"))
+        .log(cx.reports().join("bench/base-build.log"))
         .run_checked()
         .with_context(|| format!("building {rev} ({sha}) in {}", wt.display()))?;
     Cmd::new(&cargo)
@@ -387,15 +309,15 @@ fn build_revision(paths: &Paths, rev: &str) -> Result<Side> {
         .env("XTASK_ROOT", wt.display().to_string())
         .env("NVCC", nvcc.path.display().to_string())
         .timeout(Duration::from_secs(1800))
-        .log(paths.reports().join("bench/base-kernels.log"))
+        .log(cx.reports().join("bench/base-kernels.log"))
         .run_checked()
         .with_context(|| format!("building {rev}'s kernels"))?;
-    Ok(Side::new(target.join("release/fa-bench"), target.join("kernels")))
+    Ok(Side::new(target.join("release/fa-bench"), target.join("kernels"), cx.device.clone()))
 }
 
 /// PyTorch SDPA timed by `ci/bench_torch.py` in as many processes as our side ran,
 /// compared median to median where both sides timed a case the same way.
-pub fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Vec<TorchRatio>> {
+pub fn vs_torch(cx: &Run, runs: &[ProcessRun], opts: &Options) -> Result<Vec<TorchRatio>> {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     // The shapes fa-bench ran, so both sides time the same cases.
     let mut shapes = Vec::new();
@@ -416,14 +338,14 @@ pub fn vs_torch(paths: &Paths, runs: &[ProcessRun], opts: &Options) -> Result<Ve
     let mut torch: Vec<BenchRun> = Vec::new();
     for i in 0..processes {
         eprintln!("== bench: PyTorch SDPA process {}/{processes}", i + 1);
-        let json = paths.reports().join(format!("bench/torch-{i}.json"));
+        let json = cx.reports().join(format!("bench/torch-{i}.json"));
         let mut cmd = Cmd::new(&python)
-            .arg(paths.root.join("ci/bench_torch.py").display().to_string())
+            .arg(cx.root.join("ci/bench_torch.py").display().to_string())
             .arg("--json")
             .arg(json.display().to_string())
             .args(["--dtype", &opts.dtypes, "--budget-ms", &opts.budget_ms.to_string()])
             .timeout(opts.timeout)
-            .log(paths.reports().join(format!("bench/torch-{i}.log")))
+            .log(cx.reports().join(format!("bench/torch-{i}.log")))
             .echo();
         for shape in &shapes {
             cmd = cmd.arg("--shape").arg(shape);

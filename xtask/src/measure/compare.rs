@@ -8,24 +8,23 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
-use serde::{Deserialize, Serialize};
+use anyhow::{Context, Result, bail};
 
-use crate::measure::bench::{BenchPayload, side_medians, side_methods};
 use crate::measure::gate::sequence::median;
 use crate::measure::gate::verdict_word;
-use crate::paths::Paths;
-use crate::report::{Device, Envelope, KernelSetRecord, read_json};
+use crate::measure::payload::{BenchPayload, Comparison, GateCell, Row, side_medians, side_methods};
+use crate::report::{Device, Envelope, KernelSetRecord};
+use crate::run::Run;
 use crate::table;
 use crate::tools::process::write_file;
 
 /// A saved run: `NAME` (under `target/xtask/baselines/`) or a path to a bench.json.
-pub fn locate(paths: &Paths, name: &str) -> PathBuf {
+pub fn locate(cx: &Run, name: &str) -> PathBuf {
     let p = Path::new(name);
     if name.contains('/') || p.extension().is_some_and(|e| e == "json") {
         p.to_path_buf()
     } else {
-        paths.reports().join("baselines").join(format!("{name}.json"))
+        cx.reports().join("baselines").join(format!("{name}.json"))
     }
 }
 
@@ -49,10 +48,10 @@ pub fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn load(paths: &Paths, name: &str) -> Result<Envelope<BenchPayload>> {
-    let path = locate(paths, name);
+pub fn load(cx: &Run, name: &str) -> Result<Envelope<BenchPayload>> {
+    let path = locate(cx, name);
     if !path.is_file() {
-        let dir = paths.reports().join("baselines");
+        let dir = cx.reports().join("baselines");
         let saved: Vec<String> = std::fs::read_dir(&dir)
             .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json").map(String::from)).collect())
             .unwrap_or_default();
@@ -62,38 +61,21 @@ pub fn load(paths: &Paths, name: &str) -> Result<Envelope<BenchPayload>> {
             saved.join(", ")
         );
     }
-    read_json(&path)
+    let text = fa_schema::file::read_text(&path)?;
+    parse_bench(&text).with_context(|| format!("reading {}", path.display()))
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Row {
-    pub name: String,
-    /// Timing method per side, `a→b` where they differ.
-    pub method: String,
-    pub a_us: Option<f64>,
-    pub b_us: Option<f64>,
-    /// b / a − 1: positive is slower.
-    pub change: Option<f64>,
-    /// The paired gate held by B for this case: interval and verdict.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gate: Option<GateCell>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GateCell {
-    pub change: f64,
-    pub low: f64,
-    pub high: f64,
-    pub verdict: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Comparison {
-    pub a: String,
-    pub b: String,
-    pub rows: Vec<Row>,
-    /// What makes the plain differences less than a verdict.
-    pub warnings: Vec<String>,
+/// A saved bench report, or an error that says what the file is instead.
+fn parse_bench(text: &str) -> Result<Envelope<BenchPayload>> {
+    let value: serde_json::Value = serde_json::from_str(text).context("not JSON")?;
+    match value.get("kind").and_then(|k| k.as_str()) {
+        Some("bench") => serde_json::from_value(value).context("a bench report of another schema"),
+        Some(kind) => bail!(
+            "a `{kind}` report, not a bench one: compare takes what `cargo xtask bench` writes \
+             (target/xtask/bench.json, or a baseline NAME)"
+        ),
+        None => bail!("not an xtask report (no `kind`): compare takes target/xtask/bench.json or a baseline NAME"),
+    }
 }
 
 /// Median of process medians per case (plain runs), or the gate's candidate
@@ -115,21 +97,21 @@ fn clock(p: &BenchPayload) -> Option<f64> {
 }
 
 /// One side of a comparison: a saved run or this one.
-pub struct Run<'a> {
+pub struct Side<'a> {
     pub name: &'a str,
     pub payload: &'a BenchPayload,
     pub device: Option<&'a Device>,
     pub kernel_set: Option<&'a KernelSetRecord>,
 }
 
-impl<'a> Run<'a> {
-    pub fn of(name: &'a str, e: &'a Envelope<BenchPayload>) -> Run<'a> {
-        Run { name, payload: &e.payload, device: e.device.as_ref(), kernel_set: e.kernel_set.as_ref() }
+impl<'a> Side<'a> {
+    pub fn of(name: &'a str, e: &'a Envelope<BenchPayload>) -> Side<'a> {
+        Side { name, payload: &e.payload, device: e.device.as_ref(), kernel_set: e.kernel_set.as_ref() }
     }
 }
 
 /// A against B, case by case. Pure.
-pub fn compare(a: Run, b: Run) -> Comparison {
+pub fn compare(a: Side, b: Side) -> Comparison {
     let (a_name, b_name) = (a.name, b.name);
     let (a_us, a_method) = medians(a.payload);
     let (b_us, b_method) = medians(b.payload);
@@ -277,10 +259,10 @@ pub fn report(c: &Comparison, stem: &Path) -> Result<()> {
 }
 
 /// `cargo xtask bench compare A B`.
-pub fn run(paths: &Paths, a: &str, b: &str) -> Result<()> {
-    let (ea, eb) = (load(paths, a)?, load(paths, b)?);
-    let c = compare(Run::of(a, &ea), Run::of(b, &eb));
-    report(&c, &paths.reports().join("bench-compare"))
+pub fn run(cx: &Run, a: &str, b: &str) -> Result<()> {
+    let (ea, eb) = (load(cx, a)?, load(cx, b)?);
+    let c = compare(Side::of(a, &ea), Side::of(b, &eb));
+    report(&c, &cx.reports().join("bench-compare"))
 }
 
 #[cfg(test)]
@@ -295,17 +277,26 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn the_wrong_kind_of_report_is_named() {
+        let e = parse_bench(r#"{"kind": "test", "payload": {}}"#).unwrap_err();
+        assert!(format!("{e:#}").contains("a `test` report, not a bench one"), "{e:#}");
+        let e = parse_bench(r#"{"cases": []}"#).unwrap_err();
+        assert!(format!("{e:#}").contains("not an xtask report"), "{e:#}");
+        assert!(format!("{:#}", parse_bench("nope").unwrap_err()).contains("not JSON"));
+    }
+
     /// Captured on one H100: `bench --save-baseline a`, then `bench --baseline a`,
     /// then a gate of the build against itself (quad logs cut to eight).
     fn saved(name: &str) -> Envelope<BenchPayload> {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/h100").join(format!("{name}.json"));
-        read_json(&path).unwrap()
+        crate::report::read_json(&path).unwrap()
     }
 
     #[test]
     fn two_plain_runs_compare_case_by_case_and_say_it_is_not_a_verdict() {
         let (a, b) = (saved("bench-a"), saved("bench-b"));
-        let c = compare(Run::of("a", &a), Run::of("b", &b));
+        let c = compare(Side::of("a", &a), Side::of("b", &b));
         let names: Vec<&str> = c.rows.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["f16-b1h16s512d128", "f16-b4h16s2048d64-causal"]);
         let r = &c.rows[0];
@@ -326,7 +317,7 @@ mod tests {
     #[test]
     fn a_gate_run_brings_its_paired_interval() {
         let (a, g) = (saved("bench-a"), saved("bench-gate"));
-        let c = compare(Run::of("a", &a), Run::of("gate", &g));
+        let c = compare(Side::of("a", &a), Side::of("gate", &g));
         let gate = c.rows[0].gate.as_ref().expect("the gate's shape");
         assert_eq!(gate.verdict, "same");
         assert!(gate.low <= gate.change && gate.change <= gate.high);
@@ -341,7 +332,7 @@ mod tests {
         b.payload.runs.iter_mut().for_each(|r| r.sm_clock_mhz = Some(1755.0));
         let dev = b.device.as_mut().unwrap();
         dev.uuid = Some("GPU-11111111-2222-3333-4444-555555555555".into());
-        let c = compare(Run::of("a", &a), Run::of("b", &b));
+        let c = compare(Side::of("a", &a), Side::of("b", &b));
         assert_eq!(c.rows[0].method, "graph-replay→events-cold-l2");
         let all = c.warnings.join("\n");
         assert!(all.contains("different methods, not comparable: f16-b1h16s512d128"), "{all}");
@@ -351,14 +342,14 @@ mod tests {
 
     #[test]
     fn names_are_files_under_target_and_paths_are_paths() {
-        let paths = Paths::discover().unwrap();
-        assert_eq!(locate(&paths, "main"), paths.reports().join("baselines/main.json"));
-        assert_eq!(locate(&paths, "x/bench.json"), PathBuf::from("x/bench.json"));
+        let cx = Run::discover().unwrap();
+        assert_eq!(locate(&cx, "main"), cx.reports().join("baselines/main.json"));
+        assert_eq!(locate(&cx, "x/bench.json"), PathBuf::from("x/bench.json"));
         assert!(check_name("before-swizzle_2.1").is_ok());
         for bad in ["", "../up", "a/b", ".hidden", "sp ace"] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
-        let err = load(&paths, "no-such-baseline-here").unwrap_err().to_string();
+        let err = load(&cx, "no-such-baseline-here").unwrap_err().to_string();
         assert!(err.contains("--save-baseline NAME"), "{err}");
     }
 }

@@ -4,5 +4,6 @@
 pub mod bench;
 pub mod compare;
 pub mod gate;
+pub mod payload;
 pub mod profile;
 pub mod tune;

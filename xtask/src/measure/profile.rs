@@ -12,15 +12,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::errors::CannotRun;
 use crate::parse::ncu::{self, Row};
-use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain};
+use crate::run::Run;
 use crate::table;
 use crate::tools::deal::deal;
 use crate::tools::drivers;
+use crate::tools::gpu::GpuSpec;
 use crate::tools::gpu::ListedGpu;
-use crate::tools::preflight;
 use crate::tools::process::Cmd;
 use crate::tools::toolchain;
+use crate::verify::preflight;
 use crate::verify::spread;
 use fa_schema::schema::ListedCase;
 
@@ -52,7 +53,7 @@ pub const DEFAULT_SHAPES: &[&str] = &["1,1,128,64", "1,1,512,64", "2,8,512,64", 
 pub struct Options {
     pub shapes: Vec<String>,
     /// `--gpus all|N|LIST`: one ncu per GPU.
-    pub gpus: Option<String>,
+    pub gpus: Option<GpuSpec>,
     /// `--clock-control base` instead of `none` (none matches the bench's clocks).
     pub base_clocks: bool,
     pub timeout: Duration,
@@ -173,13 +174,13 @@ fn intensity(shape: &str) -> f64 {
     flops / bytes
 }
 
-pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     crate::tools::gpu::require("profile")?;
     let ncu = toolchain::cuda_tool("ncu")?;
-    let bench = drivers::binary(paths, "fa-bench")?;
-    let fa_test = drivers::binary(paths, "fa-test")?;
-    let gpus = crate::verify::test::workers(opts.gpus.as_deref(), "profile")?;
-    let info = drivers::device_info(&fa_test, &paths.kernels_out(), gpus[0].as_ref())?;
+    let bench = drivers::binary(cx, "fa-bench")?;
+    let fa_test = drivers::binary(cx, "fa-test")?;
+    let gpus = crate::tools::gpu::workers(opts.gpus.as_ref(), cx.device.as_deref(), "profile")?;
+    let info = drivers::device_info(&fa_test, &cx.kernels, cx.device.as_deref(), gpus[0].as_ref())?;
     let mut metrics: Vec<&str> = METRICS.to_vec();
     if info.compute_capability.starts_with("9.") {
         metrics.extend(HOPPER_METRICS);
@@ -192,10 +193,8 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         "batch",
         &gpus,
         batches,
-        |g| drivers::check_gpu(&fa_test, &paths.kernels_out(), g).map(drop),
-        |k, shapes, gpu| {
-            profile_batch(paths, opts, &ncu, &bench, &metrics, k, shapes, gpu).map_err(|e| format!("{e:#}"))
-        },
+        |g| drivers::check_gpu(&fa_test, &cx.kernels, g).map(drop),
+        |k, shapes, gpu| profile_batch(cx, opts, &ncu, &bench, &metrics, k, shapes, gpu).map_err(|e| format!("{e:#}")),
         |what| eprintln!("profile: {what}"),
     );
     let counter_hint = dealt.lost.iter().find(|l| l.why.contains(preflight::COUNTER_PERMISSION_HINT));
@@ -241,10 +240,12 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
             println!("FLAG {}: {f}", s.shape);
         }
     }
-    let report = paths.report("profile");
+    let report = cx.report("profile");
     let device = Device::from(&info);
     let toolchain = Toolchain { driver: info.driver.clone(), ..Toolchain::default() };
-    Envelope::new("profile", toolchain, Some(device), &shapes).kernels(&paths.kernels).write(&report)?;
+    Envelope::new("profile", crate::tools::process::git_state(&cx.root), toolchain, Some(device), &shapes)
+        .kernels(crate::compile::kernel_set::reported(&cx.kernels))
+        .write(&report)?;
     println!("report: {} ({:.1} s under ncu)", report.display(), started.elapsed().as_secs_f64());
     if !lost.is_empty() {
         return Err(CannotRun(format!("shapes not profiled: {}", lost.join("; "))).into());
@@ -255,7 +256,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
 /// One ncu run over `shapes` on `gpu`: a profile per shape, or why there is none.
 #[allow(clippy::too_many_arguments)]
 fn profile_batch(
-    paths: &Paths,
+    cx: &Run,
     opts: &Options,
     ncu: &Path,
     bench: &Path,
@@ -271,13 +272,12 @@ fn profile_batch(
         .arg(metrics.join(","))
         .arg(bench.display().to_string())
         .args(["--launches-only", "1"])
-        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
         .timeout(opts.timeout)
-        .log(paths.reports().join(if k == 0 { "profile/ncu.log".into() } else { format!("profile/ncu-{k}.log") }));
+        .log(cx.reports().join(if k == 0 { "profile/ncu.log".into() } else { format!("profile/ncu-{k}.log") }));
     for s in shapes {
         cmd = cmd.arg("--shape").arg(s.clone());
     }
-    let out = drivers::on_gpu(cmd, gpu).run()?;
+    let out = drivers::on_gpu(drivers::aim(cmd, &cx.kernels, cx.device.as_deref()), gpu).run()?;
     let text = format!("{}{}", out.stdout, out.stderr);
     if text.contains("ERR_NVGPUCTRPERM") {
         anyhow::bail!("{}", preflight::COUNTER_PERMISSION_HINT);

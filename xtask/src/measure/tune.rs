@@ -20,11 +20,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::compile;
 use crate::errors::CheckFailed;
-use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain, read_json};
+use crate::run::Run;
 use crate::table;
 use crate::tools::deal::deal;
 use crate::tools::drivers;
+use crate::tools::gpu::GpuSpec;
 use crate::tools::gpu::ListedGpu;
 use crate::tools::process::{Cmd, write_file};
 use crate::tools::progress::Progress;
@@ -39,7 +40,7 @@ pub struct Options {
     pub variant_timeout: Duration,
     pub budget_ms: u64,
     /// `--gpus all|N|LIST`: build and test on every GPU named, time on the first.
-    pub gpus: Option<String>,
+    pub gpus: Option<GpuSpec>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,18 +172,18 @@ pub fn winners(results: &[VariantResult]) -> BTreeMap<u32, Config> {
     best.into_iter().map(|(d, (_, c))| (d, c)).collect()
 }
 
-pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     crate::tools::gpu::require("tune")?;
-    let manifest = Manifest::load(&paths.manifest())?;
-    let fa_test = drivers::binary(paths, "fa-test")?;
-    let fa_bench = drivers::binary(paths, "fa-bench")?;
-    let gpus = crate::verify::test::workers(opts.gpus.as_deref(), "tune")?;
+    let manifest = Manifest::load(&cx.manifest())?;
+    let fa_test = drivers::binary(cx, "fa-test")?;
+    let fa_bench = drivers::binary(cx, "fa-bench")?;
+    let gpus = crate::tools::gpu::workers(opts.gpus.as_ref(), cx.device.as_deref(), "tune")?;
     // The timing GPU (the first named), whose device the report records.
-    let info = drivers::device_info(&fa_test, &paths.kernels_out(), gpus[0].as_ref())?;
+    let info = drivers::device_info(&fa_test, &cx.kernels, cx.device.as_deref(), gpus[0].as_ref())?;
     let arch = manifest
         .arch_for(&info.compute_capability)
         .with_context(|| format!("no manifest arch runs on compute capability {}", info.compute_capability))?;
-    let dir = paths.reports().join("tune");
+    let dir = cx.reports().join("tune");
     let configs = sweep();
     let total = configs.len();
     let jobs = (opts.jobs / gpus.len()).max(1);
@@ -191,10 +192,10 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         "variant",
         &gpus,
         configs,
-        |g| drivers::check_gpu(&fa_test, &paths.kernels_out(), g).map(drop),
+        |g| drivers::check_gpu(&fa_test, &cx.kernels, g).map(drop),
         |i, &config, gpu| {
             progress.message(&config.name());
-            let r = prepare(paths, opts, jobs, &manifest, &arch, config, &dir.join(config.name()), &fa_test, gpu);
+            let r = prepare(cx, opts, jobs, &manifest, &arch, config, &dir.join(config.name()), &fa_test, gpu);
             progress.report(&format!("tune [{}/{total}] {}: {}", i + 1, config.name(), r.status));
             Ok(r)
         },
@@ -210,7 +211,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let progress = Progress::bar("tune: time", passing);
     for r in results.iter_mut().filter(|r| r.status == "ok") {
         progress.message(&r.config.name());
-        time(opts, r, &dir.join(r.config.name()), &fa_bench, gpus[0].as_ref());
+        time(cx, opts, r, &dir.join(r.config.name()), &fa_bench, gpus[0].as_ref());
         let geomean = r.geomean_us.map_or(String::new(), |g| format!(", geomean {g:.2} us"));
         progress.report(&format!("tune: {}: {}{geomean}", r.config.name(), r.status));
     }
@@ -222,15 +223,21 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         for c in winners.values() {
             m = c.apply_to(&m);
         }
-        write_file(&paths.manifest(), serde_json::to_string_pretty(&m)? + "\n")?;
-        println!("wrote the winners into {}", paths.manifest().display());
+        write_file(&cx.manifest(), serde_json::to_string_pretty(&m)? + "\n")?;
+        println!("wrote the winners into {}", cx.manifest().display());
     }
     let payload = TunePayload { variants: results, winners, applied: opts.apply };
     let device = Device::from(&info);
-    let report = paths.report("tune");
-    Envelope::new("tune", Toolchain { driver: info.driver.clone(), ..Toolchain::default() }, Some(device), &payload)
-        .kernels(&paths.kernels)
-        .write(&report)?;
+    let report = cx.report("tune");
+    Envelope::new(
+        "tune",
+        crate::tools::process::git_state(&cx.root),
+        Toolchain { driver: info.driver.clone(), ..Toolchain::default() },
+        Some(device),
+        &payload,
+    )
+    .kernels(crate::compile::kernel_set::reported(&cx.kernels))
+    .write(&report)?;
     println!("report: {}", report.display());
     if payload.winners.is_empty() {
         return Err(CheckFailed("no variant passed".into()).into());
@@ -266,7 +273,7 @@ impl VariantResult {
 /// correctness run on `gpu`: status `ok` when both passed.
 #[allow(clippy::too_many_arguments)]
 fn prepare(
-    paths: &Paths,
+    cx: &Run,
     opts: &Options,
     jobs: usize,
     manifest: &Manifest,
@@ -286,10 +293,10 @@ fn prepare(
         return result;
     }
     let built = compile::run(
-        paths,
+        cx,
         &compile::Options {
             manifest: Some(variant_manifest),
-            src_dir: Some(paths.root.join("kernels")),
+            src_dir: Some(cx.root.join("kernels")),
             archs: Some(vec![arch.to_string()]),
             out_dir: Some(dir.join("kernels")),
             report: format!("tune/{}/build", config.name()),
@@ -306,11 +313,10 @@ fn prepare(
         // `--filter=…`: the value starts with '-'.
         .args(["--set", "sanitize", "--variant", "portable", &format!("--filter=-d{}-", config.head_dim), "--json"])
         .arg(test_json.display().to_string())
-        .env("FA_KERNEL_DIR", dir.join("kernels").display().to_string())
         .timeout(opts.variant_timeout)
         .log(dir.join("fa-test.log"))
         .quiet();
-    match drivers::on_gpu(cmd, gpu).run() {
+    match drivers::on_gpu(drivers::aim(cmd, &dir.join("kernels"), cx.device.as_deref()), gpu).run() {
         Err(e) => result.fail_run(e),
         Ok(_) => match read_json::<TestRun>(&test_json) {
             Ok(run) if !run.cases.is_empty() && run.cases.iter().all(|c| c.passed) => result.status = "ok".into(),
@@ -325,15 +331,15 @@ fn prepare(
 }
 
 /// Times a prepared variant on `gpu`: its medians per shape and their geometric mean.
-fn time(opts: &Options, result: &mut VariantResult, dir: &Path, fa_bench: &Path, gpu: Option<&ListedGpu>) {
+fn time(cx: &Run, opts: &Options, result: &mut VariantResult, dir: &Path, fa_bench: &Path, gpu: Option<&ListedGpu>) {
     let bench_json = dir.join("fa-bench.json");
-    let mut cmd = Cmd::new(fa_bench)
+    let cmd = Cmd::new(fa_bench)
         .args(["--variant", "portable", "--budget-ms", &opts.budget_ms.to_string(), "--json"])
         .arg(bench_json.display().to_string())
-        .env("FA_KERNEL_DIR", dir.join("kernels").display().to_string())
         .timeout(opts.variant_timeout)
         .log(dir.join("fa-bench.log"))
         .quiet();
+    let mut cmd = drivers::aim(cmd, &dir.join("kernels"), cx.device.as_deref());
     for s in shapes(result.config.head_dim) {
         cmd = cmd.arg("--shape").arg(s);
     }

@@ -30,12 +30,13 @@ use anyhow::{Context, Result, bail};
 use crate::compile;
 use crate::compile::BuildPayload;
 use crate::errors::{CannotRun, CheckFailed};
-use crate::measure::bench::{self, TorchRatio};
+use crate::ledger::{self, BenchLine, KernelLine, Record, TestLine};
+use crate::measure::bench;
 use crate::measure::gate::sequence::Verdict;
 use crate::measure::gate::{self, GateRun, Side};
-use crate::optimise::ledger::{self, BenchLine, KernelLine, Record, TestLine};
-use crate::paths::Paths;
-use crate::report::{Envelope, git_state, read_json, rfc3339};
+use crate::measure::payload::{ProcessRun, TorchRatio};
+use crate::report::{Envelope, read_json, rfc3339};
+use crate::run::Run;
 use crate::tools::drivers;
 use crate::tools::process::{Lock, write_atomic};
 use crate::verify::sanitize;
@@ -68,9 +69,9 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// The gate's base: the accepted build's own fa-bench and kernels.
-    pub fn side(&self) -> Side {
-        Side::new(self.dir.join("bin/fa-bench"), self.dir.join("kernels"))
+    /// The gate's base: the accepted build's own fa-bench and kernels, on `device`.
+    pub fn side(&self, device: Option<String>) -> Side {
+        Side::new(self.dir.join("bin/fa-bench"), self.dir.join("kernels"), device)
     }
 }
 
@@ -78,8 +79,8 @@ impl Snapshot {
 pub struct Staged(Scratch);
 
 impl Staged {
-    pub fn side(&self) -> Side {
-        Side::new(self.0.0.join("bin/fa-bench"), self.0.0.join("kernels"))
+    pub fn side(&self, device: Option<String>) -> Side {
+        Side::new(self.0.0.join("bin/fa-bench"), self.0.0.join("kernels"), device)
     }
 }
 
@@ -90,11 +91,11 @@ impl State {
     }
 
     /// Keyed by the checkout, so clones sharing one `CARGO_TARGET_DIR` keep their own.
-    pub fn for_checkout(paths: &Paths) -> State {
-        let root = paths.root.canonicalize().unwrap_or_else(|_| paths.root.clone());
-        let name = root.file_name().map(|n| crate::paths::slug(&n.to_string_lossy())).unwrap_or_default();
+    pub fn for_checkout(cx: &Run) -> State {
+        let root = cx.root.canonicalize().unwrap_or_else(|_| cx.root.clone());
+        let name = root.file_name().map(|n| crate::run::slug(&n.to_string_lossy())).unwrap_or_default();
         let key = tree::sha256(root.as_os_str().as_encoded_bytes());
-        State::new(paths.reports().join("accepted").join(format!("{name}-{}", &key[..12])))
+        State::new(cx.reports().join("accepted").join(format!("{name}-{}", &key[..12])))
     }
 
     /// Held while an iterate runs in this checkout.
@@ -160,14 +161,14 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
 }
 
 /// The one place iterate names the kernels a build wrote.
-fn kernel_set(paths: &Paths) -> PathBuf {
-    paths.kernels_out()
+fn kernel_set(cx: &Run) -> PathBuf {
+    cx.kernels.clone()
 }
 
 /// What the tree scan leaves out besides `perf/`: the target dir, where it lies
 /// in the tree and git does not ignore it.
-fn excluded(paths: &Paths) -> Vec<String> {
-    let target = paths.target.strip_prefix(&paths.root).ok().and_then(Path::to_str).map(|t| format!("{t}/"));
+fn excluded(cx: &Run) -> Vec<String> {
+    let target = cx.target.strip_prefix(&cx.root).ok().and_then(Path::to_str).map(|t| format!("{t}/"));
     target.into_iter().filter(|t| t != "/").collect()
 }
 
@@ -282,8 +283,8 @@ pub fn conclude(c: &Conclusion, decision: &Decision, staged: Option<Staged>, mut
 fn save_and_revert(c: &Conclusion, base: &Tree, changes: &[Change], patch: &Path, entry: &mut Record) -> Result<()> {
     let text = attempt::patch(c.scratch, &c.state.store, base, c.measured, changes)?;
     write_atomic(patch, text.as_bytes(), false)?;
-    let paths: Vec<&str> = changes.iter().map(Change::path).collect();
-    let staged = tree::staged(c.root, &paths)?;
+    let changed: Vec<&str> = changes.iter().map(Change::path).collect();
+    let staged = tree::staged(c.root, &changed)?;
     tree::revert(c.root, &c.state.store, base, c.measured, changes)?;
     tree::unstage(c.root, &staged)?;
     let head = crate::tools::process::git(c.root, &["rev-parse", "--verify", "-q", "HEAD"]);
@@ -293,15 +294,15 @@ fn save_and_revert(c: &Conclusion, base: &Tree, changes: &[Change], patch: &Path
     Ok(())
 }
 
-pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     crate::tools::gpu::require("iterate")?;
-    let state = State::for_checkout(paths);
+    let state = State::for_checkout(cx);
     let _lock = state.lock(&opts.hypothesis)?;
-    let ledger_path = paths.root.join("perf/ledger.jsonl");
+    let ledger_path = cx.root.join("perf/ledger.jsonl");
     let n = ledger::next_iteration(&ledger_path)?;
     let accepted = state.current()?;
-    let exclude = excluded(paths);
-    let scan = || tree::scan(&paths.root, &state.store, &exclude);
+    let exclude = excluded(cx);
+    let scan = || tree::scan(&cx.root, &state.store, &exclude);
     let measured = scan()?;
     let changes = accepted.as_ref().map(|a| tree::diff(&a.tree, &measured)).unwrap_or_default();
     eprintln!(
@@ -316,7 +317,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let mut entry = Record {
         iteration: n,
         timestamp: rfc3339(std::time::SystemTime::now()),
-        git_rev: git_state().0,
+        git_rev: crate::tools::process::git_state(&cx.root).rev,
         device: None,
         hypothesis: opts.hypothesis.clone(),
         prediction: opts.prediction.clone(),
@@ -331,7 +332,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         base_rev: None,
         tree: None,
     };
-    let (staged, built) = match build_candidate(paths, opts, &state, &mut entry) {
+    let (staged, built) = match build_candidate(cx, opts, &state, &mut entry) {
         Ok(s) => (Some(s), Ok(())),
         Err(e) => (None, Err(e)),
     };
@@ -339,12 +340,12 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
     let mut gated = None;
     let result = built.and_then(|()| match &staged {
         // A moved tree voids the run (`decide`): nothing to time.
-        Some(s) if after_build == measured => evaluate(paths, opts, n, accepted.as_ref(), s, &mut entry, &mut gated),
+        Some(s) if after_build == measured => evaluate(cx, opts, n, accepted.as_ref(), s, &mut entry, &mut gated),
         _ => Ok(Verdict::Inconclusive),
     });
     let after_gate = scan()?;
     let decision = decide(&result, &measured, &[&after_build, &after_gate]);
-    let scratch = paths.reports().join("tmp");
+    let scratch = cx.reports().join("tmp");
     let reports = gated
         .map(|mut g| {
             // The per-quad logs stay in target/xtask/bench; the attempt keeps the verdicts.
@@ -354,12 +355,12 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         .transpose()?
         .unwrap_or_default();
     let c = Conclusion {
-        root: &paths.root,
+        root: &cx.root,
         state: &state,
         accepted: accepted.as_ref(),
         measured: &measured,
         ledger: &ledger_path,
-        rejected: &paths.root.join("perf/rejected"),
+        rejected: &cx.root.join("perf/rejected"),
         scratch: &scratch,
         no_revert: opts.no_revert,
         reports,
@@ -378,9 +379,9 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
 
 /// Builds the kernels and fa-bench and copies both out of the target dir, so
 /// what is timed and accepted is this build whatever else writes there.
-fn build_candidate(paths: &Paths, opts: &Options, state: &State, entry: &mut Record) -> Result<Staged> {
-    let built = compile::run(paths, &opts.build);
-    if let Ok(report) = read_json::<Envelope<BuildPayload>>(&paths.report("build")) {
+fn build_candidate(cx: &Run, opts: &Options, state: &State, entry: &mut Record) -> Result<Staged> {
+    let built = compile::run(cx, &opts.build);
+    if let Ok(report) = read_json::<Envelope<BuildPayload>>(&cx.report("build")) {
         entry.build = report
             .payload
             .kernels
@@ -394,13 +395,13 @@ fn build_candidate(paths: &Paths, opts: &Options, state: &State, entry: &mut Rec
             .collect();
     }
     built?;
-    state.stage(&drivers::binary(paths, "fa-bench")?, &kernel_set(paths))
+    state.stage(&drivers::binary(cx, "fa-bench")?, &kernel_set(cx))
 }
 
 /// Test, sanitize when due, then time: against the accepted build (the gate),
 /// or alone where there is none yet. The worst verdict on success.
 fn evaluate(
-    paths: &Paths,
+    cx: &Run,
     opts: &Options,
     n: u32,
     accepted: Option<&Snapshot>,
@@ -408,27 +409,27 @@ fn evaluate(
     entry: &mut Record,
     gated: &mut Option<GateRun>,
 ) -> Result<Verdict> {
-    let tested = test::run(paths, &opts.test);
-    if let Ok(run) = read_json::<TestRun>(&paths.reports().join("fa-test.json")) {
+    let tested = test::run(cx, &opts.test);
+    if let Ok(run) = read_json::<TestRun>(&cx.reports().join("fa-test.json")) {
         entry.device = Some(run.device.name.clone());
         entry.test = Some(TestLine { cases: run.cases.len(), failed: run.cases.iter().filter(|c| !c.passed).count() });
     }
     tested?;
     if opts.sanitize || ledger::sanitize_due(n) {
-        let s = sanitize::run(paths, &opts.sanitize_opts);
+        let s = sanitize::run(cx, &opts.sanitize_opts);
         entry.sanitized = Some(s.is_ok());
         s?;
     }
-    let dir = paths.reports().join("bench");
-    let cand = staged.side();
+    let dir = cx.reports().join("bench");
+    let cand = staged.side(cx.device.clone());
     let Some(accepted) = accepted else {
         let run = bench::run_process(&cand, "candidate", 0, &dir, &opts.bench)?;
         entry.bench = plain_lines(&run);
-        let torch = bench::vs_torch(paths, std::slice::from_ref(&run), &opts.bench);
+        let torch = bench::vs_torch(cx, std::slice::from_ref(&run), &opts.bench);
         attach_torch(&mut entry.bench, torch.map_err(|e| format!("{e:#}")));
         return Ok(Verdict::Same);
     };
-    let g = gate::run(&accepted.side(), &cand, &opts.bench.gate(), &dir)?;
+    let g = gate::run(&accepted.side(cx.device.clone()), &cand, &opts.bench.gate(), &dir)?;
     entry.bench = bench_lines(&g);
     let failures: Vec<(String, Verdict)> = g.failures().iter().map(|s| (s.name.clone(), s.verdict)).collect();
     *gated = Some(g);
@@ -444,13 +445,13 @@ fn evaluate(
         .into());
     }
     let torch = bench::run_process(&cand, "candidate", 0, &dir, &opts.bench)
-        .and_then(|run| bench::vs_torch(paths, &[run], &opts.bench));
+        .and_then(|run| bench::vs_torch(cx, &[run], &opts.bench));
     attach_torch(&mut entry.bench, torch.map_err(|e| format!("{e:#}")));
     Ok(Verdict::Same)
 }
 
 /// The ledger's lines from one plain timing process.
-pub fn plain_lines(run: &bench::ProcessRun) -> Vec<BenchLine> {
+pub fn plain_lines(run: &ProcessRun) -> Vec<BenchLine> {
     run.run
         .cases
         .iter()

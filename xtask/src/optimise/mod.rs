@@ -1,6 +1,5 @@
 //! The optimisation loop: one gated, revertible iteration over the whole tree,
-//! the ledger it appends to, and the summary drawn from that ledger.
+//! and the summary drawn from the ledger it appends to (`crate::ledger`).
 
 pub mod iterate;
-pub mod ledger;
 pub mod summary;

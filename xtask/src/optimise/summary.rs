@@ -9,19 +9,19 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::optimise::ledger::{self, Record};
-use crate::paths::Paths;
+use crate::ledger::{self, Record};
+use crate::run::Run;
 use crate::table;
 use crate::tools::process::write_file;
 
-pub fn run(paths: &Paths) -> Result<()> {
-    let entries = ledger::read(&paths.root.join("perf/ledger.jsonl"))?;
+pub fn run(cx: &Run) -> Result<()> {
+    let entries = ledger::read(&cx.root.join("perf/ledger.jsonl"))?;
     if entries.is_empty() {
         println!("perf/ledger.jsonl is empty: run `cargo xtask iterate \"hypothesis\"` first");
         return Ok(());
     }
     println!("{}", history_table(&entries));
-    let (md, svg) = (paths.reports().join("summary.md"), paths.reports().join("summary.svg"));
+    let (md, svg) = (cx.reports().join("summary.md"), cx.reports().join("summary.svg"));
     write_file(&md, markdown(&entries))?;
     write_file(&svg, chart(&entries))?;
     println!("summary: {}\nchart:   {}", md.display(), svg.display());
@@ -566,7 +566,7 @@ mod tests {
     }
 
     use super::*;
-    use crate::optimise::ledger::BenchLine;
+    use crate::ledger::BenchLine;
 
     fn entry(i: u32, verdict: &str, tflops: f64, change: Option<f64>) -> Record {
         Record {

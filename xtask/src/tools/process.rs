@@ -351,6 +351,42 @@ pub fn git(dir: &Path, args: &[&str]) -> Option<String> {
     xshell::cmd!(sh, "git {args...}").quiet().ignore_stderr().read().ok()
 }
 
+/// The first executable `name` in the folders of `path` (a `PATH` value).
+pub fn on_path(name: &str, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(path?)
+        .map(|dir| dir.join(name))
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+/// Refuses, naming what to install, where a tool a stage runs is not on `PATH`.
+pub fn require_tools(names: &[&str], needed_for: &str, install: &str) -> Result<()> {
+    let path = std::env::var_os("PATH");
+    let missing: Vec<&str> = names.iter().copied().filter(|n| on_path(n, path.as_deref()).is_none()).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(crate::errors::CannotRun(format!("{needed_for} needs {}, not found on PATH; {install}", missing.join(" and ")))
+        .into())
+}
+
+/// The checkout in `root` as reports record it: `XTASK_GIT_REV` where set (a
+/// copy without .git on the GPU machine), else HEAD and whether tracked files
+/// differ from it; "unknown" outside git.
+pub fn git_state(root: &Path) -> crate::report::GitState {
+    use crate::report::GitState;
+    if let Ok(rev) = std::env::var("XTASK_GIT_REV") {
+        return GitState { rev, dirty: false };
+    }
+    match git(root, &["rev-parse", "HEAD"]) {
+        Some(rev) => {
+            let dirty = git(root, &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+            GitState { rev, dirty }
+        }
+        None => GitState { rev: "unknown".into(), dirty: false },
+    }
+}
+
 /// How much xtask says about the commands it runs, set once from `-q`/`-v`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verbosity {
@@ -398,16 +434,7 @@ pub fn verbosity() -> Verbosity {
     }
 }
 
-/// Replaces a file atomically, creating its parent directories: a reader, or a
-/// run killed half-way, sees the old file or the new one, never half of either.
-/// The error names the path.
-pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    write_atomic(path, contents.as_ref(), false)
-}
-
-pub use fa_schema::file::write_atomic;
+pub use fa_schema::file::{write_atomic, write_file};
 
 /// An advisory lock on a file (flock), released when dropped or when the process
 /// ends however it ends; the file names its holder for anyone who waits.

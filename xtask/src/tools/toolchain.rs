@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::tools::process::{Cmd, Lock, write_file};
+use crate::tools::process::{self, Cmd, Lock, write_file};
 use crate::tools::progress::Progress;
 
 /// The CUDA 13.0 compiler wheels, pinned with the hash of every wheel of each release
@@ -74,6 +74,19 @@ fn toolkit_candidates(tool: &str, env: &impl Fn(&str) -> Option<String>) -> Vec<
 
 /// A toolkit binary the wheels do not carry (compute-sanitizer, ncu), or an error
 /// that says how to get it.
+/// nvcc compiles host code with gcc/g++ from `PATH` unless `NVCC_CCBIN` names
+/// another; without one every unit fails with the cause only in its log.
+pub fn require_host_compiler() -> Result<()> {
+    if std::env::var_os("NVCC_CCBIN").is_some_and(|c| !c.is_empty()) {
+        return Ok(());
+    }
+    process::require_tools(
+        &["gcc", "g++"],
+        "nvcc (its host compiler)",
+        "install them (Debian/Ubuntu: `apt install g++`) or set NVCC_CCBIN to another host compiler",
+    )
+}
+
 pub fn cuda_tool(tool: &str) -> Result<PathBuf> {
     toolkit_candidates(tool, &|k| std::env::var(k).ok()).into_iter().map(|(p, _)| p).find(|p| p.is_file()).ok_or_else(
         || {

@@ -11,10 +11,11 @@ use serde::{Deserialize, Serialize};
 use crate::compile;
 use crate::errors::CheckFailed;
 use crate::parse::sanitizer::{self, Finding, Summary};
-use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain};
+use crate::run::Run;
 use crate::table;
 use crate::tools::drivers;
+use crate::tools::gpu::GpuSpec;
 use crate::tools::gpu::ListedGpu;
 use crate::tools::process::{Cmd, write_file};
 use crate::tools::toolchain;
@@ -78,7 +79,7 @@ pub struct Options {
     pub build_timeout: Duration,
     pub jobs: usize,
     /// `--gpus all|N|LIST`: the sanitize set in one part per GPU, run side by side.
-    pub gpus: Option<String>,
+    pub gpus: Option<GpuSpec>,
     /// `--shard I/N`: only this part of the sanitize set.
     pub shard: Option<Shard>,
 }
@@ -202,23 +203,23 @@ pub struct SanitizePayload {
     pub shard: Option<ShardRecord>,
 }
 
-pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     crate::tools::gpu::require("sanitize")?;
     let sanitizer = toolchain::cuda_tool("compute-sanitizer")?;
-    let driver = drivers::binary(paths, "fa-test")?;
-    let dir = paths.reports().join("sanitize");
-    let device = drivers::device_info(&driver, &paths.kernels_out(), None)?;
+    let driver = drivers::binary(cx, "fa-test")?;
+    let dir = cx.reports().join("sanitize");
+    let device = drivers::device_info(&driver, &cx.kernels, cx.device.as_deref(), None)?;
 
     let (parts, shard) = if opts.gpus.is_none() && opts.shard.is_none() {
         (vec![Part::default()], None)
     } else {
-        divide(&driver, &dir, opts)?
+        divide(&driver, &dir, cx.device.as_deref(), opts)?
     };
-    let runs = run_parts(&sanitizer, &driver, &dir, &paths.kernels_out(), opts, &parts)?;
+    let runs = run_parts(&sanitizer, &driver, &dir, &cx.kernels, cx.device.as_deref(), opts, &parts)?;
 
     let mut defects = Vec::new();
     if opts.defects {
-        let manifest = Manifest::load(&paths.manifest())?;
+        let manifest = Manifest::load(&cx.manifest())?;
         let arch = manifest
             .arch_for(&device.compute_capability)
             .with_context(|| format!("no manifest arch runs on compute capability {}", device.compute_capability))?;
@@ -226,7 +227,7 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
             let kernels = dir.join(format!("kernels-{define}"));
             eprintln!("== sanitize: planting {define} (built for {arch} into {})", kernels.display());
             compile::run(
-                paths,
+                cx,
                 &compile::Options {
                     archs: Some(vec![arch.clone()]),
                     defines: vec![define.to_string()],
@@ -236,7 +237,17 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
                     ..compile::Options::new(opts.build_timeout, opts.jobs)
                 },
             )?;
-            let run = run_tool(&sanitizer, &driver, tool, &kernels, define, &dir, opts, &Part::default())?;
+            let run = run_tool(
+                &sanitizer,
+                &driver,
+                tool,
+                &kernels,
+                cx.device.as_deref(),
+                define,
+                &dir,
+                opts,
+                &Part::default(),
+            )?;
             defects.push(DefectRun { define: define.into(), expected_tool: tool, caught: run.errors() > 0, run });
         }
     }
@@ -247,10 +258,12 @@ pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
         println!("\nFINDINGS (by kernel and source line)\n{findings}");
     }
     let payload = SanitizePayload { runs, defects, shard };
-    let report = paths.report("sanitize");
+    let report = cx.report("sanitize");
     let dev = Device::from(&device);
     let toolchain = Toolchain { driver: device.driver.clone(), ..Toolchain::default() };
-    Envelope::new("sanitize", toolchain, Some(dev), &payload).kernels(&paths.kernels).write(&report)?;
+    Envelope::new("sanitize", crate::tools::process::git_state(&cx.root), toolchain, Some(dev), &payload)
+        .kernels(crate::compile::kernel_set::reported(&cx.kernels))
+        .write(&report)?;
     println!("report: {}", report.display());
 
     let mut problems: Vec<String> = payload.runs.iter().flat_map(ToolRun::problems).collect();
@@ -275,6 +288,7 @@ fn run_parts(
     driver: &Path,
     dir: &Path,
     kernels: &Path,
+    device: Option<&str>,
     opts: &Options,
     parts: &[Part],
 ) -> Result<Vec<ToolRun>> {
@@ -287,7 +301,7 @@ fn run_parts(
                 s.spawn(move || {
                     opts.tools
                         .iter()
-                        .map(|&tool| run_tool(sanitizer, driver, tool, kernels, "release", dir, opts, part))
+                        .map(|&tool| run_tool(sanitizer, driver, tool, kernels, device, "release", dir, opts, part))
                         .collect::<Result<Vec<ToolRun>>>()
                 })
             })
@@ -307,11 +321,11 @@ fn run_parts(
 
 /// The sanitize set (or this shard of it) in one part per worker GPU, each
 /// written as a case list for fa-test --cases.
-fn divide(driver: &Path, dir: &Path, opts: &Options) -> Result<(Vec<Part>, Option<ShardRecord>)> {
+fn divide(driver: &Path, dir: &Path, device: Option<&str>, opts: &Options) -> Result<(Vec<Part>, Option<ShardRecord>)> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let listed = test::list_cases(driver, dir, &["--set", "sanitize"], None)?;
     let (mine, shard) = test::take_shard(&listed, opts.shard);
-    let gpus = test::workers(opts.gpus.as_deref(), "sanitize")?;
+    let gpus = crate::tools::gpu::workers(opts.gpus.as_ref(), device, "sanitize")?;
     Ok((parts_of(&mine, gpus, dir)?, shard))
 }
 
@@ -334,6 +348,7 @@ fn run_tool(
     driver: &Path,
     tool: Tool,
     kernels: &Path,
+    device: Option<&str>,
     label: &str,
     dir: &Path,
     opts: &Options,
@@ -351,7 +366,7 @@ fn run_tool(
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let what = part.label.as_ref().map_or(label.to_string(), |p| format!("{label}, part {p}"));
     let (_progress, feed) = crate::verify::test::case_progress(&format!("sanitize {} ({what})", tool.name()), None);
-    let mut cmd = Cmd::new(sanitizer)
+    let cmd = Cmd::new(sanitizer)
         .on_line(feed)
         .args(["--tool", tool.name()])
         .args(tool.extra_args().iter().copied())
@@ -361,9 +376,9 @@ fn run_tool(
         .arg(driver.display().to_string())
         .args(["--set", "sanitize", "--json"])
         .arg(results.display().to_string())
-        .env("FA_KERNEL_DIR", kernels.display().to_string())
         .timeout(opts.timeout.unwrap_or(tool.default_timeout()))
         .log(&log);
+    let mut cmd = drivers::aim(cmd, kernels, device);
     if let Some(cases) = &part.cases {
         cmd = cmd.arg("--cases").arg(cases.display().to_string());
     }
@@ -494,7 +509,8 @@ mod tests {
         let parts = parts_of(&cases, gpus, dir.path()).unwrap();
         let opts = Options { tools: vec![Tool::Memcheck, Tool::Racecheck], ..Options::all(Duration::from_secs(60), 1) };
         let sanitizer = data.join("fake-compute-sanitizer.py");
-        let runs = run_parts(&sanitizer, &data.join("fake-fa-test.py"), dir.path(), dir.path(), &opts, &parts).unwrap();
+        let runs =
+            run_parts(&sanitizer, &data.join("fake-fa-test.py"), dir.path(), dir.path(), None, &opts, &parts).unwrap();
         assert_eq!(runs.len(), 6);
         assert_eq!(runs.iter().map(|r| r.tool).collect::<Vec<_>>()[..3], [Tool::Memcheck; 3]);
         assert!(runs.iter().all(|r| r.clean()), "{runs:?}");

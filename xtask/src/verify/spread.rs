@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::tools::gpu::ListedGpu;
 use fa_schema::schema::ListedCase;
 
 /// `--shard I/N`: the I-th of N parts, counted from 1.
@@ -24,39 +23,6 @@ impl std::str::FromStr for Shard {
         let (index, count): (u32, u32) = (i.trim().parse().map_err(|_| rule)?, n.trim().parse().map_err(|_| rule)?);
         if index == 0 || index > count { Err(rule.into()) } else { Ok(Shard { index, count }) }
     }
-}
-
-/// `--gpus all|N|LIST`: every listed GPU, the first N, or the named indices/UUIDs.
-pub fn choose_gpus(spec: &str, listed: &[ListedGpu]) -> Result<Vec<ListedGpu>, String> {
-    if spec == "all" {
-        return Ok(listed.to_vec());
-    }
-    if let Ok(n) = spec.parse::<usize>() {
-        if n == 0 || n > listed.len() {
-            return Err(format!(
-                "--gpus {n}: a number counts GPUs, 1 to the {} this machine lists; name one GPU by its \
-                 index with a comma (--gpus {n},) or by UUID",
-                listed.len()
-            ));
-        }
-        return Ok(listed[..n].to_vec());
-    }
-    let mut chosen = Vec::new();
-    for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let gpu = match item.parse::<usize>() {
-            Ok(i) => listed.get(i),
-            Err(_) => listed.iter().find(|g| !g.uuid.is_empty() && g.uuid == item),
-        }
-        .ok_or_else(|| format!("--gpus: no GPU {item} (nvidia-smi -L lists {})", listed.len()))?;
-        if chosen.contains(gpu) {
-            return Err(format!("--gpus: GPU {item} named twice"));
-        }
-        chosen.push(gpu.clone());
-    }
-    if chosen.is_empty() {
-        return Err(format!("--gpus {spec:?} names no GPU"));
-    }
-    Ok(chosen)
 }
 
 /// Cases longest first, ties by name: the order both the partition and the queue deal in.
@@ -170,26 +136,12 @@ mod tests {
         works.iter().enumerate().map(|(i, &work)| ListedCase { name: format!("c{i}"), work }).collect()
     }
 
-    fn gpus(n: usize) -> Vec<ListedGpu> {
-        (0..n).map(|i| ListedGpu { name: "NVIDIA H200".into(), uuid: format!("GPU-{i}") }).collect()
-    }
-
     #[test]
-    fn shards_and_gpus_parse_or_say_the_rule() {
+    fn shards_parse_or_say_the_rule() {
         assert_eq!("2/4".parse::<Shard>(), Ok(Shard { index: 2, count: 4 }));
         for bad in ["0/4", "5/4", "4", "a/b", "1/0", ""] {
             assert!(bad.parse::<Shard>().unwrap_err().contains("I/N"), "{bad}");
         }
-        assert_eq!(choose_gpus("all", &gpus(3)).unwrap().len(), 3);
-        assert_eq!(choose_gpus("2", &gpus(3)).unwrap(), gpus(2));
-        assert_eq!(choose_gpus("2,GPU-0", &gpus(3)).unwrap(), vec![gpus(3)[2].clone(), gpus(3)[0].clone()]);
-        assert!(choose_gpus("4", &gpus(3)).unwrap_err().contains("the 3 this machine lists"));
-        assert!(choose_gpus("0", &gpus(3)).unwrap_err().contains("--gpus 0,"));
-        assert_eq!(choose_gpus("0,", &gpus(3)).unwrap(), gpus(1));
-        assert_eq!(choose_gpus("2,", &gpus(3)).unwrap(), vec![gpus(3)[2].clone()]);
-        assert!(choose_gpus(",", &gpus(3)).unwrap_err().contains("names no GPU"));
-        assert!(choose_gpus("1,1", &gpus(3)).unwrap_err().contains("twice"));
-        assert!(choose_gpus("GPU-9", &gpus(3)).is_err());
     }
 
     #[test]

@@ -9,12 +9,13 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::errors::{CannotRun, CheckFailed};
-use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain, read_json};
+use crate::run::Run;
 use crate::table;
 use crate::tools::deal::deal;
 use crate::tools::drivers;
 use crate::tools::gpu::ListedGpu;
+use crate::tools::gpu::{self, GpuSpec};
 use crate::tools::process::{Cmd, write_file};
 use crate::tools::progress::Progress;
 use crate::verify::spread::{self, Shard, ShardRecord};
@@ -25,7 +26,7 @@ pub struct Options {
     pub filter: Option<String>,
     pub timeout: Duration,
     /// `--gpus all|N|LIST`: one worker per GPU.
-    pub gpus: Option<String>,
+    pub gpus: Option<GpuSpec>,
     /// `--shard I/N`: only this part of the matrix.
     pub shard: Option<Shard>,
 }
@@ -42,25 +43,25 @@ pub struct TestReport {
     pub gpus: Vec<DeviceInfo>,
 }
 
-pub fn run(paths: &Paths, opts: &Options) -> Result<()> {
+pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     crate::tools::gpu::require("test")?;
-    let raw = paths.reports().join("fa-test.json");
+    let raw = cx.reports().join("fa-test.json");
     let _ = std::fs::remove_file(&raw);
-    let driver = drivers::binary(paths, "fa-test")?;
+    let driver = drivers::binary(cx, "fa-test")?;
     let report = if opts.gpus.is_none() && opts.shard.is_none() {
-        TestReport { run: run_whole(paths, opts, driver, &raw)?, shard: None, gpus: Vec::new() }
+        TestReport { run: run_whole(cx, opts, driver, &raw)?, shard: None, gpus: Vec::new() }
     } else {
-        let report = run_spread(paths, opts, &driver, &workers(opts.gpus.as_deref(), "test")?)?;
+        let report = run_spread(cx, opts, &driver, &gpu::workers(opts.gpus.as_ref(), cx.device.as_deref(), "test")?)?;
         write_file(&raw, serde_json::to_string_pretty(&report.run)?)?;
         report
     };
-    finish(paths, report)
+    finish(cx, report)
 }
 
 /// The matrix in one fa-test process on one GPU.
-fn run_whole(paths: &Paths, opts: &Options, driver: PathBuf, raw: &Path) -> Result<TestRun> {
+fn run_whole(cx: &Run, opts: &Options, driver: PathBuf, raw: &Path) -> Result<TestRun> {
     let (progress, hook) = case_progress("test", None);
-    let out = command(driver, paths, opts, raw).on_line(hook).run()?;
+    let out = command(driver, cx, opts, raw).on_line(hook).run()?;
     drop(progress);
     let text = match fa_schema::file::read_text(raw) {
         Ok(text) if out.success() || out.status.code() == Some(1) => text, // 1: cases failed
@@ -77,17 +78,19 @@ fn run_whole(paths: &Paths, opts: &Options, driver: PathBuf, raw: &Path) -> Resu
 }
 
 /// Tables, `test.json`, and the verdict.
-pub fn finish(paths: &Paths, report: TestReport) -> Result<()> {
+pub fn finish(cx: &Run, report: TestReport) -> Result<()> {
     let run = &report.run;
     let failed: Vec<&TestCase> = run.cases.iter().filter(|c| !c.passed).collect();
-    crate::tools::process::table(&paths.reports().join("test.txt"), &case_table(run.cases.iter()))?;
+    crate::tools::process::table(&cx.reports().join("test.txt"), &case_table(run.cases.iter()))?;
     if !failed.is_empty() && !crate::tools::process::detail() {
         println!("{}", case_table(failed.iter().copied()));
     }
     let device = Device::from(&run.device);
     let toolchain = Toolchain { driver: run.device.driver.clone(), ..Toolchain::default() };
-    let path = paths.report("test");
-    Envelope::new("test", toolchain, Some(device), &report).kernels(&paths.kernels).write(&path)?;
+    let path = cx.report("test");
+    Envelope::new("test", crate::tools::process::git_state(&cx.root), toolchain, Some(device), &report)
+        .kernels(crate::compile::kernel_set::reported(&cx.kernels))
+        .write(&path)?;
     let spread = match (&report.shard, report.gpus.len()) {
         (Some(s), _) => format!(" (shard {}/{})", s.shard.index, s.shard.count),
         (None, n) if n > 1 => format!(" on {n} GPUs"),
@@ -121,8 +124,8 @@ fn all_passed(cases: &[TestCase]) -> Result<()> {
 /// worker per GPU. A worker whose fa-test dies, hangs or writes no results
 /// retires; its batch's cases are reported failed, never dropped, and the other
 /// workers take the rest.
-fn run_spread(paths: &Paths, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>]) -> Result<TestReport> {
-    let dir = paths.reports().join("test-spread");
+fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>]) -> Result<TestReport> {
+    let dir = cx.reports().join("test-spread");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let listed = list_cases(driver, &dir, &[], opts.filter.as_deref())?;
@@ -141,11 +144,11 @@ fn run_spread(paths: &Paths, opts: &Options, driver: &Path, gpus: &[Option<Liste
         batches,
         |g| {
             // Preflight of this GPU: the driver opens it and loads the kernels.
-            let d = drivers::check_gpu(driver, &paths.kernels_out(), g)?;
+            let d = drivers::check_gpu(driver, &cx.kernels, g)?;
             devices.lock().unwrap_or_else(|e| e.into_inner()).push(d);
             Ok(())
         },
-        |k, names, gpu| run_batch(paths, opts, driver, &dir, k, names, gpu, hook.clone()),
+        |k, names, gpu| run_batch(cx, opts, driver, &dir, k, names, gpu, hook.clone()),
         |what| progress.println(&format!("test: {what}")),
     );
     drop(progress);
@@ -167,16 +170,6 @@ fn run_spread(paths: &Paths, opts: &Options, driver: &Path, gpus: &[Option<Liste
     let mut devices = devices.into_inner().unwrap_or_else(|e| e.into_inner());
     devices.sort_by(|a, b| a.uuid.cmp(&b.uuid));
     Ok(TestReport { run: TestRun { cases, ..first }, shard, gpus: devices })
-}
-
-/// One worker per GPU `--gpus` names, or one on the device CUDA picks (or `--device`).
-pub fn workers(spec: Option<&str>, task: &str) -> Result<Vec<Option<ListedGpu>>> {
-    let Some(spec) = spec else { return Ok(vec![None]) };
-    if std::env::var_os("FA_DEVICE").is_some() {
-        return Err(CannotRun("--device (or FA_DEVICE) and --gpus both choose GPUs: use one".into()).into());
-    }
-    let listed = crate::tools::gpu::list(task)?;
-    Ok(spread::choose_gpus(spec, &listed).map_err(CannotRun)?.into_iter().map(Some).collect())
 }
 
 /// fa-test's cases (`--list --json`, with `args` choosing the set), written to `dir/cases.json`.
@@ -204,7 +197,7 @@ pub fn take_shard(listed: &[ListedCase], shard: Option<Shard>) -> (Vec<ListedCas
 /// One batch in one fa-test process: its results, or why there are none.
 #[allow(clippy::too_many_arguments)]
 fn run_batch(
-    paths: &Paths,
+    cx: &Run,
     opts: &Options,
     driver: &Path,
     dir: &Path,
@@ -215,7 +208,7 @@ fn run_batch(
 ) -> std::result::Result<TestRun, String> {
     let (list, json) = (dir.join(format!("batch-{k}.txt")), dir.join(format!("batch-{k}.json")));
     write_file(&list, names.join("\n") + "\n").map_err(|e| format!("{e:#}"))?;
-    let cmd = command(driver.to_path_buf(), paths, opts, &json)
+    let cmd = command(driver.to_path_buf(), cx, opts, &json)
         .arg("--cases")
         .arg(list.display().to_string())
         .log(dir.join(format!("batch-{k}.log")))
@@ -250,7 +243,7 @@ fn account(names: &[String], mut run: TestRun) -> std::result::Result<TestRun, S
 
 /// `cargo xtask report merge`: shard reports (`test.json` of each `--shard I/N`
 /// run) into one report at `out`, failing on a missing or repeated shard or case.
-pub fn merge(paths: &Paths, files: &[PathBuf], out: Option<&Path>) -> Result<()> {
+pub fn merge(cx: &Run, files: &[PathBuf], out: Option<&Path>) -> Result<()> {
     let mut parts: Vec<Envelope<TestReport>> = Vec::new();
     for f in files {
         let env: Envelope<TestReport> =
@@ -278,7 +271,7 @@ pub fn merge(paths: &Paths, files: &[PathBuf], out: Option<&Path>) -> Result<()>
         merged.payload.gpus.extend(p.payload.gpus);
     }
     merged.payload.shard = None;
-    let path = out.map_or_else(|| paths.report("test"), Path::to_path_buf);
+    let path = out.map_or_else(|| cx.report("test"), Path::to_path_buf);
     let run = &merged.payload.run;
     let failed = run.cases.iter().filter(|c| !c.passed).count();
     merged.write(&path)?;
@@ -340,13 +333,11 @@ fn fa_test_line(line: &str) -> Option<FaTestLine> {
 }
 
 /// fa-test over the run's kernel set, writing its results to `raw`.
-fn command(driver: PathBuf, paths: &Paths, opts: &Options, raw: &Path) -> Cmd {
-    let mut cmd = Cmd::new(driver)
-        .arg("--json")
-        .arg(raw.display().to_string())
-        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
+fn command(driver: PathBuf, cx: &Run, opts: &Options, raw: &Path) -> Cmd {
+    let cmd = Cmd::new(driver).arg("--json").arg(raw.display().to_string());
+    let mut cmd = drivers::aim(cmd, &cx.kernels, cx.device.as_deref())
         .timeout(opts.timeout)
-        .log(paths.reports().join("test.log"))
+        .log(cx.reports().join("test.log"))
         .echo();
     if let Some(f) = &opts.filter {
         cmd = cmd.arg("--filter").arg(f.clone());
@@ -375,10 +366,16 @@ fn case_table<'a>(cases: impl Iterator<Item = &'a TestCase>) -> String {
 mod tests {
     use super::*;
 
-    fn fake(dir: &Path) -> (Paths, PathBuf) {
+    fn fake(dir: &Path) -> (Run, PathBuf) {
         let target = dir.join("target");
-        let paths = Paths { root: dir.to_path_buf(), cuda_wheels: target.join("cuda"), kernels: dir.join("k"), target };
-        (paths, Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fake-fa-test.py"))
+        let cx = Run {
+            root: dir.to_path_buf(),
+            cuda_wheels: target.join("cuda"),
+            kernels: dir.join("k"),
+            target,
+            device: None,
+        };
+        (cx, Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fake-fa-test.py"))
     }
 
     pub(super) fn opts(shard: Option<&str>) -> Options {
@@ -396,9 +393,9 @@ mod tests {
     #[test]
     fn spread_runs_keep_every_case_once_in_matrix_order_with_its_gpu() {
         let dir = tempfile::tempdir().unwrap();
-        let (paths, driver) = fake(dir.path());
+        let (cx, driver) = fake(dir.path());
         let all: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
-        let two = run_spread(&paths, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
+        let two = run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
         assert_eq!(names(&two), all);
         assert!(
             two.run.cases.iter().all(|c| c.passed && c.gpu.as_deref().is_some_and(|g| g == "GPU-a" || g == "GPU-b"))
@@ -407,13 +404,15 @@ mod tests {
         // Shards on one GPU each: their union is the matrix, and they merge.
         let mut files = Vec::new();
         for i in 1..=3 {
-            let part = run_spread(&paths, &opts(Some(&format!("{i}/3"))), &driver, &[None]).unwrap();
+            let part = run_spread(&cx, &opts(Some(&format!("{i}/3"))), &driver, &[None]).unwrap();
             let file = dir.path().join(format!("shard-{i}.json"));
-            Envelope::new("test", Toolchain::default(), None, &part).write(&file).unwrap();
+            Envelope::new("test", crate::tools::process::git_state(&cx.root), Toolchain::default(), None, &part)
+                .write(&file)
+                .unwrap();
             files.push(file);
         }
         let out = dir.path().join("merged.json");
-        merge(&paths, &files, Some(&out)).unwrap();
+        merge(&cx, &files, Some(&out)).unwrap();
         let merged: Envelope<TestReport> = read_json(&out).unwrap();
         let mut got = names(&merged.payload);
         got.sort();
@@ -421,18 +420,18 @@ mod tests {
         want.sort();
         assert_eq!(got, want);
         assert!(merged.payload.shard.is_none());
-        let gap = merge(&paths, &files[..2], Some(&out)).unwrap_err().to_string();
+        let gap = merge(&cx, &files[..2], Some(&out)).unwrap_err().to_string();
         assert!(gap.contains("missing shard report(s): 3/3"), "{gap}");
-        let twice = merge(&paths, &[files[0].clone(), files[0].clone()], Some(&out)).unwrap_err().to_string();
+        let twice = merge(&cx, &[files[0].clone(), files[0].clone()], Some(&out)).unwrap_err().to_string();
         assert!(twice.contains("appears twice"), "{twice}");
     }
 
     #[test]
     fn a_worker_that_dies_is_reported_and_its_cases_are_not_lost() {
         let dir = tempfile::tempdir().unwrap();
-        let (paths, driver) = fake(dir.path());
-        write_file(&paths.kernels.join("die"), "c0").unwrap();
-        let r = run_spread(&paths, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
+        let (cx, driver) = fake(dir.path());
+        write_file(&cx.kernels.join("die"), "c0").unwrap();
+        let r = run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
         assert_eq!(r.run.cases.len(), 10, "every case is reported");
         let c0 = r.run.cases.iter().find(|c| c.name == "c0").unwrap();
         assert!(!c0.passed && c0.error.as_deref().is_some_and(|e| e.starts_with("not run:")), "{c0:?}");
@@ -445,15 +444,15 @@ mod tests {
     #[test]
     fn a_batch_that_returns_fewer_cases_reports_the_rest_failed() {
         let dir = tempfile::tempdir().unwrap();
-        let (paths, driver) = fake(dir.path());
-        write_file(&paths.kernels.join("drop"), "c3,c7").unwrap();
-        let r = run_spread(&paths, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
+        let (cx, driver) = fake(dir.path());
+        write_file(&cx.kernels.join("drop"), "c3,c7").unwrap();
+        let r = run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
         assert_eq!(r.run.cases.len(), 10, "every case is reported");
         let failed: Vec<&str> = r.run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
         assert_eq!(failed, ["c3", "c7"]);
         let c3 = &r.run.cases[3];
         assert!(c3.error.as_deref().is_some_and(|e| e.contains("returned no result")), "{c3:?}");
-        assert!(finish(&paths, r).is_err(), "a run with unreported cases fails");
+        assert!(finish(&cx, r).is_err(), "a run with unreported cases fails");
     }
 
     #[test]
@@ -479,10 +478,10 @@ mod tests {
 
     #[test]
     fn fa_test_loads_the_kernel_set_the_user_named() {
-        let mut paths = Paths::discover().unwrap();
-        paths.kernels = PathBuf::from("/elsewhere/kernels");
+        let mut cx = Run::discover().unwrap();
+        cx.kernels = PathBuf::from("/elsewhere/kernels");
         let opts = Options { timeout: Duration::from_secs(1), ..super::tests::opts(None) };
-        let cmd = command(PathBuf::from("fa-test"), &paths, &opts, Path::new("raw.json"));
+        let cmd = command(PathBuf::from("fa-test"), &cx, &opts, Path::new("raw.json"));
         assert_eq!(cmd.env_value("FA_KERNEL_DIR"), Some("/elsewhere/kernels"));
     }
 }

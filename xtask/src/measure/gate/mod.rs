@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::tools::drivers;
 use crate::tools::process::{Cmd, Session};
 use crate::tools::progress::Progress;
 use fa_schema::schema::{DeviceInfo, EntryRecord, SERVE_PROTOCOL, ServeReply, ServeRequest};
@@ -32,13 +33,15 @@ use sequence::{Rule, Step, Verdict};
 pub struct Side {
     pub bench: PathBuf,
     pub kernels: PathBuf,
+    /// The GPU it opens (the run's `--device`); none lets CUDA pick.
+    pub device: Option<String>,
     /// `fa-bench --plant-slowdown`: 0 except for the self-test's planted side.
     pub plant: f64,
 }
 
 impl Side {
-    pub fn new(bench: PathBuf, kernels: PathBuf) -> Side {
-        Side { bench, kernels, plant: 0.0 }
+    pub fn new(bench: PathBuf, kernels: PathBuf, device: Option<String>) -> Side {
+        Side { bench, kernels, device, plant: 0.0 }
     }
 }
 
@@ -134,10 +137,8 @@ struct Server {
 
 impl Server {
     fn start(side: &Side, label: &'static str, opts: &Options, dir: &Path) -> Result<Server> {
-        let mut cmd = Cmd::new(&side.bench)
-            .arg("--serve")
-            .env("FA_KERNEL_DIR", side.kernels.display().to_string())
-            .log(dir.join(format!("{label}-serve.log")));
+        let cmd = Cmd::new(&side.bench).arg("--serve").log(dir.join(format!("{label}-serve.log")));
+        let mut cmd = drivers::aim(cmd, &side.kernels, side.device.as_deref());
         if side.plant > 0.0 {
             cmd = cmd.args(["--plant-slowdown".to_string(), side.plant.to_string()]);
         }
@@ -466,7 +467,7 @@ mod process_tests {
         let side = dir.join(format!("side-{factor}"));
         std::fs::create_dir_all(&side).unwrap();
         std::fs::write(side.join("factor"), factor.to_string()).unwrap();
-        Side::new(data("fake-serve.py"), side)
+        Side::new(data("fake-serve.py"), side, None)
     }
 
     fn opts() -> Options {
@@ -506,7 +507,7 @@ mod process_tests {
     #[test]
     fn a_base_without_the_serve_protocol_is_refused_clearly() {
         let d = tempfile::tempdir().unwrap();
-        let old = Side::new(data("old-fa-bench.sh"), d.path().into());
+        let old = Side::new(data("old-fa-bench.sh"), d.path().into(), None);
         let err = run(&old, &fake(d.path(), 1.0), &opts(), d.path()).unwrap_err();
         let msg = format!("{err:#}");
         assert!(msg.contains("starting the base") && msg.contains("unexpected argument --serve"), "{msg}");

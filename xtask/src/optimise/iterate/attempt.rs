@@ -13,7 +13,7 @@ use crate::tools::process::Lock;
 
 /// A short folder name for an attempt: the first six words of the hypothesis.
 pub fn slug(text: &str) -> String {
-    crate::paths::slug(text).split('-').take(6).collect::<Vec<_>>().join("-")
+    crate::run::slug(text).split('-').take(6).collect::<Vec<_>>().join("-")
 }
 
 /// The number a folder name starts with (`046-the-q…` → 46).

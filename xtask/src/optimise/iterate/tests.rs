@@ -160,7 +160,7 @@ fn a_planner_only_change_is_measured_and_reverted_when_slower() {
     assert_eq!(changes, [Change::Modified("kernel-ffi/src/planner.rs".into())], "the planner is part of the attempt");
     // Measured: the gate times the accepted build's own binaries against the candidate's.
     let staged = r.stage();
-    let (base, cand) = (accepted.side(), staged.side());
+    let (base, cand) = (accepted.side(None), staged.side(None));
     assert!(base.bench.starts_with(&accepted.dir) && base.kernels.join("flash.sm_90a.fatbin").is_file());
     assert!(cand.bench.is_file() && cand.bench != base.bench && cand.kernels != base.kernels);
     assert!(!cand.kernels.join("flash.sm_90a.log").exists(), "only what fa-bench loads is kept");
@@ -229,7 +229,7 @@ fn an_accepted_iteration_keeps_exactly_the_measured_tree_and_build() {
     conclude(&r.conclusion(Some(&first), &measured), &decision, Some(staged), entry("y")).unwrap();
     let now = r.state.current().unwrap().unwrap();
     assert_eq!(now.tree, measured);
-    assert!(now.side().bench.is_file() && !first.dir.exists(), "the old snapshot is gone");
+    assert!(now.side(None).bench.is_file() && !first.dir.exists(), "the old snapshot is gone");
     // The objects of the accepted tree are kept, those of the old one dropped.
     let Some(tree::Node::File { sha256, .. }) = measured.nodes.get("kernels/flash.cu") else { panic!() };
     assert!(r.state.store.get(sha256).is_ok());
@@ -310,15 +310,18 @@ fn a_second_iterate_in_one_checkout_is_refused_naming_the_first() {
 #[test]
 fn a_fixture_run_records_speedup_vs_torch_in_the_ledger() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/iterate");
-    let run = bench::ProcessRun {
+    let run = crate::measure::payload::ProcessRun {
         side: "candidate".into(),
         run: read_json(&data.join("fa-bench-candidate-0.json")).unwrap(),
         sm_clock_mhz: None,
     };
     let torch: Vec<fa_schema::schema::BenchRun> = read_json(&data.join("torch-0.json")).unwrap();
     let runs = std::slice::from_ref(&run);
-    let ratios =
-        bench::torch_ratios(&bench::side_medians(runs, "candidate"), &bench::side_methods(runs, "candidate"), &torch);
+    let ratios = bench::torch_ratios(
+        &crate::measure::payload::side_medians(runs, "candidate"),
+        &crate::measure::payload::side_methods(runs, "candidate"),
+        &torch,
+    );
     let mut lines = plain_lines(&run);
     lines.push(BenchLine { case: "f16-b9h9s9d64".into(), ..lines[0].clone() });
     attach_torch(&mut lines, Ok(ratios));

@@ -1,25 +1,30 @@
-//! Where things live. Works both under cargo and from prebuilt binaries copied
-//! to a machine without Rust (the GPU machine).
+//! The run context `main` builds once: where things live, the kernel set every
+//! stage builds and loads, and the GPU the kernel-ffi binaries open. Works both
+//! under cargo and from prebuilt binaries copied to a machine without Rust (the
+//! GPU machine).
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 #[derive(Debug, Clone)]
-pub struct Paths {
+pub struct Run {
     pub root: PathBuf,
     pub target: PathBuf,
     /// The pip `--target` folder for the CUDA wheels.
     pub cuda_wheels: PathBuf,
     /// The kernel set every stage builds into and loads: `target/kernels`, or
-    /// the `--out-dir` the user named.
+    /// the `--out-dir` (or prebuilt `--kernels`) the user named.
     pub kernels: PathBuf,
+    /// The GPU every kernel-ffi binary opens: `--device`, else `FA_DEVICE`; none
+    /// lets CUDA pick its first. `tools::drivers::aim` hands it to the children.
+    pub device: Option<String>,
 }
 
-impl Paths {
+impl Run {
     /// The workspace root is `XTASK_ROOT`, else the nearest ancestor of the current
     /// directory holding `kernels/manifest.json`.
-    pub fn discover() -> Result<Paths> {
+    pub fn discover() -> Result<Run> {
         let root = match std::env::var_os("XTASK_ROOT") {
             Some(r) if Path::new(&r).join("kernels/manifest.json").is_file() => PathBuf::from(r),
             Some(r) => bail!(
@@ -44,16 +49,23 @@ impl Paths {
             .unwrap_or_else(|| root.join("target"));
         let cuda_wheels = target.join("cuda");
         let kernels = target.join("kernels");
-        Ok(Paths { root, target, cuda_wheels, kernels })
+        let device = std::env::var(fa_schema::env::DEVICE).ok().filter(|d| !d.is_empty());
+        Ok(Run { root, target, cuda_wheels, kernels, device })
+    }
+
+    /// The context of one command: `discover`ed, with the kernel set the
+    /// command names (`--out-dir`, `--kernels`) and the `--device` it names.
+    pub fn new(device: Option<String>, kernels: Option<&Path>) -> Result<Run> {
+        let mut cx = Run::discover()?;
+        if let Some(dir) = kernels {
+            cx.kernels = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+        }
+        cx.device = device.or(cx.device);
+        Ok(cx)
     }
 
     pub fn manifest(&self) -> PathBuf {
         self.root.join("kernels/manifest.json")
-    }
-
-    /// Compiled kernels: `<kernels>/<stem>.<arch>.fatbin`.
-    pub fn kernels_out(&self) -> PathBuf {
-        self.kernels.clone()
     }
 
     /// Reports and raw tool logs.

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use crate::errors::{CannotRun, CheckFailed};
 use crate::parse::sanitizer;
 use crate::parse::smi::{self, Smi};
-use crate::paths::Paths;
 use crate::report::{Device, Envelope, Toolchain};
+use crate::run::Run;
 use crate::table;
 use crate::tools::drivers;
 use crate::tools::process::Cmd;
@@ -150,12 +150,12 @@ fn fmt(v: Option<f64>) -> String {
     v.map_or("N/A".into(), |x| format!("{x:.0}"))
 }
 
-pub fn run(paths: &Paths) -> Result<()> {
+pub fn run(cx: &Run) -> Result<()> {
     let smi_out = Cmd::new("nvidia-smi")
         .args(["-q", "-x"])
         .quiet()
         .timeout(Duration::from_secs(60))
-        .log(paths.reports().join("preflight/nvidia-smi.xml"))
+        .log(cx.reports().join("preflight/nvidia-smi.xml"))
         .run()
         .map_err(|_| {
             CannotRun("no GPU here: nvidia-smi not found (no NVIDIA driver); run preflight on the GPU machine".into())
@@ -164,11 +164,11 @@ pub fn run(paths: &Paths) -> Result<()> {
         return Err(CannotRun(format!("nvidia-smi -q -x failed: {}", smi_out.tail())).into());
     }
     // The GPU CUDA opens (FA_DEVICE, CUDA_VISIBLE_DEVICES) is the one every reading describes.
-    let driver = drivers::binary(paths, "fa-test");
+    let driver = drivers::binary(cx, "fa-test");
     let info = driver
         .as_ref()
         .map_err(|e| anyhow::anyhow!("{e:#}"))
-        .and_then(|d| drivers::device_info(d, &paths.kernels_out(), None));
+        .and_then(|d| drivers::device_info(d, &cx.kernels, cx.device.as_deref(), None));
     let mut smi = smi::parse(&smi_out.stdout)?;
     let uuid = info.as_ref().ok().and_then(|d| d.uuid.clone());
     if let Some(uuid) = &uuid {
@@ -183,25 +183,23 @@ pub fn run(paths: &Paths) -> Result<()> {
         .ok()
         .filter(|o| o.success())
         .and_then(|o| o.stdout.lines().next().map(|l| l.trim().to_string()));
-    let manifest = Manifest::load(&paths.manifest())?;
-    let nvcc = toolchain::nvcc(&paths.cuda_wheels).ok();
+    let manifest = Manifest::load(&cx.manifest())?;
+    let nvcc = toolchain::nvcc(&cx.cuda_wheels).ok();
     let mut checks = static_checks(&smi, cc.as_deref(), nvcc.as_ref().map(|n| n.version.as_str()), &manifest);
 
     // Dynamic checks: the fatbins load, ncu reads counters, compute-sanitizer runs.
     // ncu only matters to `profile`, so a problem there warns rather than fails.
     let mut add = |name: &str, status, detail: String| checks.push(Check { name: name.into(), status, detail });
     match (&driver, &info) {
-        (Ok(_), Ok(d)) => add(
-            "kernels load",
-            Status::Ok,
-            format!("{} SMs, fatbins from {}", d.sm_count, paths.kernels_out().display()),
-        ),
+        (Ok(_), Ok(d)) => {
+            add("kernels load", Status::Ok, format!("{} SMs, fatbins from {}", d.sm_count, cx.kernels.display()))
+        }
         (Ok(_), Err(e)) => add("kernels load", Status::Fail, format!("{e:#}; run `cargo xtask build`")),
         (Err(e), _) => add("kernels load", Status::Fail, format!("{e:#}")),
     }
     let smoke = |tool: &std::path::Path, pre: &[&str]| {
         let d = driver.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-        smoke_command(paths, tool, pre, d).run()
+        smoke_command(cx, tool, pre, d).run()
     };
     match toolchain::cuda_tool("ncu") {
         Ok(ncu) => match smoke(&ncu, &["--csv", "--metrics", "gpu__time_duration.sum", "-c", "1"]) {
@@ -238,7 +236,7 @@ pub fn run(paths: &Paths) -> Result<()> {
         .map(|c| vec![c.name.clone(), format!("{:?}", c.status).to_uppercase(), c.detail.clone()])
         .collect();
     let text = table::render(&["check", "status", "detail"], &rows);
-    crate::tools::process::table(&paths.reports().join("preflight.txt"), &text)?;
+    crate::tools::process::table(&cx.reports().join("preflight.txt"), &text)?;
     if !crate::tools::process::detail() {
         // Inside `check`: only what is not OK, in full.
         for c in checks.iter().filter(|c| c.status != Status::Ok) {
@@ -252,10 +250,16 @@ pub fn run(paths: &Paths) -> Result<()> {
         driver: smi.driver_version.clone(),
     };
     let failed: Vec<String> = checks.iter().filter(|c| c.status == Status::Fail).map(|c| c.name.clone()).collect();
-    let report = paths.report("preflight");
-    Envelope::new("preflight", toolchain, device, &PreflightPayload { smi, compute_capability: cc, checks })
-        .kernels(&paths.kernels)
-        .write(&report)?;
+    let report = cx.report("preflight");
+    Envelope::new(
+        "preflight",
+        crate::tools::process::git_state(&cx.root),
+        toolchain,
+        device,
+        &PreflightPayload { smi, compute_capability: cc, checks },
+    )
+    .kernels(crate::compile::kernel_set::reported(&cx.kernels))
+    .write(&report)?;
     println!("report: {}", report.display());
     if !failed.is_empty() {
         return Err(CheckFailed(format!("not ready: {}", failed.join(", "))).into());
@@ -266,29 +270,28 @@ pub fn run(paths: &Paths) -> Result<()> {
 /// fa-test's smoke set under `tool` (ncu, compute-sanitizer). Its JSON goes to
 /// a file of the run's reports: fa-test replaces its output by rename, so it
 /// refuses a device such as /dev/null.
-fn smoke_command(paths: &Paths, tool: &std::path::Path, pre: &[&str], driver: &std::path::Path) -> Cmd {
+fn smoke_command(cx: &Run, tool: &std::path::Path, pre: &[&str], driver: &std::path::Path) -> Cmd {
     let tool_name = tool.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let json = paths.reports().join(format!("preflight-{tool_name}-smoke.json"));
-    Cmd::new(tool)
+    let json = cx.reports().join(format!("preflight-{tool_name}-smoke.json"));
+    let cmd = Cmd::new(tool)
         .args(pre.iter().copied())
         .arg(driver.display().to_string())
         .args(["--set", "smoke", "--json"])
         .arg(json.display().to_string())
-        .env("FA_KERNEL_DIR", paths.kernels_out().display().to_string())
         .quiet()
-        .timeout(Duration::from_secs(180))
+        .timeout(Duration::from_secs(180));
+    drivers::aim(cmd, &cx.kernels, cx.device.as_deref())
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn smoke_runs_write_their_json_to_a_regular_file_of_the_reports() {
-        let paths = Paths::discover().unwrap();
-        let cmd =
-            smoke_command(&paths, std::path::Path::new("/usr/bin/ncu"), &["--csv"], std::path::Path::new("fa-test"));
+        let cx = Run::discover().unwrap();
+        let cmd = smoke_command(&cx, std::path::Path::new("/usr/bin/ncu"), &["--csv"], std::path::Path::new("fa-test"));
         let shown = cmd.display();
         let json = shown.split(" --json ").nth(1).and_then(|r| r.split(' ').next()).unwrap();
-        assert_eq!(std::path::Path::new(json), paths.reports().join("preflight-ncu-smoke.json"), "{shown}");
+        assert_eq!(std::path::Path::new(json), cx.reports().join("preflight-ncu-smoke.json"), "{shown}");
     }
 
     use super::*;
