@@ -19,7 +19,7 @@ pub struct Tune {
     pub apply: bool,
     /// Seconds a configuration's correctness or bench run may take before it counts as hung.
     #[arg(long, default_value_t = 180, value_parser = clap::value_parser!(u64).range(1..))]
-    pub variant_timeout: u64,
+    pub config_timeout: u64,
     /// Timing budget per configuration and shape, in ms.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub budget_ms: u64,
@@ -38,7 +38,7 @@ impl Tune {
             apply: self.apply,
             build_timeout: build.timeout,
             jobs: build.jobs,
-            variant_timeout: Duration::from_secs(self.variant_timeout),
+            config_timeout: Duration::from_secs(self.config_timeout),
             budget_ms: self.budget_ms,
             gpus: self.gpus,
         };

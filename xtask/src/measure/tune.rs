@@ -1,14 +1,14 @@
 //! `cargo xtask tune`: sweep tile configurations (warps per CTA, keys per tile) of
-//! the forward kernel per head dim. Each variant is compiled with its defines and
-//! matching launch geometry; variants over the resource budgets are rejected from
+//! the forward kernel per head dim. Each config is compiled with its defines and
+//! matching launch geometry; configs over the resource budgets are rejected from
 //! the ptxas report without running; the rest must pass the covering correctness
-//! set, then are timed. A variant that hangs is killed at its timeout, recorded,
+//! set, then are timed. A config that hangs is killed at its timeout, recorded,
 //! and the sweep goes on. `--apply` writes the winners into kernels/manifest.json,
 //! where the build and the launcher pick them up.
 //!
 //! With `--gpus`, the builds and correctness runs are dealt out to one worker per
-//! GPU; the timings then run one variant after another on the first of those
-//! GPUs, with nothing else running, because the ranking compares variants and
+//! GPU; the timings then run one config after another on the first of those
+//! GPUs, with nothing else running, because the ranking compares configs and
 //! timings from two GPUs (or taken beside a build) are not comparable.
 
 use std::collections::BTreeMap;
@@ -36,8 +36,8 @@ pub struct Options {
     pub apply: bool,
     pub build_timeout: Duration,
     pub jobs: usize,
-    /// Per-variant limit for the correctness run and for the bench run.
-    pub variant_timeout: Duration,
+    /// Per-config limit for the correctness run and for the bench run.
+    pub config_timeout: Duration,
     pub budget_ms: u64,
     /// `--gpus all|N|LIST`: build and test on every GPU named, time on the first.
     pub gpus: Option<GpuSpec>,
@@ -133,7 +133,7 @@ fn shapes(head_dim: u32) -> Vec<&'static str> {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VariantResult {
+pub struct ConfigResult {
     pub config: Config,
     /// `ok`, `over budget`, `build failed`, `incorrect`, `hung` or `failed`.
     pub status: String,
@@ -148,7 +148,8 @@ pub struct VariantResult {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TunePayload {
-    pub variants: Vec<VariantResult>,
+    #[serde(alias = "variants")]
+    pub configs: Vec<ConfigResult>,
     /// Head dim → winning configuration.
     pub winners: BTreeMap<u32, Config>,
     pub applied: bool,
@@ -159,8 +160,8 @@ fn geomean(xs: impl Iterator<Item = f64>) -> Option<f64> {
     (!v.is_empty()).then(|| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp())
 }
 
-/// Per head dim, the passing variant with the lowest geometric-mean time.
-pub fn winners(results: &[VariantResult]) -> BTreeMap<u32, Config> {
+/// Per head dim, the passing config with the lowest geometric-mean time.
+pub fn winners(results: &[ConfigResult]) -> BTreeMap<u32, Config> {
     let mut best: BTreeMap<u32, (f64, Config)> = BTreeMap::new();
     for r in results.iter().filter(|r| r.status == "ok") {
         let Some(g) = r.geomean_us else { continue };
@@ -189,7 +190,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     let jobs = (opts.jobs / gpus.len()).max(1);
     let progress = Progress::bar("tune: build and test", total as u64);
     let dealt = deal(
-        "variant",
+        "config",
         &gpus,
         configs,
         |g| drivers::check_gpu(&fa_test, &cx.kernels, g).map(drop),
@@ -202,9 +203,9 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         |what| progress.println(&format!("tune: {what}")),
     );
     drop(progress);
-    let mut results: Vec<VariantResult> = dealt.done.into_iter().map(|(_, r)| r).collect();
+    let mut results: Vec<ConfigResult> = dealt.done.into_iter().map(|(_, r)| r).collect();
     for l in dealt.lost {
-        results.push(VariantResult { status: "failed".into(), detail: Some(l.why), ..VariantResult::new(l.item) });
+        results.push(ConfigResult { status: "failed".into(), detail: Some(l.why), ..ConfigResult::new(l.item) });
     }
     results.sort_by_key(|r| (r.config.head_dim, r.config.warps, r.config.block_n));
     let passing = results.iter().filter(|r| r.status == "ok").count() as u64;
@@ -226,7 +227,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         write_file(&cx.manifest(), serde_json::to_string_pretty(&m)? + "\n")?;
         println!("wrote the winners into {}", cx.manifest().display());
     }
-    let payload = TunePayload { variants: results, winners, applied: opts.apply };
+    let payload = TunePayload { configs: results, winners, applied: opts.apply };
     let device = Device::from(&info);
     let report = cx.report("tune");
     Envelope::new(
@@ -240,14 +241,14 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     .write(&report)?;
     println!("report: {}", report.display());
     if payload.winners.is_empty() {
-        return Err(CheckFailed("no variant passed".into()).into());
+        return Err(CheckFailed("no config passed".into()).into());
     }
     Ok(())
 }
 
-impl VariantResult {
-    fn new(config: Config) -> VariantResult {
-        VariantResult {
+impl ConfigResult {
+    fn new(config: Config) -> ConfigResult {
+        ConfigResult {
             config,
             status: String::new(),
             detail: None,
@@ -269,7 +270,7 @@ impl VariantResult {
     }
 }
 
-/// A variant's build (for `arch` only, `jobs` nvcc at a time) and its
+/// A config's build (for `arch` only, `jobs` nvcc at a time) and its
 /// correctness run on `gpu`: status `ok` when both passed.
 #[allow(clippy::too_many_arguments)]
 fn prepare(
@@ -282,12 +283,12 @@ fn prepare(
     dir: &Path,
     fa_test: &Path,
     gpu: Option<&ListedGpu>,
-) -> VariantResult {
-    let mut result = VariantResult { tested_on: gpu.map(|g| g.uuid.clone()), ..VariantResult::new(config) };
-    let variant_manifest = dir.join("manifest.json");
+) -> ConfigResult {
+    let mut result = ConfigResult { tested_on: gpu.map(|g| g.uuid.clone()), ..ConfigResult::new(config) };
+    let config_manifest = dir.join("manifest.json");
     let written = serde_json::to_string_pretty(&config.apply_to(manifest))
         .map_err(anyhow::Error::from)
-        .and_then(|t| write_file(&variant_manifest, t));
+        .and_then(|t| write_file(&config_manifest, t));
     if let Err(e) = written {
         result.fail("failed", e);
         return result;
@@ -295,7 +296,7 @@ fn prepare(
     let built = compile::run(
         cx,
         &compile::Options {
-            manifest: Some(variant_manifest),
+            manifest: Some(config_manifest),
             src_dir: Some(cx.root.join("kernels")),
             archs: Some(vec![arch.to_string()]),
             out_dir: Some(dir.join("kernels")),
@@ -313,7 +314,7 @@ fn prepare(
         // `--filter=…`: the value starts with '-'.
         .args(["--set", "sanitize", "--variant", "portable", &format!("--filter=-d{}-", config.head_dim), "--json"])
         .arg(test_json.display().to_string())
-        .timeout(opts.variant_timeout)
+        .timeout(opts.config_timeout)
         .log(dir.join("fa-test.log"))
         .quiet();
     match drivers::on_gpu(drivers::aim(cmd, &dir.join("kernels"), cx.device.as_deref()), gpu).run() {
@@ -330,13 +331,13 @@ fn prepare(
     result
 }
 
-/// Times a prepared variant on `gpu`: its medians per shape and their geometric mean.
-fn time(cx: &Run, opts: &Options, result: &mut VariantResult, dir: &Path, fa_bench: &Path, gpu: Option<&ListedGpu>) {
+/// Times a prepared config on `gpu`: its medians per shape and their geometric mean.
+fn time(cx: &Run, opts: &Options, result: &mut ConfigResult, dir: &Path, fa_bench: &Path, gpu: Option<&ListedGpu>) {
     let bench_json = dir.join("fa-bench.json");
     let cmd = Cmd::new(fa_bench)
         .args(["--variant", "portable", "--budget-ms", &opts.budget_ms.to_string(), "--json"])
         .arg(bench_json.display().to_string())
-        .timeout(opts.variant_timeout)
+        .timeout(opts.config_timeout)
         .log(dir.join("fa-bench.log"))
         .quiet();
     let mut cmd = drivers::aim(cmd, &dir.join("kernels"), cx.device.as_deref());
@@ -356,14 +357,14 @@ fn time(cx: &Run, opts: &Options, result: &mut VariantResult, dir: &Path, fa_ben
     }
 }
 
-fn print_table(results: &[VariantResult], winners: &BTreeMap<u32, Config>) {
+fn print_table(results: &[ConfigResult], winners: &BTreeMap<u32, Config>) {
     let shapes: Vec<String> = {
         let mut s: Vec<String> = results.iter().flat_map(|r| r.medians_us.keys().cloned()).collect();
         s.sort();
         s.dedup();
         s
     };
-    let mut header = vec!["variant".to_string(), "status".to_string(), "geomean us".to_string()];
+    let mut header = vec!["config".to_string(), "status".to_string(), "geomean us".to_string()];
     header.extend(shapes.iter().cloned());
     let rows: Vec<Vec<String>> = results
         .iter()
@@ -465,11 +466,11 @@ mod tests {
     }
 
     #[test]
-    fn winners_per_head_dim_skip_failed_variants() {
-        let r = |d, w, status: &str, g| VariantResult {
+    fn winners_per_head_dim_skip_failed_configs() {
+        let r = |d, w, status: &str, g| ConfigResult {
             status: status.into(),
             geomean_us: g,
-            ..VariantResult::new(Config { head_dim: d, warps: w, block_n: 64 })
+            ..ConfigResult::new(Config { head_dim: d, warps: w, block_n: 64 })
         };
         let w = winners(&[
             r(64, 4, "ok", Some(10.0)),
