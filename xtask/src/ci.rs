@@ -76,9 +76,14 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     if report.is_file() {
         publish_build(cx, opts, &report)?;
     }
+    // The wheel carries the kernels the static stages built; the lint runs either way.
+    let packaged = checked.and_then(|()| {
+        eprintln!("== ci: python package (wheel with the kernels, CPU tests)");
+        crate::wheel::test_cpu(cx, &crate::wheel::run(cx)?)
+    });
     eprintln!("== ci: workflow lint");
     let linted = lint_workflows(cx);
-    checked?;
+    packaged?;
     linted
 }
 

@@ -17,6 +17,7 @@ mod table;
 mod tidy;
 mod tools;
 mod verify;
+mod wheel;
 
 use std::process::ExitCode;
 
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
         Command::Profile(c) => c.run(&cx),
         Command::Test(c) => c.run(&cx),
         Command::Report(c) => c.run(&cx),
+        Command::Wheel(c) => c.run(&cx),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

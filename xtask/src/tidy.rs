@@ -95,6 +95,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("verify/", &["measure", "optimise", "ci", "commands"]),
     ("measure/", &["optimise", "ci", "commands"]),
     ("optimise/", &["ci", "commands"]),
+    ("wheel.rs", &["verify", "measure", "optimise", "ci", "commands"]),
     ("ci.rs", &["commands"]),
     ("ci/", &["commands"]),
 ];

@@ -6,7 +6,9 @@ use cudarc::driver::sys::{
     self as cu, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion,
     CUtensorMapSwizzle,
 };
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::memory::{device_ptr, strides};
 use super::{Attention, Chosen, Family, Kernel, Tensor};
@@ -103,29 +105,29 @@ impl Grid {
 
 impl Attention {
     /// The split partials of a plan of `splits` (none for one split).
-    pub(super) fn alloc_partials(&self, p: &Problem, splits: u32) -> Result<Option<Partials>> {
+    pub(super) fn alloc_partials(&self, s: &Arc<CudaStream>, p: &Problem, splits: u32) -> Result<Option<Partials>> {
         if splits <= 1 {
             return Ok(None);
         }
         let n = splits as usize * p.rows();
         // SAFETY: every element is written by the forward kernel before the combine reads it
         // (each split writes all its rows, including those that saw no key).
-        let o = unsafe { self.stream.alloc::<f32>(n * p.head_dim) }.cuda("allocating split partials")?;
-        let lse = unsafe { self.stream.alloc::<f32>(n) }.cuda("allocating split LSEs")?;
+        // Stream-ordered on the call's stream: freed there after the combine read them.
+        let o = unsafe { s.alloc::<f32>(n * p.head_dim) }.cuda("allocating split partials")?;
+        let lse = unsafe { s.alloc::<f32>(n) }.cuda("allocating split LSEs")?;
         Ok(Some(Partials { o, lse }))
     }
 
     /// The forward entries' parameters for these buffers (`lse`: its device
     /// address, 0 for none) and this plan.
     pub(super) fn flash_params(
-        &self,
+        s: &CudaStream,
         [q, k, v, out]: [&Tensor; 4],
         lse: u64,
         partials: Option<&Partials>,
         p: &Problem,
         plan: &Plan,
     ) -> FlashParams {
-        let s = &self.stream;
         let ptr = |t: &Tensor| device_ptr(&t.data, s);
         FlashParams {
             q: ptr(q),
@@ -150,13 +152,13 @@ impl Attention {
         }
     }
 
-    pub(super) fn launch_portable(&self, c: &Chosen, grid: &Grid, params: &FlashParams) -> Result<()> {
+    pub(super) fn launch_portable(s: &CudaStream, c: &Chosen, grid: &Grid, params: &FlashParams) -> Result<()> {
         // SAFETY: matches `flash_fwd_<dtype>_d<D>[_causal][_m64|_kg2](const FlashParams p)` in
         // kernels/flash_fwd_<dtype>.cu. tensor::validate proved every (b, h, s) row of q/k/v/out
         // lies inside its buffer and strides are 16-byte multiples, validate::aligned that
         // pointers are 16-byte aligned; lse (if any) holds B·H·Sq floats; the partials hold
         // splits·B·H·Sq(·D). The buffers outlive the launch because the stream frees in order.
-        unsafe { self.stream.launch_builder(&c.kern.func).arg(params).launch(grid.cfg) }
+        unsafe { s.launch_builder(&c.kern.func).arg(params).launch(grid.cfg) }
             .cuda(format!("launching {}", c.name))?;
         Ok(())
     }
@@ -165,6 +167,7 @@ impl Attention {
     /// q, k, v and out (boxes of a warpgroup's 64 rows) and the schedule of its grid.
     pub(super) fn launch_hopper(
         &self,
+        s: &CudaStream,
         c: &Chosen,
         grid: &Grid,
         [q, k, v, out]: [&Tensor; 4],
@@ -178,7 +181,7 @@ impl Attention {
         let scheduled = kern.launch.persistent && causal && kern.launch.block_m >= 128;
         let (order, order_stride) =
             if scheduled { self.causal_order(kern, p, &c.plan, grid.cfg.grid_dim.0)? } else { (0, 0) };
-        let map = |t: &Tensor, rows: u32| tensor_map(device_ptr(&t.data, &self.stream), t.dtype, &t.desc, rows);
+        let map = |t: &Tensor, rows: u32| tensor_map(device_ptr(&t.data, s), t.dtype, &t.desc, rows);
         let hparams = HopperParams {
             q_map: map(q, kern.launch.block_m)?,
             k_map: map(k, kern.launch.block_n)?,
@@ -205,14 +208,16 @@ impl Attention {
         // grid × order_stride block indices below m_blocks × B·H × splits, and stays in
         // `causal_orders` while launches that read it may run); the rest as for the
         // portable kernel (launch_portable).
-        unsafe { self.stream.launch_builder(&kern.func).arg(&hparams).launch(grid.cfg) }
+        unsafe { s.launch_builder(&kern.func).arg(&hparams).launch(grid.cfg) }
             .cuda(format!("launching {}", c.name))?;
         Ok(())
     }
 
     /// Merges the splits' partials into `out` and `lse` (its device address, 0 for none).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_combine(
         &self,
+        s: &CudaStream,
         dtype: Dtype,
         p: &Problem,
         splits: u32,
@@ -220,7 +225,6 @@ impl Attention {
         out: &Tensor,
         lse: u64,
     ) -> Result<()> {
-        let s = &self.stream;
         let cname = format!("flash_combine_{}_d{}", dtype.name(), p.head_dim);
         let comb = self.kernel(&cname)?;
         let rows_per_block = comb.launch.threads / 32;
@@ -279,7 +283,10 @@ impl Attention {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(match planner::causal_order(&lg, per, grid) {
                 Some((stride, table)) => {
-                    Some((stride, self.stream.clone_htod(&table).cuda("copying a causal schedule to the device")?))
+                    let table = self.stream.clone_htod(&table).cuda("copying a causal schedule to the device")?;
+                    // Launches may run on other streams (`forward_on`): the copy is done before any reads it.
+                    self.stream.synchronize().cuda("copying a causal schedule to the device")?;
+                    Some((stride, table))
                 }
                 None => None,
             }),

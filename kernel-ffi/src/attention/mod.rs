@@ -8,9 +8,11 @@
 //! - `choose`: which entry runs a call, and its split plan.
 //! - `validate`: a forward call's checks, before anything is launched.
 //! - `launch`: the forward and combine launches.
+//! - `foreign`: another library's buffers and streams, borrowed for a call.
 //! - `gpu_reference`: the fp32 GPU reference.
 
 mod choose;
+mod foreign;
 mod gpu_reference;
 mod launch;
 mod load;
@@ -24,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext as Ctx, CudaFunction, CudaModule, CudaSlice, CudaStream};
 
 use launch::Grid;
+pub use foreign::Borrowed;
 pub use launch::Launched;
 pub use load::{default_kernel_dir, uuid_string};
 pub use memory::Tensor;
@@ -113,6 +116,25 @@ impl Attention {
         lse: Option<&mut CudaSlice<f32>>,
         opts: &Options,
     ) -> Result<Launched> {
+        self.forward_on(&self.stream, q, k, v, out, lse, opts)
+    }
+
+    /// `forward` enqueued on `stream` (of this context; `borrow_stream` wraps
+    /// another library's) instead of the `Attention`'s own: split scratch is
+    /// allocated and freed in that stream's order, nothing synchronises. A first
+    /// persistent causal launch of a geometry uploads its schedule and waits for
+    /// that copy, so capture a graph after a warm-up call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &mut Tensor,
+        lse: Option<&mut CudaSlice<f32>>,
+        opts: &Options,
+    ) -> Result<Launched> {
         let p = validate::forward(q, k, v, out, lse.as_deref(), opts.scale)?;
         let family = self.resolve(&p, opts.choice.variant)?;
         if p.rows() == 0 {
@@ -120,17 +142,18 @@ impl Attention {
         }
         let chosen = self.choose_entry(family, q.dtype, &p, opts)?;
         // Every rule is checked before the first allocation or launch.
-        validate::aligned([("q", q), ("k", k), ("v", v), ("out", out)], &self.stream)?;
+        let s = stream;
+        validate::aligned([("q", q), ("k", k), ("v", v), ("out", out)], s)?;
         let grid = Grid::new(self.device.sm_count, &chosen, &p, opts.causal)?;
-        let partials = self.alloc_partials(&p, chosen.plan.num_splits)?;
-        let lse = lse.map_or(0, |l| device_ptr(l, &self.stream));
-        let params = self.flash_params([q, k, v, out], lse, partials.as_ref(), &p, &chosen.plan);
+        let partials = self.alloc_partials(s, &p, chosen.plan.num_splits)?;
+        let lse = lse.map_or(0, |l| device_ptr(l, s));
+        let params = Self::flash_params(s, [q, k, v, out], lse, partials.as_ref(), &p, &chosen.plan);
         match family {
-            Family::Portable => self.launch_portable(&chosen, &grid, &params)?,
-            Family::Hopper => self.launch_hopper(&chosen, &grid, [q, k, v, out], &p, params, opts.causal)?,
+            Family::Portable => Self::launch_portable(s, &chosen, &grid, &params)?,
+            Family::Hopper => self.launch_hopper(s, &chosen, &grid, [q, k, v, out], &p, params, opts.causal)?,
         }
         if let Some(partials) = &partials {
-            self.launch_combine(q.dtype, &p, chosen.plan.num_splits, partials, out, lse)?;
+            self.launch_combine(s, q.dtype, &p, chosen.plan.num_splits, partials, out, lse)?;
         }
         let geometry = chosen.kern.launch;
         Ok(Launched {

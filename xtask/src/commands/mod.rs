@@ -16,6 +16,7 @@ pub mod sanitize;
 pub mod summary;
 pub mod test;
 pub mod tune;
+pub mod wheel;
 
 use std::path::Path;
 
@@ -71,6 +72,8 @@ pub enum Command {
     Test(test::Test),
     /// Reports: join the shards of a `test --shard I/N` matrix.
     Report(report::Report),
+    /// The Python package (python/) with the kernels, as a wheel in target/wheels.
+    Wheel(wheel::Wheel),
 }
 
 impl Cli {
@@ -93,6 +96,7 @@ impl Command {
             Command::Ci(c) => c.build.out_dir.as_deref(),
             Command::Iterate(c) => c.build.out_dir.as_deref(),
             Command::Tune(c) => c.build.out_dir.as_deref(),
+            Command::Wheel(c) => c.build.out_dir.as_deref(),
             Command::Sanitize(c) => c.kernels.dir(&c.build),
             Command::Bench(c) => c.kernels.dir(&c.build),
             Command::Test(c) => c.kernels.dir(&c.build),

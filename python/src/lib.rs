@@ -1,0 +1,113 @@
+//! `flash_pipeline._C`: the kernels over PyTorch's memory and stream. The
+//! Python package (`flash_pipeline/`) checks the tensors and calls `forward`
+//! with their device addresses, strides and extents; kernel-ffi checks every
+//! rule again before anything is launched, and its message becomes the
+//! `ValueError`.
+
+// `_C` is the extension's module name (PyTorch's convention for a package's
+// native part): its crate and init function carry it.
+#![allow(non_snake_case)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use kernel_ffi::tensor::{Desc, Dtype, HEAD_DIMS};
+use kernel_ffi::{Attention, Error, Gpu, KernelChoice, Options, Splits};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// One loaded kernel set per (device, kernel folder), kept for the process.
+type Loaded = Mutex<HashMap<(usize, PathBuf), Arc<Attention>>>;
+
+fn loaded() -> &'static Loaded {
+    static LOADED: std::sync::OnceLock<Loaded> = std::sync::OnceLock::new();
+    LOADED.get_or_init(Loaded::default)
+}
+
+fn attention(device: usize, dir: &Path) -> Result<Arc<Attention>, Error> {
+    let mut map = loaded().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(a) = map.get(&(device, dir.to_path_buf())) {
+        return Ok(a.clone());
+    }
+    let a = Arc::new(Attention::with_kernel_dir(&Gpu::Ordinal(device), dir)?);
+    map.insert((device, dir.to_path_buf()), a.clone());
+    Ok(a)
+}
+
+fn py_err(e: Error) -> PyErr {
+    match e {
+        Error::Invalid(rule) => PyValueError::new_err(rule),
+        other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
+/// out = softmax(q·kᵀ·scale [+ bottom-right causal mask])·v on `stream`, and
+/// the per-row log-sum-exp into `lse` where it is not 0. Addresses are device
+/// pointers; strides are in elements, of (batch, head, seq); `lens` are the
+/// elements reachable from each of q, k, v and out.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, out, lse, dtype, dims, q_strides, k_strides, v_strides, out_strides, lens, causal, scale, device, stream, kernel_dir))]
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    q: u64,
+    k: u64,
+    v: u64,
+    out: u64,
+    lse: u64,
+    dtype: &str,
+    dims: (usize, usize, usize, usize, usize, usize),
+    q_strides: [usize; 3],
+    k_strides: [usize; 3],
+    v_strides: [usize; 3],
+    out_strides: [usize; 3],
+    lens: [usize; 4],
+    causal: bool,
+    scale: Option<f32>,
+    device: usize,
+    stream: u64,
+    kernel_dir: PathBuf,
+) -> PyResult<()> {
+    let dtype = Dtype::parse(dtype).map_err(PyValueError::new_err)?;
+    let (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim) = dims;
+    let desc = |dims, strides| Desc { dims, strides };
+    let [q_desc, o_desc] = [q_strides, out_strides].map(|s| desc([batch, heads, seqlen_q, head_dim], s));
+    let [k_desc, v_desc] = [k_strides, v_strides].map(|s| desc([batch, kv_heads, seqlen_k, head_dim], s));
+    if [q, k, v, out].contains(&0) {
+        return Err(PyValueError::new_err("a tensor's device address is 0 (an empty or freed tensor)"));
+    }
+    let att = attention(device, &kernel_dir).map_err(py_err)?;
+    let opts = Options { causal, scale, splits: Splits::Auto, choice: KernelChoice::default() };
+    // SAFETY: the caller (flash_pipeline.ops) passes PyTorch's current stream of
+    // `device` and tensors of that device whose storage holds `lens` elements from
+    // each address; they stay alive while the stream runs this work, because
+    // PyTorch's caching allocator reuses memory in the order of that stream.
+    // forward_on checks dims, strides and extents against `lens` before launching.
+    unsafe {
+        let s = att.borrow_stream(stream);
+        let q = att.borrow_tensor(&s, q, lens[0], dtype, q_desc);
+        let k = att.borrow_tensor(&s, k, lens[1], dtype, k_desc);
+        let v = att.borrow_tensor(&s, v, lens[2], dtype, v_desc);
+        let mut o = att.borrow_tensor(&s, out, lens[3], dtype, o_desc);
+        let mut l = (lse != 0).then(|| att.borrow_f32(&s, lse, batch * heads * seqlen_q));
+        att.forward_on(&s, &q, &k, &v, &mut o, l.as_deref_mut(), &opts).map_err(py_err)?;
+    }
+    Ok(())
+}
+
+/// What the kernels run: head dims and dtypes.
+#[pyfunction]
+fn supported(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("head_dims", HEAD_DIMS.to_vec())?;
+    d.set_item("dtypes", ["f16", "bf16"])?;
+    Ok(d)
+}
+
+#[pymodule]
+fn _C(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(forward, m)?)?;
+    m.add_function(wrap_pyfunction!(supported, m)?)?;
+    Ok(())
+}
