@@ -11,8 +11,22 @@ use cudarc::driver::result;
 use crate::attention::uuid_string;
 use crate::error::{CudaContext, Error, Result};
 
+/// A GPU to open: a CUDA ordinal or a device UUID. Parses from either form
+/// (the default is ordinal 0) and is checked against the visible devices only
+/// when opened.
+///
+/// ```
+/// use kernel_ffi::Gpu;
+///
+/// assert_eq!("1".parse::<Gpu>(), Ok(Gpu::Ordinal(1)));
+/// let uuid: Gpu = "GPU-62B9475D-0A1B-2C3D-4E5F-0123456789AB".parse().unwrap();
+/// assert_eq!(uuid.to_string(), "GPU-62b9475d-0a1b-2c3d-4e5f-0123456789ab");
+/// assert!("MIG-1".parse::<Gpu>().unwrap_err().contains("nvidia-smi -L"));
+/// assert_eq!(Gpu::default(), Gpu::Ordinal(0));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gpu {
+    /// A CUDA ordinal among the visible devices (after `CUDA_VISIBLE_DEVICES`).
     Ordinal(usize),
     /// `GPU-` and 8-4-4-4-12 hex digits, lower case.
     Uuid(String),
