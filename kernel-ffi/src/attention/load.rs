@@ -11,7 +11,7 @@ use cudarc::driver::{CudaContext as Ctx, CudaModule};
 use cudarc::nvrtc::Ptx;
 
 use super::{Attention, Kernel};
-use crate::device::Gpu;
+use crate::device::{Gpu, Open};
 use crate::error::{CudaContext, Error, Result};
 use crate::manifest::{Manifest, is_hopper_entry};
 use crate::schema::DeviceInfo;
