@@ -6,6 +6,7 @@
 //! and the environment the binaries read (`env`).
 
 pub mod file;
+pub mod gpu;
 pub mod kernel_set;
 pub mod manifest;
 pub mod schema;

@@ -18,16 +18,36 @@ pub fn attention_flops(
     if causal { f / 2.0 } else { f }
 }
 
+/// A self-attention shape the bench times: q, k and v all [batch, heads,
+/// seqlen, head_dim].
+///
+/// ```
+/// use fa_schema::shape::Shape;
+/// use fa_schema::tensor::Dtype;
+///
+/// let s = Shape::parse("2,16,8192,128,causal").unwrap();
+/// assert_eq!((s.batch, s.heads, s.seqlen, s.head_dim, s.causal), (2, 16, 8192, 128, true));
+/// assert_eq!(s.spec(), "2,16,8192,128,causal");
+/// assert_eq!(s.name(Dtype::F16), "f16-b2h16s8192d128-causal");
+/// // Refused when parsed: the kernels have no head dim 96.
+/// assert!(Shape::parse("1,1,128,96").unwrap_err().contains("head dims [64, 128]"));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
+    /// B.
     pub batch: usize,
+    /// H (the k/v heads too).
     pub heads: usize,
+    /// Queries and keys per head.
     pub seqlen: usize,
+    /// D.
     pub head_dim: usize,
+    /// Whether the causal mask applies.
     pub causal: bool,
 }
 
 impl Shape {
+    /// The name reports and the gate key results by, e.g. `f16-b2h16s8192d128-causal`.
     pub fn name(&self, dtype: Dtype) -> String {
         format!(
             "{}-b{}h{}s{}d{}{}",

@@ -15,21 +15,33 @@ impl std::fmt::Display for Invalid {
 
 impl std::error::Error for Invalid {}
 
+/// `Result` with [`Invalid`].
 pub type Result<T, E = Invalid> = std::result::Result<T, E>;
 
 macro_rules! invalid {
     ($($arg:tt)*) => { return Err(Invalid(format!($($arg)*))) };
 }
 
+/// The element type of every tensor of a call; the kernels take their bits as `u16`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
+    /// IEEE half precision: 11-bit significand, 5-bit exponent.
     F16,
+    /// bfloat16: 8-bit significand, f32's 8-bit exponent.
     Bf16,
 }
 
 impl Dtype {
     /// `f16` or `bf16`: what `name` writes.
+    ///
+    /// ```
+    /// use fa_schema::tensor::Dtype;
+    ///
+    /// assert_eq!(Dtype::parse("bf16"), Ok(Dtype::Bf16));
+    /// assert_eq!(Dtype::Bf16.name(), "bf16");
+    /// assert_eq!(Dtype::parse("fp32"), Err("unknown dtype `fp32`; use f16 or bf16".to_string()));
+    /// ```
     pub fn parse(s: &str) -> std::result::Result<Dtype, String> {
         match s {
             "f16" => Ok(Dtype::F16),
@@ -38,6 +50,7 @@ impl Dtype {
         }
     }
 
+    /// `f16` or `bf16`.
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F16 => "f16",
@@ -45,6 +58,7 @@ impl Dtype {
         }
     }
 
+    /// The value of `bits` (exact: both types widen to f32 without rounding).
     pub fn to_f32(self, bits: u16) -> f32 {
         match self {
             Dtype::F16 => half::f16::from_bits(bits).to_f32(),
@@ -52,6 +66,15 @@ impl Dtype {
         }
     }
 
+    /// `x` rounded to the nearest value of this type, as its bits.
+    ///
+    /// ```
+    /// use fa_schema::tensor::Dtype;
+    ///
+    /// let bits = Dtype::F16.from_f32(0.1);
+    /// assert_eq!(Dtype::F16.to_f32(bits), 0.0999755859375);
+    /// assert_eq!(Dtype::Bf16.to_f32(Dtype::Bf16.from_f32(0.1)), 0.10009765625);
+    /// ```
     pub fn from_f32(self, x: f32) -> u16 {
         match self {
             Dtype::F16 => half::f16::from_f32(x).to_bits(),
@@ -80,15 +103,28 @@ pub enum Layout {
 
 /// Logical dims `[batch, heads, seq, head_dim]` and element strides of batch, head
 /// and seq; the head-dim stride is 1.
+///
+/// ```
+/// use fa_schema::tensor::{Desc, Layout};
+///
+/// // [batch 2, heads 8, seq 100, head_dim 64] held as [B, S, H, D].
+/// let d = Desc::new([2, 8, 100, 64], Layout::Bshd);
+/// assert_eq!(d.strides, [100 * 8 * 64, 64, 8 * 64]);
+/// assert_eq!(d.offset(1, 3, 10), 100 * 8 * 64 + 3 * 64 + 10 * 8 * 64);
+/// assert_eq!(d.span(), d.numel()); // dense: the buffer holds exactly the elements
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Desc {
+    /// `[batch, heads, seq, head_dim]`, whatever the memory order.
     pub dims: [usize; 4],
+    /// Element strides of batch, head and seq (the kernels need multiples of 8).
     pub strides: [usize; 3],
 }
 
 impl Desc {
-    /// Strides saturate at `usize::MAX`, so that dims read from a file or a flag
-    /// reach `validate` (which refuses them) instead of overflowing here.
+    /// The dense strides of `dims` held in `layout`'s order. Strides saturate at
+    /// `usize::MAX`, so that dims read from a file or a flag reach `validate`
+    /// (which refuses them) instead of overflowing here.
     pub fn new(dims: [usize; 4], layout: Layout) -> Desc {
         let [_, h, s, d] = dims;
         let strides = match layout {
@@ -98,7 +134,7 @@ impl Desc {
         Desc { dims, strides }
     }
 
-    /// Saturates at `usize::MAX`.
+    /// Elements in all: the product of the dims. Saturates at `usize::MAX`.
     pub fn numel(&self) -> usize {
         self.dims.iter().fold(1, |n, &x| n.saturating_mul(x))
     }
@@ -123,12 +159,19 @@ impl Desc {
 /// A validated problem, in the units the kernels take.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Problem {
+    /// B.
     pub batch: usize,
+    /// H, query heads.
     pub heads: usize,
+    /// K/V heads; `heads` is a multiple of it (grouped-query attention).
     pub kv_heads: usize,
+    /// Queries per head.
     pub seqlen_q: usize,
+    /// Keys (and values) per head.
     pub seqlen_k: usize,
+    /// D: 64 or 128.
     pub head_dim: usize,
+    /// The softmax scale: the caller's, else 1/sqrt(head_dim).
     pub scale: f32,
 }
 
@@ -147,14 +190,37 @@ pub const MAX_BATCH_HEADS: usize = 65_535;
 /// One tensor argument as the validator sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Arg<'a> {
+    /// What the errors call it: `q`, `k`, `v` or `out`.
     pub name: &'a str,
+    /// Its element type.
     pub dtype: Dtype,
+    /// Its dims and strides.
     pub desc: Desc,
     /// Elements in the buffer behind it.
     pub len: usize,
 }
 
-/// Checks q, k, v and o against each other and against the kernels' rules.
+/// Checks q, k, v and o against each other and against the kernels' rules,
+/// and returns the problem they describe. q is [B, H, Sq, D], k and v
+/// [B, Hkv, Sk, D] with H a multiple of Hkv, o q's shape; one dtype; D one of
+/// [`HEAD_DIMS`]; B × H at most [`MAX_BATCH_HEADS`]; strides multiples of 8
+/// elements; every buffer long enough for its dims and strides; the scale
+/// (`None`: 1/sqrt(D)) finite and positive. The first rule broken is returned,
+/// naming the tensor, the value and the rule.
+///
+/// ```
+/// use fa_schema::tensor::{Arg, Desc, Dtype, Layout, validate};
+///
+/// let q = Desc::new([2, 8, 100, 64], Layout::Bshd);
+/// let kv = Desc::new([2, 2, 300, 64], Layout::Bshd); // 2 k/v heads: GQA
+/// let arg = |name, desc: Desc| Arg { name, dtype: Dtype::F16, desc, len: desc.span() };
+/// let p = validate(arg("q", q), arg("k", kv), arg("v", kv), arg("out", q), None).unwrap();
+/// assert_eq!((p.heads, p.kv_heads, p.seqlen_k, p.scale), (8, 2, 300, 0.125));
+///
+/// let short = Arg { len: kv.span() - 1, ..arg("v", kv) };
+/// let e = validate(arg("q", q), arg("k", kv), short, arg("out", q), None).unwrap_err();
+/// assert!(e.to_string().starts_with("v needs 76800 elements"), "{e}");
+/// ```
 pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Problem> {
     let [batch, heads, seqlen_q, head_dim] = q.desc.dims;
     let [_, kv_heads, seqlen_k, _] = k.desc.dims;

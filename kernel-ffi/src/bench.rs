@@ -3,17 +3,31 @@
 
 pub use fa_schema::shape::{Shape, default_shapes};
 
+/// Summary statistics of timing samples.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stats {
+    /// The median (linear-interpolated, as `quantile`).
     pub median: f64,
+    /// The first quartile.
     pub q1: f64,
+    /// The third quartile.
     pub q3: f64,
+    /// The smallest sample.
     pub min: f64,
+    /// The arithmetic mean.
     pub mean: f64,
+    /// The sample standard deviation over the mean.
     pub rel_stdev: f64,
 }
 
-/// Linear-interpolated quantile of sorted data.
+/// Linear-interpolated quantile of sorted data; NaN for none.
+///
+/// ```
+/// use kernel_ffi::bench::quantile;
+///
+/// assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0], 0.5), 2.5);
+/// assert!(quantile(&[], 0.5).is_nan());
+/// ```
 pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -23,6 +37,14 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
+/// The statistics of `samples`, in any order.
+///
+/// ```
+/// use kernel_ffi::bench::stats;
+///
+/// let st = stats(&[4.0, 1.0, 3.0, 2.0, 5.0]);
+/// assert_eq!((st.median, st.q1, st.q3, st.min, st.mean), (3.0, 2.0, 4.0, 1.0, 3.0));
+/// ```
 pub fn stats(samples: &[f64]) -> Stats {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);

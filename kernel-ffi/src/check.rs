@@ -12,15 +12,33 @@ pub fn tolerances(dtype: crate::Dtype) -> (f64, f64, f64) {
     }
 }
 
+/// How far an output is from its reference.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Errors {
+    /// ‖got − want‖₂ / ‖want‖₂ (‖got − want‖₂ where want is all zeros);
+    /// infinite where any value of got is not finite.
     pub rel_l2: f64,
+    /// max |got − want|; infinite where any value of got is not finite.
     pub max_abs: f64,
+    /// Values of got that are NaN or infinite.
     pub non_finite: usize,
 }
 
 /// ‖got − want‖₂ / ‖want‖₂ (or ‖got‖₂ when want is all zeros) and max |got − want|.
 /// Non-finite values in `got` are counted and make both errors infinite.
+///
+/// Panics where `got` has fewer elements than `want`.
+///
+/// ```
+/// use kernel_ffi::{Dtype, check};
+///
+/// let want = [1.0, 2.0, 3.0];
+/// let got = [1.0f32, 2.001, 3.0];
+/// let e = check::compare(got.iter().map(|&x| f64::from(x)), &want);
+/// let (rel_l2, max_abs, _) = check::tolerances(Dtype::F16);
+/// assert!(e.rel_l2 < rel_l2 && e.max_abs < max_abs && e.non_finite == 0);
+/// assert_eq!(check::compare([f64::NAN, 2.0, 3.0], &want).non_finite, 1);
+/// ```
 pub fn compare(got: impl IntoIterator<Item = f64>, want: &[f64]) -> Errors {
     let (mut diff2, mut ref2, mut max_abs, mut non_finite) = (0.0, 0.0, 0.0f64, 0);
     let mut n = 0;

@@ -3,60 +3,20 @@
 //! `nvidia-smi -L` prints it. xtask passes the UUID, so a stage, its children and
 //! its monitoring all name the same GPU however CUDA orders the devices.
 
-use std::fmt;
-use std::str::FromStr;
-
 use cudarc::driver::result;
 
 use crate::attention::uuid_string;
 use crate::error::{CudaContext, Error, Result};
+pub use fa_schema::gpu::Gpu;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Gpu {
-    Ordinal(usize),
-    /// `GPU-` and 8-4-4-4-12 hex digits, lower case.
-    Uuid(String),
-}
-
-impl Default for Gpu {
-    fn default() -> Gpu {
-        Gpu::Ordinal(0)
-    }
-}
-
-impl fmt::Display for Gpu {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Gpu::Ordinal(n) => write!(f, "{n}"),
-            Gpu::Uuid(u) => f.write_str(u),
-        }
-    }
-}
-
-impl FromStr for Gpu {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Gpu, String> {
-        let s = s.trim();
-        if let Ok(n) = s.parse::<usize>() {
-            return Ok(Gpu::Ordinal(n));
-        }
-        let lower = s.to_ascii_lowercase();
-        let groups: Vec<&str> = lower.strip_prefix("gpu-").map(|r| r.split('-').collect()).unwrap_or_default();
-        let sizes_ok = groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12]);
-        if sizes_ok && groups.iter().all(|g| g.chars().all(|c| c.is_ascii_hexdigit())) {
-            return Ok(Gpu::Uuid(format!("GPU-{}", groups.join("-"))));
-        }
-        Err(format!(
-            "device `{s}`: expected a CUDA ordinal (0, 1, …) or a UUID as `nvidia-smi -L` prints it \
-             (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
-        ))
-    }
-}
-
-impl Gpu {
+/// What kernel-ffi adds to a `Gpu`: finding it among the visible devices.
+pub trait Open {
     /// The CUDA ordinal of this GPU among the visible ones. Needs the driver.
-    pub fn ordinal(&self) -> Result<usize> {
+    fn ordinal(&self) -> Result<usize>;
+}
+
+impl Open for Gpu {
+    fn ordinal(&self) -> Result<usize> {
         result::init().cuda("initialising CUDA")?;
         let count = result::device::get_count().cuda("counting GPUs")?.max(0) as usize;
         let visible = || match std::env::var("CUDA_VISIBLE_DEVICES") {
@@ -85,23 +45,6 @@ impl Gpu {
                     seen.join(", ")
                 )))
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Gpu;
-
-    #[test]
-    fn ordinals_and_uuids_parse_and_anything_else_says_what_is_expected() {
-        assert_eq!("1".parse::<Gpu>(), Ok(Gpu::Ordinal(1)));
-        let u = "GPU-62B9475D-0A1B-2C3D-4E5F-0123456789ab".parse::<Gpu>().unwrap();
-        assert_eq!(u, Gpu::Uuid("GPU-62b9475d-0a1b-2c3d-4e5f-0123456789ab".into()));
-        assert_eq!(u.to_string(), "GPU-62b9475d-0a1b-2c3d-4e5f-0123456789ab");
-        for bad in ["", "-1", "GPU-62b9475d", "MIG-1234", "GPU-zzzzzzzz-0a1b-2c3d-4e5f-0123456789ab"] {
-            let err = bad.parse::<Gpu>().unwrap_err();
-            assert!(err.contains("CUDA ordinal") && err.contains("nvidia-smi -L"), "{bad}: {err}");
         }
     }
 }

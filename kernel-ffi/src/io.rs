@@ -85,13 +85,30 @@ impl<'de> serde::Deserialize<'de> for Entries {
 /// One contiguous 16-bit tensor on the host.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostTensor16 {
+    /// f16 or bf16.
     pub dtype: Dtype,
+    /// Logical dims [batch, heads, seq, head_dim] and the strides of the
+    /// layout it was read in.
     pub desc: Desc,
+    /// The elements' bits, in the file's order.
     pub bits: Vec<u16>,
 }
 
 impl HostTensor16 {
     /// This tensor as `tensor::validate` takes it.
+    ///
+    /// ```
+    /// use kernel_ffi::io::HostTensor16;
+    /// use kernel_ffi::tensor::{self, Desc, Dtype, Layout};
+    ///
+    /// let t = |s| {
+    ///     let desc = Desc::new([1, 4, s, 64], Layout::Bshd);
+    ///     HostTensor16 { dtype: Dtype::Bf16, desc, bits: vec![0; desc.span()] }
+    /// };
+    /// let (q, kv) = (t(10), t(30));
+    /// let p = tensor::validate(q.arg("q"), kv.arg("k"), kv.arg("v"), q.arg("out"), None).unwrap();
+    /// assert_eq!((p.seqlen_q, p.seqlen_k, p.rows()), (10, 30, 40));
+    /// ```
     pub fn arg<'a>(&self, name: &'a str) -> Arg<'a> {
         Arg { name, dtype: self.dtype, desc: self.desc, len: self.bits.len() }
     }

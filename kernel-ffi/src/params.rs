@@ -4,27 +4,49 @@
 
 use cudarc::driver::DeviceRepr;
 
+/// The forward entries' parameters (`fa::FlashParams`), passed by value.
+/// Addresses are device pointers as `u64`; strides are in elements, the head
+/// dim contiguous.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct FlashParams {
+    /// Q, [B, H, Sq, D] in the input dtype.
     pub q: u64,
+    /// K, [B, Hkv, Sk, D].
     pub k: u64,
+    /// V, [B, Hkv, Sk, D].
     pub v: u64,
+    /// The output, [B, H, Sq, D] in the input dtype; written when `num_splits` is 1.
     pub o: u64,
+    /// The natural-log LSE, [B, H, Sq] fp32, or 0 for none; written when `num_splits` is 1.
     pub lse: u64,
+    /// fp32 outputs of each split, [num_splits, B, H, Sq, D], when `num_splits` > 1.
     pub o_partial: u64,
+    /// fp32 LSEs of each split, [num_splits, B, H, Sq], when `num_splits` > 1.
     pub lse_partial: u64,
+    /// Q's batch, head and row strides.
     pub q_strides: [i64; 3],
+    /// K's batch, head and row strides.
     pub k_strides: [i64; 3],
+    /// V's batch, head and row strides.
     pub v_strides: [i64; 3],
+    /// The output's batch, head and row strides.
     pub o_strides: [i64; 3],
+    /// B.
     pub batch: i32,
+    /// H, query heads.
     pub heads: i32,
+    /// Hkv, K/V heads (H is a multiple of it).
     pub kv_heads: i32,
+    /// Sq.
     pub seqlen_q: i32,
+    /// Sk.
     pub seqlen_k: i32,
+    /// Key splits.
     pub num_splits: i32,
+    /// Keys per split, a multiple of the entry's key tile.
     pub keys_per_split: i32,
+    /// The softmax scale × log2(e): the kernels exponentiate in base 2.
     pub scale_log2: f32,
 }
 
@@ -33,12 +55,23 @@ pub struct FlashParams {
 #[derive(Debug, Clone, Copy)]
 pub struct TmaDesc(pub [u64; 16]);
 
-/// n / div as `umulhi(n, mul) >> shr` for 0 <= n < 2^31 (fa::FastDiv).
+/// n / div as `umulhi(n, mul) >> shr` for 0 <= n < 2^31 (fa::FastDiv): the
+/// Hopper kernel's divisions by launch constants, without a hardware divide.
+///
+/// ```
+/// use kernel_ffi::params::FastDiv;
+///
+/// let by7 = FastDiv::new(7);
+/// assert!((0..10_000).all(|n| by7.apply(n) == n / 7));
+/// ```
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FastDiv {
+    /// The divisor (at least 1).
     pub div: u32,
+    /// The multiplier, ⌈2^(32 + shr) / div⌉ (0 for a divisor of 1).
     pub mul: u32,
+    /// The shift after the high half of the product.
     pub shr: u32,
 }
 
@@ -63,68 +96,112 @@ impl FastDiv {
     }
 }
 
-/// The Hopper kernel's work decomposition (fa::HopperSched).
+/// The Hopper kernel's work decomposition (fa::HopperSched): its persistent
+/// entries' units, grid-strided over the CTAs (`planner::Units`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct HopperSched {
+    /// Units in all.
     pub units: i32,
+    /// Units per (split, batch, head); causal: per (batch, head).
     pub per_head: FastDiv,
+    /// Batch × heads.
     pub bh: FastDiv,
+    /// Heads.
     pub heads: FastDiv,
+    /// Query heads per K/V head.
     pub group: FastDiv,
+    /// Query blocks per (split, batch, head).
     pub blocks: FastDiv,
     /// Causal persistent launches: device address of `grid × order_stride` block
     /// indices (planner::causal_order); else 0.
     pub order: u64,
+    /// Block indices per CTA in `order`.
     pub order_stride: i32,
     /// Split-tail entries: units run whole (`planner::whole_units`); the rest
     /// run as three 64-row items each. Elsewhere `units`.
     pub whole_units: i32,
 }
 
+/// The Hopper entries' parameters (fa::HopperParams): TMA maps of q, k, v and
+/// the output, the portable entries' parameters and the work decomposition.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct HopperParams {
+    /// Q's map: boxes of 64 columns × the entry's query rows.
     pub q_map: TmaDesc,
+    /// K's map: boxes of 64 columns × the entry's key tile.
     pub k_map: TmaDesc,
+    /// V's map: boxes of 64 columns × the entry's key tile.
     pub v_map: TmaDesc,
+    /// The output's map: boxes of 64 columns × a warpgroup's 64 rows.
     pub o_map: TmaDesc,
+    /// Addresses, strides and sizes, as the portable entries take them.
     pub p: FlashParams,
+    /// The persistent entries' units.
     pub sched: HopperSched,
 }
 
+/// The combine entries' parameters (fa::CombineParams): merge each split's
+/// partial output and LSE into the output.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct CombineParams {
+    /// fp32 outputs of each split, [num_splits, B, H, Sq, D].
     pub o_partial: u64,
+    /// fp32 LSEs of each split, [num_splits, B, H, Sq].
     pub lse_partial: u64,
+    /// The output, [B, H, Sq, D] in the input dtype.
     pub o: u64,
+    /// The merged LSE, [B, H, Sq] fp32, or 0 for none.
     pub lse: u64,
+    /// The output's batch, head and row strides, in elements.
     pub o_strides: [i64; 3],
+    /// B.
     pub batch: i32,
+    /// H.
     pub heads: i32,
+    /// Sq.
     pub seqlen_q: i32,
+    /// Splits to merge.
     pub num_splits: i32,
 }
 
+/// The fp32 GPU reference's parameters (fa::ReferenceParams).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ReferenceParams {
+    /// Q, [B, H, Sq, D] in the input dtype.
     pub q: u64,
+    /// K, [B, Hkv, Sk, D].
     pub k: u64,
+    /// V, [B, Hkv, Sk, D].
     pub v: u64,
+    /// The output, [B, H, Sq, D] contiguous fp32.
     pub o: u64,
+    /// The LSE, [B, H, Sq] fp32.
     pub lse: u64,
+    /// Q's batch, head and row strides, in elements.
     pub q_strides: [i64; 3],
+    /// K's batch, head and row strides.
     pub k_strides: [i64; 3],
+    /// V's batch, head and row strides.
     pub v_strides: [i64; 3],
+    /// B.
     pub batch: i32,
+    /// H.
     pub heads: i32,
+    /// Hkv.
     pub kv_heads: i32,
+    /// Sq.
     pub seqlen_q: i32,
+    /// Sk.
     pub seqlen_k: i32,
+    /// D.
     pub head_dim: i32,
+    /// 1 for the bottom-right causal mask, else 0.
     pub causal: i32,
+    /// The softmax scale.
     pub scale: f32,
 }
 

@@ -20,6 +20,8 @@ const PTX: &str = include_str!("probe.ptx");
 /// About 35 µs at 1.9 GHz: long against `%globaltimer`'s tick, short against a quad.
 const PROBE_CYCLES: u64 = 1 << 16;
 
+/// The two probe kernels, JIT-loaded on an [`Attention`]'s context and
+/// launched on its stream.
 pub struct Probes {
     spin: CudaFunction,
     clock: CudaFunction,
@@ -31,6 +33,7 @@ pub struct Probes {
 const ONE_THREAD: LaunchConfig = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
 
 impl Probes {
+    /// JIT-compiles the probes' PTX for `att`'s device and loads them.
     pub fn load(att: &Attention) -> Result<Probes> {
         let module = att.context().load_module(Ptx::from_src(PTX)).cuda("JIT-loading the probe kernels")?;
         let spin = module.load_function("fa_spin_ns").cuda("finding fa_spin_ns")?;

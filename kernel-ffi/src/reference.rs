@@ -6,11 +6,34 @@ use crate::tensor::{Desc, Problem};
 
 /// A host tensor of f32 values (already rounded to the kernel's dtype).
 pub struct HostTensor<'a> {
+    /// Logical dims [batch, heads, seq, head_dim] and element strides into `data`.
     pub desc: Desc,
+    /// The values, laid out by `desc`.
     pub data: &'a [f32],
 }
 
-/// Returns (out [B, H, Sq, D] contiguous, lse [B, H, Sq]) in f64.
+/// Returns (out [B, H, Sq, D] contiguous, lse [B, H, Sq]) in f64, for the
+/// problem `tensor::validate` made of q, k, v (its scale and GQA group).
+/// O(B·H·Sq·Sk·D): for shapes the GPU reference
+/// ([`Attention::reference`](crate::Attention::reference)) is there for larger
+/// ones.
+///
+/// ```
+/// use kernel_ffi::reference::{HostTensor, attention};
+/// use kernel_ffi::tensor::{self, Arg, Desc, Dtype, Layout};
+///
+/// // One query against two keys: equal scores (q = 0) average the values.
+/// let (qd, kd) = (Desc::new([1, 1, 1, 64], Layout::Bhsd), Desc::new([1, 1, 2, 64], Layout::Bhsd));
+/// let q = vec![0.0; 64];
+/// let k = vec![0.5; 128];
+/// let v: Vec<f32> = (0..128).map(|i| if i < 64 { 1.0 } else { 3.0 }).collect();
+/// let arg = |name, desc: Desc| Arg { name, dtype: Dtype::F16, desc, len: desc.span() };
+/// let p = tensor::validate(arg("q", qd), arg("k", kd), arg("v", kd), arg("out", qd), None).unwrap();
+/// let t = |desc, data| HostTensor { desc, data };
+/// let (out, lse) = attention(&t(qd, &q), &t(kd, &k), &t(kd, &v), &p, false);
+/// assert!(out.iter().all(|&x| (x - 2.0).abs() < 1e-12));
+/// assert!((lse[0] - 2f64.ln()).abs() < 1e-12);
+/// ```
 pub fn attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, p: &Problem, causal: bool) -> (Vec<f64>, Vec<f64>) {
     let (d, sk) = (p.head_dim, p.seqlen_k);
     let mut out = vec![0.0; p.batch * p.heads * p.seqlen_q * d];

@@ -3,13 +3,24 @@
 
 use crate::tensor::Dtype;
 
+/// A SplitMix64 generator: the same seed gives the same values everywhere.
+///
+/// ```
+/// use kernel_ffi::{Dtype, rng::Rng};
+///
+/// let q = Rng::new(7).bits(Dtype::Bf16, 4, -1.0, 1.0);
+/// assert_eq!(q, Rng::new(7).bits(Dtype::Bf16, 4, -1.0, 1.0));
+/// assert!(q.iter().all(|&b| (-1.0..=1.0).contains(&Dtype::Bf16.to_f32(b))));
+/// ```
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator whose sequence is fixed by `seed`.
     pub fn new(seed: u64) -> Rng {
         Rng(seed)
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;

@@ -18,9 +18,11 @@ use crate::planner::{self, Plan};
 use crate::schema::EntryRecord;
 use crate::tensor::{Desc, Dtype, Problem};
 
-/// What a forward call launched.
+/// What a forward call launched: the entry the planner (or the caller's
+/// [`KernelChoice`](crate::KernelChoice)) chose and its grid.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Launched {
+    /// Key splits (1: no combine launch; 0 when nothing was launched).
     pub num_splits: u32,
     /// CTAs of the attention kernel (0 when nothing was launched).
     pub ctas: u64,

@@ -11,29 +11,76 @@ use cudarc::driver::{CudaContext as Ctx, CudaModule};
 use cudarc::nvrtc::Ptx;
 
 use super::{Attention, Kernel};
-use crate::device::Gpu;
+use crate::device::{Gpu, Open};
 use crate::error::{CudaContext, Error, Result};
 use crate::manifest::{Manifest, is_hopper_entry};
 use crate::schema::DeviceInfo;
 use fa_schema::kernel_set::KernelSet;
 
-/// The kernel folder `kernel_dir::find` picks (`FA_KERNEL_DIR`, the checkout's
-/// `target/kernels`, beside the executable), else the first place it looked.
-pub fn default_kernel_dir() -> PathBuf {
-    crate::kernel_dir::find().unwrap_or_else(|e| e.fallback())
+/// The kernel folder [`Attention::new`] loads: `FA_KERNEL_DIR`, else the
+/// `target/kernels` of the flash-pipeline checkout the current directory is in
+/// ([`kernel_dir::find_for_library`](crate::kernel_dir::find_for_library)).
+/// The error names every place looked and what to do.
+pub fn default_kernel_dir() -> Result<PathBuf> {
+    Ok(crate::kernel_dir::find_for_library()?)
 }
 
 impl Attention {
+    /// Opens `gpu` and loads the kernel set found by the library's rule:
+    ///
+    /// 1. `FA_KERNEL_DIR`, when set (then the only place looked);
+    /// 2. else `target/kernels` of the flash-pipeline checkout the current
+    ///    directory is in (`$CARGO_TARGET_DIR/kernels` where that is set).
+    ///
+    /// A program that depends on kernel-ffi and runs outside the checkout sets
+    /// `FA_KERNEL_DIR`, or names the folder with [`Attention::with_kernel_dir`];
+    /// nothing is looked for beside the executable or in the program's own
+    /// `target/`. Where no kernel set is found the error
+    /// ([`Error::MissingKernels`]) lists the places looked and says how to build
+    /// one (`cargo xtask build` in the flash-pipeline checkout). The module
+    /// [`kernel_dir`](crate::kernel_dir) has the rule in full, and the one
+    /// kernel-ffi's own tools follow.
+    ///
+    /// ```no_run
+    /// use kernel_ffi::{Attention, Gpu};
+    ///
+    /// // GPU 0, kernels from FA_KERNEL_DIR or the checkout the current directory is in.
+    /// let att = Attention::new(&Gpu::default())?;
+    /// println!("{} (sm {})", att.device().name, att.device().compute_capability);
+    /// # Ok::<(), kernel_ffi::Error>(())
+    /// ```
     pub fn new(gpu: &Gpu) -> Result<Attention> {
-        Attention::with_kernel_dir(gpu, &default_kernel_dir())
+        Attention::with_kernel_dir(gpu, &default_kernel_dir()?)
     }
 
+    /// Opens `gpu` and loads the kernel set in `dir`: a folder `cargo xtask
+    /// build` wrote (`target/kernels` of the flash-pipeline checkout) or a copy
+    /// of one. Every file is checked against the set's `kernel-set.json`, so a
+    /// set whose build did not finish is refused, not half-loaded; then the
+    /// fatbins of the device's arch are loaded, each entry with its
+    /// shared-memory opt-in and occupancy.
+    ///
+    /// Errors: [`Error::MissingKernels`] for a folder that is not a complete
+    /// kernel set (checked first, so without a GPU too), [`Error::Unsupported`]
+    /// without an NVIDIA driver, for a GPU that does not exist or an arch the set
+    /// was not built for, [`Error::Cuda`] when the driver fails.
+    ///
+    /// ```no_run
+    /// use std::path::Path;
+    /// use kernel_ffi::{Attention, Gpu};
+    ///
+    /// let att = Attention::with_kernel_dir(&Gpu::Ordinal(0), Path::new("/opt/flash-pipeline/kernels"))?;
+    /// println!("{}: Hopper kernel loaded: {}", att.device().name, att.has_hopper());
+    /// # Ok::<(), kernel_ffi::Error>(())
+    /// ```
     pub fn with_kernel_dir(gpu: &Gpu, dir: &Path) -> Result<Attention> {
         let manifest_path = dir.join("manifest.json");
         if !manifest_path.is_file() {
             return Err(Error::MissingKernels(format!(
-                "{} does not exist; run `cargo xtask build` (or set FA_KERNEL_DIR to its target/kernels)",
-                manifest_path.display()
+                "{} does not exist, so {} is not a kernel set; build one with `cargo xtask build` in the \
+                 flash-pipeline checkout (it writes target/kernels there) and pass that folder",
+                manifest_path.display(),
+                dir.display()
             )));
         }
         // Every file is checked against the record of the build that wrote the
@@ -136,6 +183,7 @@ fn combine_waits(arch: &str) -> bool {
     digits.and_then(|d| d.parse::<u32>().ok()).is_some_and(|n| n >= 90)
 }
 
+/// The driver's CUDA version, e.g. `13.0`.
 fn driver_version() -> Option<String> {
     let mut v = 0;
     // SAFETY: cuDriverGetVersion writes one int; the driver is loaded by Ctx::new.

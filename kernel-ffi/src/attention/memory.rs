@@ -6,10 +6,19 @@ use super::Attention;
 use crate::error::{CudaContext, Result, invalid};
 use crate::tensor::{Arg, Desc, Dtype};
 
-/// A device tensor of 16-bit elements (f16 or bf16 bits).
+/// A device tensor of 16-bit elements (f16 or bf16 bits): a 4-D attention
+/// operand, [batch, heads, seq, head_dim] with the strides of `desc`.
+///
+/// Made by [`Attention::upload`] or [`Attention::alloc_poisoned`], or from a
+/// device buffer of the caller's own (any `CudaSlice<u16>` on the same
+/// context); [`Attention::forward`] checks `desc` against `data.len()` before
+/// it launches.
 pub struct Tensor {
+    /// The elements' bits, on the device.
     pub data: CudaSlice<u16>,
+    /// What the bits are: f16 or bf16.
     pub dtype: Dtype,
+    /// Logical dims and element strides: where element (b, h, s, d) lies in `data`.
     pub desc: Desc,
 }
 
@@ -21,7 +30,9 @@ impl Tensor {
 }
 
 impl Attention {
-    /// Copies host bits to a new device tensor.
+    /// Copies host bits to a new device tensor. `bits` holds at least
+    /// `desc.span()` elements, laid out by `desc`'s strides; the copy is
+    /// enqueued on the stream.
     pub fn upload(&self, dtype: Dtype, desc: Desc, bits: &[u16]) -> Result<Tensor> {
         if bits.len() < desc.span() {
             invalid!(
@@ -70,6 +81,8 @@ impl Attention {
         Ok(all)
     }
 
+    /// Copies a tensor's bits to the host, after the work enqueued before it.
+    /// The whole buffer comes back, in the tensor's own strides.
     pub fn download(&self, t: &Tensor) -> Result<Vec<u16>> {
         self.stream.clone_dtoh(&t.data).cuda("copying a tensor to the host")
     }

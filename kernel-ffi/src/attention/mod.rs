@@ -57,6 +57,34 @@ struct Chosen<'a> {
 /// A persistent causal launch's schedule on the device: (row length, the rows).
 type CausalOrder = (u32, CudaSlice<u32>);
 
+/// The FlashAttention forward kernels loaded on one GPU: a CUDA context, one
+/// stream, and every entry of the kernel set built for the device's arch.
+///
+/// Made by [`Attention::new`] (kernel set found by the library's rule) or
+/// [`Attention::with_kernel_dir`] (kernel set named). Copies
+/// ([`upload`](Attention::upload), [`download`](Attention::download)) and
+/// launches ([`forward`](Attention::forward)) all run in order on
+/// [`stream`](Attention::stream); a download waits for what came before it.
+/// Device memory is freed when the [`Tensor`]s and slices holding it drop.
+///
+/// ```no_run
+/// use kernel_ffi::{Attention, Desc, Dtype, Gpu, Layout, Options};
+///
+/// let att = Attention::new(&Gpu::default())?;
+/// let desc = Desc::new([1, 8, 256, 64], Layout::Bhsd); // [batch, heads, seq, head_dim]
+/// let host = vec![Dtype::F16.from_f32(0.5); desc.span()];
+/// let (q, k, v) = (
+///     att.upload(Dtype::F16, desc, &host)?,
+///     att.upload(Dtype::F16, desc, &host)?,
+///     att.upload(Dtype::F16, desc, &host)?,
+/// );
+/// let mut out = att.alloc_poisoned(Dtype::F16, desc)?;
+/// let launched = att.forward(&q, &k, &v, &mut out, None, &Options::default())?;
+/// let bits = att.download(&out)?; // waits for the launch
+/// let first = Dtype::F16.to_f32(bits[0]);
+/// println!("{} kernel, {} split(s): out[0] = {first}", launched.family.name(), launched.num_splits);
+/// # Ok::<(), kernel_ffi::Error>(())
+/// ```
 pub struct Attention {
     ctx: Arc<Ctx>,
     stream: Arc<CudaStream>,
@@ -77,14 +105,21 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// The device: name, compute capability, SM count, driver version and UUID.
     pub fn device(&self) -> &DeviceInfo {
         &self.device
     }
 
+    /// The CUDA context, for work of the caller's own on the same GPU (cudarc's
+    /// [`CudaContext`](crate::CudaContext)).
     pub fn context(&self) -> &Arc<Ctx> {
         &self.ctx
     }
 
+    /// The stream every copy and launch of this `Attention` is enqueued on.
+    /// Work of the caller's own on this stream runs in order with them, with no
+    /// further synchronisation; on another stream it needs an event or a
+    /// [`synchronize`](Attention::synchronize).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
@@ -94,6 +129,8 @@ impl Attention {
         self.hopper
     }
 
+    /// Waits for everything enqueued on the stream. A kernel that failed
+    /// reports its error here (or at the next call that waits).
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().cuda("waiting for the stream (a kernel failed)")
     }
@@ -107,6 +144,16 @@ impl Attention {
     /// out = softmax(q·kᵀ·scale [+ causal mask]) · v, and optionally the per-row
     /// log-sum-exp into `lse` ([B, H, Sq] fp32). Enqueued on the stream; errors in
     /// the kernel surface at the next synchronising call.
+    ///
+    /// q is [B, H, Sq, D], k and v [B, Hkv, Sk, D] with H a multiple of Hkv
+    /// (GQA), out q's shape, all of one dtype; D is 64 or 128; any strides that
+    /// are multiples of 8 elements (each tensor's [`Desc`](crate::Desc)). The
+    /// causal mask is bottom-right aligned (query row i sees keys
+    /// j ≤ i + Sk − Sq, PyTorch's `causal_lower_right`); a row that sees no key
+    /// gets zeros and an LSE of −∞. Every rule is checked before anything is
+    /// allocated or launched ([`Error::Invalid`] names the value and the rule).
+    /// [`Options`] picks the mask, scale, splits and (optionally) the entry;
+    /// the returned [`Launched`] says what ran.
     pub fn forward(
         &self,
         q: &Tensor,

@@ -3,18 +3,46 @@
 
 use crate::tensor::Dtype;
 
-#[derive(Debug, Clone, Copy)]
+/// What a forward call asks for beyond its tensors. The default is
+/// non-causal attention at scale 1/sqrt(head_dim), with the planner choosing
+/// the splits and the entry.
+///
+/// ```
+/// use kernel_ffi::{Options, Splits, Variant};
+///
+/// let mut opts = Options { causal: true, ..Options::default() };
+/// opts.choice.variant = Variant::Portable;
+/// assert_eq!((opts.scale, opts.splits), (None, Splits::Auto));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Options {
+    /// Apply the causal mask, bottom-right aligned: query row i sees keys
+    /// j ≤ i + seqlen_k − seqlen_q (PyTorch's `causal_lower_right`).
     pub causal: bool,
-    /// Defaults to 1/sqrt(head_dim).
+    /// The softmax scale; `None` is 1/sqrt(head_dim). Must be finite and positive.
     pub scale: Option<f32>,
+    /// How many parts the keys are split into (a second, combine launch merges
+    /// them): more CTAs for problems too small to fill the GPU.
     pub splits: Splits,
+    /// Which compiled entry runs the call; the default leaves it to the planner.
     pub choice: KernelChoice,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How many parts a forward call splits the keys into. Parses from `auto` or
+/// a count ≥ 1, and displays the same way.
+///
+/// ```
+/// use kernel_ffi::Splits;
+///
+/// assert_eq!("auto".parse::<Splits>(), Ok(Splits::Auto));
+/// assert_eq!("4".parse::<Splits>(), Ok(Splits::Fixed(4)));
+/// assert!("0".parse::<Splits>().unwrap_err().contains("use auto or a number ≥ 1"));
+/// assert_eq!(Splits::Fixed(4).to_string(), "4");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Splits {
     /// Let the planner choose from SM count, shape and occupancy.
+    #[default]
     Auto,
     /// Exactly this many (clamped so no split is empty).
     Fixed(u32),
@@ -74,6 +102,15 @@ pub struct KernelChoice {
 
 /// Which kernel family a call asks for (`--variant`); `Attention::resolve`
 /// turns it into the `Family` that runs.
+///
+/// ```
+/// use kernel_ffi::{Family, Variant};
+///
+/// let v: Variant = "hopper".parse().unwrap();
+/// assert_eq!(v.family(), Some(Family::Hopper));
+/// assert_eq!(Variant::Auto.family(), None); // decided per device and problem
+/// assert!("wgmma".parse::<Variant>().unwrap_err().contains("auto, portable or hopper"));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Variant {
@@ -87,8 +124,10 @@ pub enum Variant {
 }
 
 impl Variant {
+    /// Every variant, in the order `--help` lists them.
     pub const ALL: [Variant; 3] = [Variant::Auto, Variant::Portable, Variant::Hopper];
 
+    /// `auto`, `portable` or `hopper`: what `FromStr` reads and `--variant` takes.
     pub fn name(self) -> &'static str {
         self.family().map_or("auto", Family::name)
     }
@@ -124,6 +163,7 @@ pub enum Family {
 }
 
 impl Family {
+    /// Both families.
     pub const ALL: [Family; 2] = [Family::Portable, Family::Hopper];
 
     /// As `--variant` and the reports (`EntryRecord::variant`) name it.
@@ -137,6 +177,13 @@ impl Family {
     /// The name stem of its forward entries for (dtype, head dim, causal),
     /// `flash_fwd[_hopper]_<dtype>_d<D>[_causal]`, which `_m64` (64-row CTAs),
     /// `_kg2` (two key groups) and `_persistent` extend.
+    ///
+    /// ```
+    /// use kernel_ffi::{Dtype, Family};
+    ///
+    /// assert_eq!(Family::Hopper.entry_stem(Dtype::Bf16, 128, true), "flash_fwd_hopper_bf16_d128_causal");
+    /// assert_eq!(Family::Portable.entry_stem(Dtype::F16, 64, false), "flash_fwd_f16_d64");
+    /// ```
     pub fn entry_stem(self, dtype: Dtype, head_dim: usize, causal: bool) -> String {
         let family = match self {
             Family::Portable => "flash_fwd",

@@ -6,13 +6,20 @@
 /// residency, and the problem's rows and keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LaunchGrid {
+    /// Whether the causal mask applies (query block i sees i + 1 blocks of keys).
     pub causal: bool,
     /// Batch × heads.
     pub heads: u64,
+    /// Queries per head.
     pub seqlen_q: u32,
+    /// Keys per head.
     pub seqlen_k: u32,
+    /// The entry's query rows per CTA.
     pub block_m: u32,
+    /// The entry's key tile.
     pub block_n: u32,
+    /// Resident CTAs per SM (the occupancy calculator's, at the entry's
+    /// threads and shared memory).
     pub ctas_per_sm: u32,
     /// Resident CTAs looping over pairs of query blocks (longest with shortest)
     /// instead of one CTA per query block, longest first. (The simulation keeps

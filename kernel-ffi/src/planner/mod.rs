@@ -8,6 +8,33 @@
 //! - `simulate`: `plan_simulated`, the split model that simulates the grid on the SMs.
 //! - `schedule`: `causal_order`, the work lists of persistent causal CTAs.
 //! - `prefer`: the measured rules for which entry runs.
+//!
+//! ```
+//! use kernel_ffi::planner::{self, LaunchGrid, Plan};
+//!
+//! // One 64-row query block against 4096 keys on a 132-SM GPU: one CTA would
+//! // leave 131 SMs idle, so the keys are split.
+//! let plan = planner::plan(132, 2, 1, 4096, 64);
+//! assert!(plan.num_splits > 1 && plan.num_splits <= planner::MAX_SPLITS);
+//! assert!(plan.num_splits * plan.keys_per_split >= 4096);
+//! // A grid that already fills the GPU runs unsplit.
+//! assert_eq!(planner::plan(132, 2, 4 * 16 * 32, 2048, 64), Plan { num_splits: 1, keys_per_split: 2048 });
+//!
+//! // A causal launch of the Hopper kernel is planned by simulating its grid.
+//! let cost = planner::grid_cost(true, 128, true).unwrap();
+//! let grid = LaunchGrid {
+//!     causal: true,
+//!     heads: 1,
+//!     seqlen_q: 8192,
+//!     seqlen_k: 8192,
+//!     block_m: 128,
+//!     block_n: 128,
+//!     ctas_per_sm: 1,
+//!     persistent: true,
+//! };
+//! let plan = planner::plan_simulated(132, &grid, &cost);
+//! assert!(plan.num_splits > 1, "{plan:?}");
+//! ```
 
 mod grid;
 mod prefer;
@@ -30,8 +57,12 @@ pub use uniform::{plan, plan_grouped};
 /// Most splits the planner will choose (the combine kernel loops over them).
 pub const MAX_SPLITS: u32 = 128;
 
+/// How a forward launch splits the keys: `num_splits` parts of
+/// `keys_per_split` keys each (the last may hold fewer), merged by a combine
+/// launch where there are several.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
+    /// Key splits, 1 to [`MAX_SPLITS`].
     pub num_splits: u32,
     /// Keys per split, a multiple of the kernel's key tile.
     pub keys_per_split: u32,

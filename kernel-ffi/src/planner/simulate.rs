@@ -36,16 +36,22 @@ impl GridCost {
 // than 4, `combine_per_split`): 14 non-causal shapes from B1 H1 S256 to B1 H1
 // S8192, each picked best, and 14 causal ones, 12 picked within 0.1% of the
 // best and two within 2.1% and 2.9%. Tests hold the model to 3% on every row.
+/// The portable kernel, D=64, causal.
 pub const PORTABLE_D64_CAUSAL: GridCost =
     GridCost { sm_throughput: [1.0, 1.6, 2.0], block_overhead: 1.0, combine: 8.0, combine_per_split: 0.0 };
+/// The portable kernel, D=128, causal.
 pub const PORTABLE_D128_CAUSAL: GridCost =
     GridCost { sm_throughput: [1.0, 1.2, 1.2], block_overhead: 1.0, combine: 4.0, combine_per_split: 0.0 };
+/// The Hopper kernel, D=64, causal.
 pub const HOPPER_D64_CAUSAL: GridCost =
     GridCost { sm_throughput: [1.0, 1.2, 1.2], block_overhead: 0.25, combine: 4.5, combine_per_split: 0.0 };
+/// The Hopper kernel, D=128, causal.
 pub const HOPPER_D128_CAUSAL: GridCost =
     GridCost { sm_throughput: [1.0, 1.0, 1.0], block_overhead: 0.0, combine: 1.5, combine_per_split: 1.25 };
+/// The Hopper kernel, D=64, not causal.
 pub const HOPPER_D64: GridCost =
     GridCost { sm_throughput: [1.0, 1.1, 1.1], block_overhead: 0.0, combine: 1.0, combine_per_split: 0.25 };
+/// The Hopper kernel, D=128, not causal.
 pub const HOPPER_D128: GridCost =
     GridCost { sm_throughput: [1.0, 1.0, 1.0], block_overhead: 0.0, combine: 1.0, combine_per_split: 0.5 };
 

@@ -166,15 +166,9 @@ fn define(s: &str) -> Result<String, String> {
     if ident { Ok(s.to_string()) } else { Err(format!("`{s}`: a define is NAME or NAME=VALUE, NAME a C identifier")) }
 }
 
-/// `--device`: a CUDA ordinal or a GPU/MIG UUID.
+/// `--device`: a CUDA ordinal or a GPU UUID, by the rule the binaries open it with.
 pub fn device(s: &str) -> Result<String, String> {
-    let ordinal = s.parse::<u32>().is_ok();
-    let uuid = (s.starts_with("GPU-") || s.starts_with("MIG-")) && s.len() > 4;
-    if ordinal || uuid {
-        Ok(s.to_string())
-    } else {
-        Err(format!("`{s}` is neither a CUDA ordinal (0, 1, …) nor a UUID as `nvidia-smi -L` prints it (GPU-…)"))
-    }
+    s.parse::<fa_schema::gpu::Gpu>().map(|g| g.to_string())
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {

@@ -64,8 +64,9 @@ pub fn history_table(entries: &[Record]) -> String {
 }
 
 pub fn markdown(entries: &[Record]) -> String {
-    let mut md =
-        String::from("| # | verdict | hypothesis | prediction | cases (µs, change) |\n|---|---|---|---|---|\n");
+    let mut md = String::from(
+        "| # | verdict | device | hypothesis | prediction | cases (µs, change) |\n|---|---|---|---|---|---|\n",
+    );
     for e in entries {
         let cases: Vec<String> = e
             .bench
@@ -78,9 +79,10 @@ pub fn markdown(entries: &[Record]) -> String {
             .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             e.iteration,
             e.verdict,
+            cell(e.device.as_deref().unwrap_or("")),
             cell(&e.hypothesis),
             cell(e.prediction.as_deref().unwrap_or("")),
             cases.join("<br>")
@@ -114,6 +116,20 @@ const OTHER: RGBColor = RGBColor(140, 140, 140);
 const INK: RGBColor = RGBColor(34, 34, 34);
 const MUTED: RGBColor = RGBColor(105, 105, 105);
 const GRID: RGBColor = RGBColor(230, 230, 230);
+/// The line where the device changed. No other element strokes in this colour:
+/// `chart` dashes every stroke of it (plotters writes no `stroke-dasharray`).
+const DEVICE_CHANGE: RGBColor = RGBColor(150, 150, 150);
+const DASHES: &str = "3 3";
+/// Shading of the iterations each device measured, one per device in the order
+/// first measured (the first unshaded); devices past these share the last.
+const DEVICE_SHADES: [Option<RGBColor>; 4] =
+    [None, Some(RGBColor(120, 120, 120)), Some(RGBColor(148, 103, 189)), Some(RGBColor(140, 86, 75))];
+const SHADE_ALPHA: f64 = 0.16;
+/// Longest device name drawn (after the `NVIDIA ` prefix is dropped).
+const DEVICE_CHARS: usize = 24;
+/// One legend row's height in pixels.
+const LEGEND_ROW: u32 = 20;
+const MAX_WIDTH: u32 = 1200;
 /// Estimated width of a character in font sizes (a sans-serif digit is 0.56):
 /// what keeps labels apart without measuring fonts.
 const CHAR_W: f64 = 0.6;
@@ -178,6 +194,11 @@ struct Plan<'a> {
     records: usize,
     /// The x axis: one iteration either side of the ledger's.
     x: (i64, i64),
+    /// The devices that measured, in the order first measured, as drawn (`device_label`).
+    devices: Vec<String>,
+    /// Runs of records on one device in iteration order: the first iteration of
+    /// each and its index in `devices`. Every one after the first is a device change.
+    segments: Vec<(i64, usize)>,
 }
 
 impl Plan<'_> {
@@ -185,6 +206,47 @@ impl Plan<'_> {
         let k = self.dtypes.iter().position(|d| *d == dtype).unwrap_or(usize::MAX);
         PALETTE.get(k).copied().unwrap_or(OTHER)
     }
+
+    /// Whether the records measured on more than one device: only then are the
+    /// devices shaded, their changes marked and named.
+    fn device_changed(&self) -> bool {
+        self.segments.len() > 1
+    }
+}
+
+/// The shading of device `k` (none for the first device).
+fn shade(k: usize) -> Option<RGBAColor> {
+    DEVICE_SHADES[k.min(DEVICE_SHADES.len() - 1)].map(|c| c.mix(SHADE_ALPHA))
+}
+
+/// A device's name as the chart draws it: `NVIDIA H100 80GB HBM3` is `H100 80GB HBM3`.
+fn device_label(name: &str) -> String {
+    let name = name.trim();
+    shorten(name.strip_prefix("NVIDIA ").unwrap_or(name), DEVICE_CHARS)
+}
+
+/// The devices of the records that measured, in iteration order (a stable sort,
+/// so records of one iteration keep their ledger order), as `Plan::devices` and
+/// `Plan::segments`. A record that names no device continues the run before it.
+fn device_runs(entries: &[Record]) -> (Vec<String>, Vec<(i64, usize)>) {
+    let mut timeline: Vec<(i64, &str)> = entries
+        .iter()
+        .filter(|e| !e.bench.is_empty())
+        .filter_map(|e| Some((i64::from(e.iteration), e.device.as_deref().filter(|d| !d.trim().is_empty())?)))
+        .collect();
+    timeline.sort_by_key(|t| t.0);
+    let mut names: Vec<&str> = Vec::new();
+    let mut segments: Vec<(i64, usize)> = Vec::new();
+    for (iteration, device) in timeline {
+        let k = names.iter().position(|n| *n == device).unwrap_or_else(|| {
+            names.push(device);
+            names.len() - 1
+        });
+        if segments.last().is_none_or(|s| s.1 != k) {
+            segments.push((iteration, k));
+        }
+    }
+    (names.iter().map(|n| device_label(n)).collect(), segments)
 }
 
 fn plan(entries: &[Record]) -> Plan<'_> {
@@ -247,6 +309,7 @@ fn plan(entries: &[Record]) -> Plan<'_> {
         (Some(lo), Some(hi)) => (lo - 1, hi + 1),
         _ => (0, 2),
     };
+    let (devices, segments) = device_runs(entries);
     Plan {
         panels,
         dtypes,
@@ -256,6 +319,8 @@ fn plan(entries: &[Record]) -> Plan<'_> {
         unplottable,
         records: entries.len(),
         x,
+        devices,
+        segments,
     }
 }
 
@@ -297,6 +362,10 @@ enum Mark {
     Line(RGBColor),
     Hollow,
     Ring,
+    /// A device's shading (none for the first device).
+    Shade(Option<RGBAColor>),
+    /// The dashed line where the device changed.
+    Change,
 }
 
 fn legend(plan: &Plan) -> Vec<(Mark, String)> {
@@ -311,13 +380,41 @@ fn legend(plan: &Plan) -> Vec<(Mark, String)> {
     }
     items.push((Mark::Hollow, "attempt not kept".into()));
     items.push((Mark::Ring, format!("{BEST} best, #iteration")));
+    if plan.device_changed() {
+        let named = plan.devices.len().min(DEVICE_SHADES.len());
+        for (k, d) in plan.devices.iter().enumerate().take(named) {
+            let last = k + 1 == named && plan.devices.len() > named;
+            items.push((Mark::Shade(shade(k)), if last { "other devices".into() } else { d.clone() }));
+        }
+        items.push((Mark::Change, "device changed".into()));
+    }
     items
 }
 
 const LEGEND_PX: f64 = 12.0;
 
+fn item_width(text: &str) -> i32 {
+    30 + text_width(text, LEGEND_PX) + 22
+}
+
 fn legend_width(items: &[(Mark, String)]) -> i32 {
-    items.iter().map(|(_, t)| 30 + text_width(t, LEGEND_PX) + 22).sum()
+    items.iter().map(|(_, t)| item_width(t)).sum()
+}
+
+/// The legend in rows that fit `width`, each item whole: where the row is.
+fn legend_rows(items: &[(Mark, String)], width: u32) -> Vec<usize> {
+    let (mut row, mut x) = (0, 12);
+    items
+        .iter()
+        .map(|(_, t)| {
+            let w = item_width(t);
+            if x > 12 && x + w - 22 > width as i32 - 12 {
+                (row, x) = (row + 1, 12);
+            }
+            x += w;
+            row
+        })
+        .collect()
 }
 
 /// The footnote: which shapes have panels and what was left out, in lines that fit `width`.
@@ -338,6 +435,10 @@ fn footnote(plan: &Plan, width: u32) -> Vec<String> {
     if plan.unplottable > 0 {
         parts.push(format!("{} measurements NaN, infinite or absurd, left out.", plan.unplottable));
     }
+    // One device: named here; several: in the legend, their runs shaded.
+    if let [one] = plan.devices.as_slice() {
+        parts.push(format!("All measured on {one}."));
+    }
     let mut lines: Vec<String> = vec![];
     for p in parts {
         match lines.last_mut() {
@@ -350,13 +451,19 @@ fn footnote(plan: &Plan, width: u32) -> Vec<String> {
 
 /// Small multiples of TFLOP/s over iterations, one panel per shape of the
 /// latest accepted state: each precision's accepted state as a step line, the
-/// attempts not kept as hollow points, the best few ringed and numbered. Pure:
-/// the SVG text, for `run` to write.
+/// attempts not kept as hollow points, the best few ringed and numbered. Where
+/// the records measured on more than one device, each device's run of
+/// iterations is shaded as the legend names it, a dashed line marks each change
+/// and names the new device where its run is wide enough. Pure: the SVG text,
+/// for `run` to write.
 pub fn chart(entries: &[Record]) -> String {
     let plan = plan(entries);
     let mut svg = String::new();
     match draw(&plan, &mut svg) {
-        Ok(()) => svg,
+        Ok(()) => {
+            let stroke = format!("stroke=\"{}\"", hex(DEVICE_CHANGE));
+            svg.replace(&stroke, &format!("{stroke} stroke-dasharray=\"{DASHES}\""))
+        }
         Err(e) => {
             let why = format!("{e:#}").replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
             format!(
@@ -367,15 +474,22 @@ pub fn chart(entries: &[Record]) -> String {
     }
 }
 
+/// A colour as plotters writes it in SVG: `#55AA0F`.
+fn hex(c: RGBColor) -> String {
+    format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
+}
+
 fn draw(plan: &Plan, svg: &mut String) -> Result<()> {
     let n = plan.panels.len();
     let cols = n.clamp(1, COLUMNS);
     let rows = n.div_ceil(cols).max(1);
     let items = legend(plan);
-    let width = (cols as u32 * PANEL.0).max(MIN_WIDTH).max(legend_width(&items) as u32 + 24);
+    let width = (cols as u32 * PANEL.0).max(MIN_WIDTH).max((legend_width(&items) as u32 + 24).min(MAX_WIDTH));
+    let item_rows = legend_rows(&items, width);
+    let head = HEAD + LEGEND_ROW * item_rows.iter().max().map_or(0, |&r| r as u32);
     let notes = footnote(plan, width);
     let foot = 12 + 16 * notes.len() as u32;
-    let height = HEAD + rows as u32 * PANEL.1 + foot;
+    let height = head + rows as u32 * PANEL.1 + foot;
     let root = SVGBackend::with_string(svg, (width, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = (Pos::new(HPos::Left, VPos::Center), Pos::new(HPos::Right, VPos::Center));
@@ -387,8 +501,12 @@ fn draw(plan: &Plan, svg: &mut String) -> Result<()> {
     };
     let source = format!("perf/ledger.jsonl: {} records{span}", plan.records);
     root.draw(&Text::new(source, (width as i32 - 12, 16), font(12.0).color(&MUTED).pos(right)))?;
-    let (mut x, y) = (12, 42);
-    for (mark, text) in items.iter().filter(|_| n > 0) {
+    let (mut x, mut row) = (12, 0);
+    for ((mark, text), &r) in items.iter().zip(&item_rows).filter(|_| n > 0) {
+        if r != row {
+            (x, row) = (12, r);
+        }
+        let y = 42 + (LEGEND_ROW * r as u32) as i32;
         match mark {
             Mark::Line(c) => {
                 root.draw(&PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(2)))?;
@@ -396,13 +514,20 @@ fn draw(plan: &Plan, svg: &mut String) -> Result<()> {
             }
             Mark::Hollow => root.draw(&Circle::new((x + 12, y), 3, MUTED.stroke_width(1)))?,
             Mark::Ring => root.draw(&Circle::new((x + 12, y), 6, INK.stroke_width(1)))?,
+            Mark::Shade(tint) => {
+                if let Some(tint) = tint {
+                    root.draw(&Rectangle::new([(x + 3, y - 7), (x + 21, y + 7)], tint.filled()))?;
+                }
+                root.draw(&Rectangle::new([(x + 3, y - 7), (x + 21, y + 7)], MUTED.stroke_width(1)))?;
+            }
+            Mark::Change => root.draw(&PathElement::new(vec![(x + 12, y - 8), (x + 12, y + 8)], DEVICE_CHANGE))?,
         }
         root.draw(&Text::new(text.as_str(), (x + 30, y), font(LEGEND_PX).color(&INK).pos(left)))?;
         x += 30 + text_width(text, LEGEND_PX) + 22;
     }
-    let grid = root.margin(HEAD, foot, 0, 0);
+    let grid = root.margin(head, foot, 0, 0);
     if n == 0 {
-        let at = (width as i32 / 2, (HEAD + PANEL.1 / 2) as i32);
+        let at = (width as i32 / 2, (head + PANEL.1 / 2) as i32);
         let centre = Pos::new(HPos::Center, VPos::Center);
         let text = "No TFLOP/s measured yet: `cargo xtask iterate \"hypothesis\"` adds some.";
         root.draw(&Text::new(text, at, font(14.0).color(&MUTED).pos(centre)))?;
@@ -484,6 +609,26 @@ fn draw_panel(root: &Area, cell: &Area, plan: &Plan, panel: &Panel, left: bool, 
         mesh.x_desc("iteration");
     }
     mesh.draw()?;
+    let (px, py) = chart.plotting_area().get_pixel_range();
+    // Where each device's run of iterations starts and ends, in pixels: half way
+    // between its first iteration and the one before it.
+    let edges: Vec<i32> = if plan.device_changed() {
+        let at = |i: i64| chart.backend_coord(&(i, y.0)).0;
+        let mut edges: Vec<i32> = plan.segments.iter().map(|&(i, _)| (at(i - 1) + at(i)) / 2).collect();
+        edges[0] = px.start;
+        edges.push(px.end);
+        edges
+    } else {
+        vec![]
+    };
+    for (k, &(_, device)) in plan.segments.iter().enumerate().filter(|_| !edges.is_empty()) {
+        if let Some(tint) = shade(device).filter(|_| edges[k] < edges[k + 1]) {
+            root.draw(&Rectangle::new([(edges[k], py.start), (edges[k + 1], py.end)], tint.filled()))?;
+        }
+    }
+    for &x in edges.iter().skip(1).take(plan.segments.len().saturating_sub(1)) {
+        root.draw(&PathElement::new(vec![(x, py.start), (x, py.end)], DEVICE_CHANGE))?;
+    }
     let last = plan.x.1 - 1;
     for s in &panel.series {
         let color = plan.color(s.dtype);
@@ -509,7 +654,6 @@ fn draw_panel(root: &Area, cell: &Area, plan: &Plan, panel: &Panel, left: bool, 
         chart.draw_series(others.map(|p| Circle::new((p.iteration, p.tflops), 3, color.stroke_width(1))))?;
     }
     // The latest accepted TFLOP/s of each precision still measured, top left.
-    let (px, py) = chart.plotting_area().get_pixel_range();
     let mut taken: Vec<[i32; 4]> = vec![];
     let mut x = px.start + 6;
     for s in panel.series.iter().filter(|s| s.current) {
@@ -527,6 +671,19 @@ fn draw_panel(root: &Area, cell: &Area, plan: &Plan, panel: &Panel, left: bool, 
         ))?;
         taken.push([x - 2, py.start, x + w + 2, py.start + 16]);
         x += w + 10;
+    }
+    // Each device's name at the bottom of its run, where the run is wide enough.
+    for (k, &(_, device)) in plan.segments.iter().enumerate().filter(|_| !edges.is_empty()) {
+        let text = &plan.devices[device];
+        let (x, y) = (edges[k] + 4, py.end - 9);
+        let b = [x - 2, y - 7, x + text_width(text, 10.0) + 2, y + 7];
+        if b[2] <= edges[k + 1].min(px.end) - 2
+            && !taken.iter().any(|t| t[0] < b[2] && b[0] < t[2] && t[1] < b[3] && b[1] < t[3])
+        {
+            taken.push(b);
+            let style = font(10.0).color(&MUTED).pos(Pos::new(HPos::Left, VPos::Center));
+            root.draw(&Text::new(text.as_str(), (x, y), style))?;
+        }
     }
     let mut best: Vec<Point> = panel.series.iter().flat_map(|s| s.points.iter().copied()).collect();
     best.sort_by(|a, b| b.tflops.total_cmp(&a.tflops));
@@ -611,7 +768,9 @@ mod tests {
         assert!(t.contains("reverted") && t.contains("+5.00%") && t.contains("1.20x"), "{t}");
         let md = markdown(&e);
         assert!(
-            md.contains("| 3 | accepted | step 3 | faster | f16-b4h16s2048d64 100.0 (-24.0%), 1.20x torch |"),
+            md.contains(
+                "| 3 | accepted | NVIDIA H200 | step 3 | faster | f16-b4h16s2048d64 100.0 (-24.0%), 1.20x torch |"
+            ),
             "{md}"
         );
         let mut absent = entry(4, "accepted", 250.0, None);
@@ -710,6 +869,53 @@ mod tests {
     }
 
     #[test]
+    fn chart_marks_each_device_change_and_markdown_names_the_device() {
+        let on = |i: u32, device: &str| Record {
+            device: Some(device.into()),
+            ..entry(i, "accepted", 100.0 + f64::from(i), None)
+        };
+        let e = vec![
+            on(1, "NVIDIA H200"),
+            on(2, "NVIDIA H200"),
+            on(3, "NVIDIA H100 80GB HBM3"),
+            on(4, "NVIDIA H100 80GB HBM3"),
+            on(5, "NVIDIA H100 80GB HBM3"),
+            on(6, "NVIDIA H200"),
+        ];
+        let plan = plan(&e);
+        assert_eq!(plan.devices, ["H200", "H100 80GB HBM3"]);
+        assert_eq!(plan.segments, [(1, 0), (3, 1), (6, 0)]);
+        let svg = chart(&e);
+        well_formed(&svg);
+        assert_eq!(overlaps(&svg), vec![], "texts overlap");
+        // A dashed line at each of the two changes, and the legend's.
+        let dashed = format!("stroke=\"{}\" stroke-dasharray=\"{DASHES}\"", hex(DEVICE_CHANGE));
+        assert_eq!(svg.matches(&dashed).count(), 2 + 1, "{svg}");
+        assert_eq!(svg.matches(&format!("stroke=\"{}\"", hex(DEVICE_CHANGE))).count(), 2 + 1, "every one dashed");
+        let texts: Vec<String> = text_boxes(&svg).into_iter().map(|t| t.0).collect();
+        let count = |label: &str| texts.iter().filter(|t| *t == label).count();
+        // In the legend, and at the bottom of the run each names (wide enough here).
+        assert_eq!(count("H100 80GB HBM3"), 1 + 1, "{texts:?}");
+        assert_eq!(count("H200"), 1 + 2, "{texts:?}");
+        assert_eq!(count("device changed"), 1, "{texts:?}");
+        // The H100 run shaded, the H200 runs not.
+        let shaded = format!("fill=\"{}\"", hex(DEVICE_SHADES[1].unwrap()));
+        assert_eq!(svg.matches(&shaded).count(), 1 + 1, "one run and the legend's swatch");
+        let md = markdown(&e);
+        assert!(md.contains("| 3 | accepted | NVIDIA H100 80GB HBM3 | step 3 |"), "{md}");
+        assert!(md.contains("| 6 | accepted | NVIDIA H200 | step 6 |"), "{md}");
+
+        // One device: no marks, its name beside the record count.
+        let svg = chart(&e[..2]);
+        assert!(!svg.contains("stroke-dasharray") && !svg.contains("device changed"), "{svg}");
+        assert!(svg.contains("All measured on H200."), "{svg}");
+        // A record that names no device continues the run before it.
+        let mut quiet = e.clone();
+        quiet[3].device = None;
+        assert_eq!(super::plan(&quiet).segments, [(1, 0), (3, 1), (6, 0)]);
+    }
+
+    #[test]
     fn cases_split_into_precision_and_shape() {
         assert_eq!(split_case("bf16-b4h16s2048d64-causal"), ("bf16", "b4h16s2048d64-causal"));
         assert_eq!(split_case("f16-b1h1s128d64"), ("f16", "b1h1s128d64"));
@@ -734,7 +940,9 @@ mod tests {
         assert_eq!(plan.panels.len(), shapes.len().min(MAX_PANELS));
         assert!(plan.panels.iter().all(|p| shapes.contains(p.shape)));
         assert_eq!(plan.dtypes, ["f16", "bf16"]);
-        assert!(legend(&plan).len() <= 5, "one shared legend, not one entry per case");
+        let devices = plan.devices.len();
+        assert!(devices >= 2 && plan.device_changed(), "the ledger has H100 and H200 records");
+        assert!(legend(&plan).len() <= 5 + devices + 1, "one shared legend, not one entry per case");
 
         let svg = chart(&entries);
         well_formed(&svg);
@@ -801,6 +1009,15 @@ mod tests {
                 )],
             ),
             (
+                "a device a record",
+                (1..=8)
+                    .map(|i| Record {
+                        device: Some(format!("NVIDIA Device {i} {}", "x".repeat(40))),
+                        ..rec(i, "accepted", &[("f16-a", i.into())])
+                    })
+                    .collect(),
+            ),
+            (
                 "many precisions",
                 vec![rec(
                     1,
@@ -817,7 +1034,8 @@ mod tests {
             let (w, h) = size(&svg);
             assert!(w <= 1200 && h <= HEAD + 4 * PANEL.1 + 60, "{what}: {w}x{h}");
             let plan = plan(entries);
-            assert!(plan.panels.len() <= MAX_PANELS && legend(&plan).len() <= PALETTE.len() + 3, "{what}");
+            let most = PALETTE.len() + 3 + DEVICE_SHADES.len() + 1;
+            assert!(plan.panels.len() <= MAX_PANELS && legend(&plan).len() <= most, "{what}");
         }
         let svg = chart(&[]);
         assert!(svg.contains("No TFLOP/s measured yet"), "{svg}");
@@ -831,5 +1049,9 @@ mod tests {
         assert_eq!(shuffled.latest, Some((9, true)));
         assert_eq!(shuffled.x, (0, 10));
         assert_eq!(plan(&ledgers[9].1).latest, Some((2, false)), "the latest measured, when none was accepted");
+        let eight = &ledgers[11].1;
+        assert_eq!((plan(eight).devices.len(), plan(eight).segments.len()), (8, 8));
+        let texts: Vec<String> = text_boxes(&chart(eight)).into_iter().map(|t| t.0).collect();
+        assert!(texts.iter().any(|t| t == "other devices"), "devices past the shades share an entry: {texts:?}");
     }
 }
