@@ -121,7 +121,9 @@ fn pip_install(dir: &Path, args: &[&str], what: &str) -> Result<()> {
         .timeout(Duration::from_secs(600))
         .log(dir.with_extension("pip.log"))
         .run_checked()
-        .with_context(|| format!("installing {what} under {} failed; make `python3 -m pip` reach PyPI", dir.display()))?;
+        .with_context(|| {
+            format!("installing {what} under {} failed; make `python3 -m pip` reach PyPI", dir.display())
+        })?;
     Ok(())
 }
 

@@ -15,6 +15,7 @@ pub struct Borrowed<T: Leak>(ManuallyDrop<T>);
 
 /// What lets go of its device memory without freeing it.
 pub trait Leak {
+    /// Lets go of the memory without freeing it.
     fn leak(self);
 }
 

@@ -160,13 +160,13 @@ impl Attention {
         // lies inside its buffer and strides are 16-byte multiples, validate::aligned that
         // pointers are 16-byte aligned; lse (if any) holds B·H·Sq floats; the partials hold
         // splits·B·H·Sq(·D). The buffers outlive the launch because the stream frees in order.
-        unsafe { s.launch_builder(&c.kern.func).arg(params).launch(grid.cfg) }
-            .cuda(format!("launching {}", c.name))?;
+        unsafe { s.launch_builder(&c.kern.func).arg(params).launch(grid.cfg) }.cuda(format!("launching {}", c.name))?;
         Ok(())
     }
 
     /// A Hopper entry takes the portable entries' parameters with TMA maps of
     /// q, k, v and out (boxes of a warpgroup's 64 rows) and the schedule of its grid.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_hopper(
         &self,
         s: &CudaStream,
@@ -210,8 +210,7 @@ impl Attention {
         // grid × order_stride block indices below m_blocks × B·H × splits, and stays in
         // `causal_orders` while launches that read it may run); the rest as for the
         // portable kernel (launch_portable).
-        unsafe { s.launch_builder(&kern.func).arg(&hparams).launch(grid.cfg) }
-            .cuda(format!("launching {}", c.name))?;
+        unsafe { s.launch_builder(&kern.func).arg(&hparams).launch(grid.cfg) }.cuda(format!("launching {}", c.name))?;
         Ok(())
     }
 

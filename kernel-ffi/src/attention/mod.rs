@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext as Ctx, CudaFunction, CudaModule, CudaSlice, CudaStream};
 
-use launch::Grid;
 pub use foreign::Borrowed;
+use launch::Grid;
 pub use launch::Launched;
 pub use load::{default_kernel_dir, uuid_string};
 pub use memory::Tensor;
