@@ -5,6 +5,7 @@
 //! writer of files (`file`), the launch API's shape rules (`tensor`, `shape`),
 //! and the environment the binaries read (`env`).
 
+pub mod exit;
 pub mod file;
 pub mod gpu;
 pub mod kernel_set;

@@ -22,7 +22,9 @@ pub struct Manifest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Arch {
-    /// The `-gencode` value, e.g. `arch=compute_90a,code=sm_90a`.
+    /// The `-gencode` value, e.g. `arch=compute_90a,code=sm_90a`; a `compute_XY`
+    /// in its `code` list (`arch=compute_80,code=[sm_80,compute_80]`) embeds PTX
+    /// as well, which the driver JIT-compiles on later GPUs ([`Manifest::pick_arch`]).
     pub gencode: String,
     /// Opt-in shared memory per block (static + dynamic) in bytes.
     pub smem_optin_limit: u32,
@@ -156,20 +158,60 @@ impl Manifest {
         Ok(())
     }
 
-    /// The arch whose code runs on compute capability `major.minor`: the `a`
-    /// variant only on an exact match, else the highest minor of the same major
-    /// not above the device's.
+    /// The arch whose code runs on compute capability `major.minor`, by the
+    /// driver's rules for loading a fatbin:
+    ///
+    /// 1. SASS built for exactly this device: `sm_XYa` (which runs on X.Y only),
+    ///    else `sm_XY`;
+    /// 2. else the highest SASS of the same major whose minor is not above the
+    ///    device's (SASS is binary compatible within a major: sm_86 runs on 8.7);
+    /// 3. else the arch whose embedded PTX has the highest compute capability not
+    ///    above the device's ([`Arch::ptx`]): the driver JIT-compiles it, e.g.
+    ///    compute_80 PTX on an sm_120 GPU.
+    ///
+    /// `None` when nothing runs there; [`Manifest::unsupported`] says why.
     pub fn pick_arch(&self, major: i32, minor: i32) -> Option<String> {
-        let exact_a = format!("sm_{major}{minor}a");
-        if self.archs.contains_key(&exact_a) {
-            return Some(exact_a);
+        for exact in [format!("sm_{major}{minor}a"), format!("sm_{major}{minor}")] {
+            if self.archs.contains_key(&exact) {
+                return Some(exact);
+            }
+        }
+        let same_major = self
+            .archs
+            .keys()
+            .filter_map(|a| Some((sass_capability(a)?, a)))
+            .filter(|&((ma, mi), _)| ma == major && mi <= minor)
+            .max_by_key(|&(cc, _)| cc);
+        if let Some((_, a)) = same_major {
+            return Some(a.clone());
         }
         self.archs
-            .keys()
-            .filter_map(|a| Some((a.strip_prefix("sm_")?.parse::<i32>().ok()?, a)))
-            .filter(|(n, _)| n / 10 == major && n % 10 <= minor)
-            .max_by_key(|(n, _)| *n)
+            .iter()
+            .filter_map(|(a, arch)| Some((arch.ptx()?, a)))
+            .filter(|&(cc, _)| cc <= (major, minor))
+            .max_by_key(|&(cc, _)| cc)
             .map(|(_, a)| a.clone())
+    }
+
+    /// Why `pick_arch(major, minor)` found nothing: what the manifest builds and
+    /// where each of its builds runs.
+    pub fn unsupported(&self, major: i32, minor: i32) -> String {
+        let sass = self.archs.keys().cloned().collect::<Vec<_>>().join(", ");
+        let mut ptx: Vec<(i32, i32)> = self.archs.values().filter_map(Arch::ptx).collect();
+        ptx.sort();
+        ptx.dedup();
+        let ptx = match ptx.as_slice() {
+            [] => "no PTX".to_string(),
+            [(ma, mi), ..] => format!(
+                "PTX for {} (JIT-compiled on compute capability {ma}.{mi} and newer)",
+                ptx.iter().map(|(a, b)| format!("compute_{a}{b}")).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        format!(
+            "no kernel build runs on sm_{major}{minor} (compute capability {major}.{minor}): the manifest has SASS \
+             for {sass} (each runs on its own compute capability and later minors of the same major; an `a` \
+             arch only on its own) and {ptx}"
+        )
     }
 
     /// `pick_arch` for a compute capability written `major.minor` (as nvidia-smi and
@@ -182,6 +224,35 @@ impl Manifest {
     pub fn kernel(&self, entry: &str) -> Option<&Kernel> {
         self.sources.iter().flat_map(|s| &s.kernels).find(|k| k.entry == entry)
     }
+}
+
+impl Arch {
+    /// The compute capability of the PTX this arch's gencode embeds, if any that
+    /// other GPUs can JIT-compile: `code=[sm_80,compute_80]` → `(8, 0)`. PTX of an
+    /// arch-specific target (`compute_90a`) runs on that arch alone, so it is not counted.
+    pub fn ptx(&self) -> Option<(i32, i32)> {
+        let (_, code) = self.gencode.split_once("code=")?;
+        code.trim_matches(['[', ']', '"', '\''])
+            .split(',')
+            .filter_map(|c| c.trim().strip_prefix("compute_"))
+            .filter_map(capability)
+            .max()
+    }
+}
+
+/// `sm_86` → `(8, 6)`; `None` for an arch with a letter suffix (`sm_90a`, which
+/// runs on sm_90 alone) or any other name.
+fn sass_capability(arch: &str) -> Option<(i32, i32)> {
+    capability(arch.strip_prefix("sm_")?)
+}
+
+/// `86` → `(8, 6)`, `120` → `(12, 0)`: the digits nvcc names archs by.
+fn capability(digits: &str) -> Option<(i32, i32)> {
+    if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: i32 = digits.parse().ok()?;
+    Some((n / 10, n % 10))
 }
 
 impl Source {
@@ -258,24 +329,74 @@ mod tests {
     #[test]
     fn committed_manifest_parses() {
         let m = Manifest::parse(include_str!("../../kernels/manifest.json")).unwrap();
-        for arch in ["sm_89", "sm_90", "sm_90a"] {
-            assert!(m.archs.contains_key(arch), "{arch} missing");
+        assert_eq!(m.archs.keys().collect::<Vec<_>>(), ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]);
+        for src in &m.sources {
+            let hopper = src.kernels.iter().all(|k| is_hopper_entry(&k.entry));
+            let expected: &[&str] = if hopper { &["sm_90a"] } else { &["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"] };
+            assert_eq!(src.archs, expected, "{}", src.file);
         }
+        // Only sm_80 carries PTX, for GPUs newer than any SASS built.
+        let ptx: Vec<_> = m.archs.iter().filter_map(|(a, arch)| Some((a.as_str(), arch.ptx()?))).collect();
+        assert_eq!(ptx, [("sm_80", (8, 0))]);
     }
 
     #[test]
     fn arch_selection() {
         let m = Manifest::parse(include_str!("../../kernels/manifest.json")).unwrap();
-        assert_eq!(m.pick_arch(9, 0).as_deref(), Some("sm_90a"));
-        assert_eq!(m.pick_arch(8, 9).as_deref(), Some("sm_89"));
-        assert_eq!(m.pick_arch(8, 0), None, "sm_89 code does not run on sm_80");
-        assert_eq!(m.pick_arch(10, 0), None);
+        let pick = |major, minor| m.pick_arch(major, minor);
+        // Exact SASS.
+        assert_eq!(pick(8, 0).as_deref(), Some("sm_80"));
+        assert_eq!(pick(8, 6).as_deref(), Some("sm_86"));
+        assert_eq!(pick(8, 9).as_deref(), Some("sm_89"));
+        assert_eq!(pick(9, 0).as_deref(), Some("sm_90a"));
+        // The same major's highest SASS not above the device's minor (Orin is 8.7).
+        assert_eq!(pick(8, 7).as_deref(), Some("sm_86"));
+        assert_eq!(pick(8, 8).as_deref(), Some("sm_86"));
+        // sm_90a SASS runs on 9.0 alone; a later 9.x gets sm_90.
+        assert_eq!(pick(9, 1).as_deref(), Some("sm_90"));
+        // Newer majors JIT-compile sm_80's compute_80 PTX.
+        assert_eq!(pick(10, 0).as_deref(), Some("sm_80"));
+        assert_eq!(pick(12, 0).as_deref(), Some("sm_80"));
+        // Older than any build: nothing, and the message says what runs where.
+        assert_eq!(pick(7, 5), None);
+        assert_eq!(
+            m.unsupported(7, 5),
+            "no kernel build runs on sm_75 (compute capability 7.5): the manifest has SASS for sm_80, sm_86, sm_89, \
+             sm_90, sm_90a (each runs on its own compute capability and later minors of the same major; an `a` arch \
+             only on its own) and PTX for compute_80 (JIT-compiled on compute capability 8.0 and newer)"
+        );
         assert_eq!(m.arch_for("9.0").as_deref(), Some("sm_90a"));
         assert_eq!(m.arch_for(" 8.9\n").as_deref(), Some("sm_89"));
+        assert_eq!(m.arch_for("12.0").as_deref(), Some("sm_80"));
         assert_eq!(m.arch_for("nine"), None);
         let mut plain = m.clone();
         plain.archs.remove("sm_90a");
         assert_eq!(plain.pick_arch(9, 0).as_deref(), Some("sm_90"));
+        // Without the PTX, a GPU newer than every SASS build runs nothing.
+        let mut sass_only = m.clone();
+        sass_only.archs.get_mut("sm_80").unwrap().gencode = "arch=compute_80,code=sm_80".into();
+        assert_eq!(sass_only.pick_arch(12, 0), None);
+        assert_eq!(sass_only.pick_arch(8, 0).as_deref(), Some("sm_80"));
+        assert!(sass_only.unsupported(12, 0).ends_with("and no PTX"), "{}", sass_only.unsupported(12, 0));
+    }
+
+    #[test]
+    fn ptx_is_read_from_the_gencode_and_picked_by_capability() {
+        let arch = |gencode: &str| Arch { gencode: gencode.into(), smem_optin_limit: 0 };
+        assert_eq!(arch("arch=compute_80,code=[sm_80,compute_80]").ptx(), Some((8, 0)));
+        assert_eq!(arch("arch=compute_86,code=\"sm_86,compute_86\"").ptx(), Some((8, 6)));
+        assert_eq!(arch("arch=compute_120,code=compute_120").ptx(), Some((12, 0)));
+        assert_eq!(arch("arch=compute_89,code=sm_89").ptx(), None, "arch=compute_89 alone embeds no PTX");
+        assert_eq!(arch("arch=compute_90a,code=[sm_90a,compute_90a]").ptx(), None, "runs on sm_90 alone");
+        assert_eq!(arch("g").ptx(), None);
+        // The highest PTX not above the device wins; a higher one does not run.
+        let mut m = Manifest::parse(&with_source("sm_75", "k.cu")).unwrap();
+        m.archs.insert("sm_75".into(), arch("arch=compute_75,code=[sm_75,compute_75]"));
+        m.archs.insert("sm_86".into(), arch("arch=compute_86,code=[sm_86,compute_86]"));
+        assert_eq!(m.pick_arch(8, 0).as_deref(), Some("sm_75"), "compute_86 PTX does not run on 8.0");
+        assert_eq!(m.pick_arch(8, 9).as_deref(), Some("sm_86"), "SASS of the same major");
+        assert_eq!(m.pick_arch(9, 0).as_deref(), Some("sm_86"), "the highest PTX");
+        assert_eq!(m.pick_arch(7, 0), None);
     }
 
     #[test]

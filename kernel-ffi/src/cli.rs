@@ -13,26 +13,11 @@ use crate::attention::{Family, KernelChoice};
 use crate::manifest::Manifest;
 use crate::tensor::Dtype;
 
-/// A check the tool ran failed (exit 1): a wrong result, as opposed to a tool
-/// that could not do its job (exit 2: bad input, missing kernels, no GPU).
-#[derive(Debug)]
-pub struct CheckFailed(pub String);
-
-impl std::fmt::Display for CheckFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for CheckFailed {}
+pub use fa_schema::exit::CheckFailed;
 
 /// 0 passed, 1 a check failed (`CheckFailed` anywhere in the chain), 2 could not run.
 pub fn exit_code(result: &Result<()>) -> u8 {
-    match result {
-        Ok(()) => 0,
-        Err(e) if e.chain().any(|c| c.is::<CheckFailed>()) => 1,
-        Err(_) => 2,
-    }
+    result.as_ref().map_or_else(fa_schema::exit::code, |()| 0)
 }
 
 /// Prints the error chain on one line and exits with `exit_code`.

@@ -113,9 +113,9 @@ impl Attention {
         };
         let arch = manifest.pick_arch(major, minor).ok_or_else(|| {
             Error::Unsupported(format!(
-                "{} is sm_{major}{minor}; the manifest builds for {}; add a matching arch to kernels/manifest.json",
+                "{}: {}; add a matching arch to kernels/manifest.json",
                 device.name,
-                manifest.archs.keys().cloned().collect::<Vec<_>>().join(", ")
+                manifest.unsupported(major, minor)
             ))
         })?;
         // A created stream, not the legacy default one, so that it can be captured into graphs.

@@ -80,7 +80,8 @@ pub fn check(res: &KernelResources, kernel: &Kernel, arch: &Arch, static_smem_li
             "static+dynamic smem bytes",
             total,
             arch.smem_optin_limit,
-            "shrink tiles or pipeline stages for this arch",
+            "over the arch's smem_optin_limit (opt-in shared memory per block): shrink tiles or pipeline \
+             stages for this arch",
         );
     }
     out
@@ -326,6 +327,39 @@ mod tests {
         // 9216 static + 102400 dynamic exceeds 99 KB on sm_89 only.
         assert_eq!(smem.len(), 1);
         assert_eq!((smem[0].arch.as_str(), smem[0].value), ("sm_89", 9216 + 102_400));
+    }
+
+    /// Every committed entry's dynamic shared memory fits the opt-in limit of each
+    /// arch it builds for; static smem on top of the 96 KB `_d128_kg2` tiles breaks
+    /// sm_86's 99 KB limit first, with a breach that names the limit.
+    #[test]
+    fn committed_dynamic_smem_fits_every_arch_it_builds_for() {
+        let m = Manifest::parse(include_str!("../../../kernels/manifest.json")).unwrap();
+        let record = |k: &Kernel, arch: &str, smem_static| KernelResources {
+            name: k.entry.clone(),
+            arch: arch.into(),
+            smem_static,
+            ..Default::default()
+        };
+        let mut checked = 0;
+        for src in &m.sources {
+            for arch in &src.archs {
+                for k in &src.kernels {
+                    let b = check(&record(k, arch, 0), k, &m.archs[arch], m.static_smem_limit);
+                    assert!(b.is_empty(), "{} on {arch}: {b:#?}", k.entry);
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 0);
+        let kg2 = m.kernel("flash_fwd_f16_d128_kg2").unwrap();
+        assert_eq!(kg2.dynamic_smem, 98_304);
+        let b = check(&record(kg2, "sm_86", 4096), kg2, &m.archs["sm_86"], m.static_smem_limit);
+        assert_eq!(b.len(), 1, "{b:#?}");
+        assert_eq!((b[0].what.as_str(), b[0].value, b[0].budget), ("static+dynamic smem bytes", 102_400, 101_376));
+        assert!(b[0].hint.contains("smem_optin_limit"), "{}", b[0].hint);
+        // The same tiles fit sm_80's 163 KB.
+        assert!(check(&record(kg2, "sm_80", 4096), kg2, &m.archs["sm_80"], m.static_smem_limit).is_empty());
     }
 
     #[test]

@@ -776,6 +776,41 @@ nvcc failed (signal: 9 (SIGKILL)) without an error line; its last lines:
         );
     }
 
+    /// A gencode that embeds PTX beside the SASS (`code=[sm_80,compute_80]`, which
+    /// newer GPUs JIT-compile): ptxas reports the SASS once under the arch's key,
+    /// cuobjdump -sass reads only the SASS, the budgets hold, and the PTX ships.
+    #[test]
+    fn a_gencode_that_embeds_ptx_is_budgeted_by_its_sass() {
+        let dir = tempfile::tempdir().unwrap();
+        let kernels = dir.path().join("kernels");
+        std::fs::create_dir_all(&kernels).unwrap();
+        std::fs::write(kernels.join("good.cu"), GOOD).unwrap();
+        let manifest = kernels.join("manifest.json");
+        std::fs::write(
+            &manifest,
+            r#"{"static_smem_limit": 49152,
+                "archs": {"sm_80": {"gencode": "arch=compute_80,code=[sm_80,compute_80]", "smem_optin_limit": 166912}},
+                "sources": [{"file": "good.cu", "archs": ["sm_80"], "kernels": [{"entry": "good", "max_registers": 255}]}]}"#,
+        )
+        .unwrap();
+        let cx = paths_in(dir.path());
+        run(&cx, &Options { manifest: Some(manifest), ..Options::new(Duration::from_secs(300), 1) }).unwrap();
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(cx.report("build")).unwrap()).unwrap();
+        let payload = &report["payload"];
+        let rows = |key: &str, name: &str| -> Vec<(String, String)> {
+            let row = |r: &serde_json::Value| (r[name].as_str().unwrap().into(), r["arch"].as_str().unwrap().into());
+            payload[key].as_array().unwrap().iter().map(row).collect()
+        };
+        assert_eq!(rows("kernels", "name"), [("good".to_string(), "sm_80".to_string())]);
+        assert_eq!(rows("sass", "kernel"), [("good".to_string(), "sm_80".to_string())]);
+        assert_eq!(payload["breaches"], serde_json::json!([]));
+        let fatbin = cx.kernels.join("good.sm_80.fatbin");
+        let cuobjdump = cuobjdump_beside(&toolchain::nvcc(&cx.cuda_wheels).unwrap()).unwrap();
+        let listed = Cmd::new(&cuobjdump).arg("-lptx").arg(fatbin.display().to_string()).quiet().run_checked().unwrap();
+        assert!(listed.stdout.contains("good.sm_80.ptx"), "{}", listed.stdout);
+    }
+
     #[test]
     fn zero_jobs_is_refused_before_anything_is_built() {
         let dir = tempfile::tempdir().unwrap();

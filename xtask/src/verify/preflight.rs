@@ -317,7 +317,8 @@ mod tests {
         let mut smi = smi::parse(include_str!("../../tests/data/h200/nvidia-smi-q-x.xml")).unwrap();
         smi.gpus[0].active_clock_reasons = vec!["sw_thermal_slowdown".into()];
         smi.gpus[0].processes.push(smi::Process { pid: Some(7), name: "python3".into(), used_memory_mib: Some(512.0) });
-        let checks = static_checks(&smi, Some("8.0"), Some("13.1.20"), &manifest());
+        // Turing (7.5) is older than every build, sm_80's PTX included.
+        let checks = static_checks(&smi, Some("7.5"), Some("13.1.20"), &manifest());
         assert_eq!(status(&checks, "arch"), Status::Fail);
         assert_eq!(status(&checks, "nvcc vs driver"), Status::Fail);
         assert_eq!(status(&checks, "clocks"), Status::Warn);
