@@ -30,12 +30,11 @@ pub fn run(cx: &Run) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&out);
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     eprintln!("wheel: maturin build ({} kernel files)", names.len());
-    Cmd::new(&python)
-        .args(["-m", "maturin", "build", "--release", "--locked", "--manifest-path"])
+    Cmd::new(maturin.join("bin/maturin"))
+        .args(["build", "--release", "--locked", "--manifest-path"])
         .arg(cx.root.join("python/Cargo.toml").display().to_string())
         .arg("--out")
         .arg(out.display().to_string())
-        .env("PYTHONPATH", maturin.display().to_string())
         .cwd(cx.root.join("python"))
         .timeout(Duration::from_secs(1800))
         .log(cx.reports().join("wheel.log"))
@@ -82,9 +81,10 @@ pub fn test_cpu(cx: &Run, wheel: &Path) -> Result<()> {
     pip_install(&site, &["--no-deps", "--require-hashes", "-r", &requirements.display().to_string()], "pytest")?;
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let out = Cmd::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cpu.py"])
+        // From the root, so that `flash_pipeline` is the installed wheel, not python/'s sources.
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "python/tests/test_cpu.py"])
         .env("PYTHONPATH", site.display().to_string())
-        .cwd(cx.root.join("python"))
+        .cwd(&cx.root)
         .timeout(Duration::from_secs(600))
         .log(cx.reports().join("python-cpu-tests.log"))
         .echo()

@@ -1,0 +1,97 @@
+"""The rules for calling ``flash_pipeline._C.forward``, written without torch.
+
+Tensors are described by :class:`Meta` (shape, element strides, dtype name,
+device string), so the checks and the argument tuple can be tested where
+neither torch nor a GPU is present. ``flash_pipeline.ops`` builds the
+``Meta`` of real (and fake) tensors and calls these functions.
+
+Layout is FlashAttention's: q is (batch, seqlen_q, heads, head_dim), k and v
+are (batch, seqlen_k, kv_heads, head_dim). The extension takes element strides
+of (batch, head, seq) and needs the head_dim stride to be 1.
+"""
+
+from typing import NamedTuple, Optional, Sequence, Tuple
+
+# torch dtype name -> the extension's name
+DTYPES = {"float16": "f16", "bfloat16": "bf16"}
+# What the kernels run when the extension cannot be asked (it is the source of truth: _C.supported()).
+DEFAULT_HEAD_DIMS = (64, 128)
+
+
+class Meta(NamedTuple):
+    shape: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    dtype: str  # torch name without "torch.": "float16", "bfloat16", "float32", ...
+    device: str  # "cuda:0", "cpu", ...
+
+
+def check(q: Meta, k: Meta, v: Meta, head_dims: Sequence[int] = DEFAULT_HEAD_DIMS) -> Tuple[str, Tuple[int, ...]]:
+    """Check q, k, v against the kernels' rules.
+
+    Returns (dtype code, dims) with dims = (batch, heads, kv_heads, seqlen_q,
+    seqlen_k, head_dim). Raises ValueError naming the value and the rule.
+    Strides are not checked here (see :func:`bhs_strides`).
+    """
+    for name, m in (("q", q), ("k", k), ("v", v)):
+        if len(m.shape) != 4:
+            raise ValueError(
+                f"{name} has {len(m.shape)} dims {tuple(m.shape)}; it must be 4-D (batch, seqlen, nheads, headdim)"
+            )
+        if not m.device.startswith("cuda"):
+            raise ValueError(f"{name} is on {m.device}; the kernels need CUDA tensors")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on {q.device}, {k.device}, {v.device}; they must be on one CUDA device")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"q dtype is {q.dtype}; the kernels support float16 and bfloat16")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes are {q.dtype}, {k.dtype}, {v.dtype}; they must be equal")
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k shape {tuple(k.shape)} differs from v shape {tuple(v.shape)}; they must be equal")
+    b, sq, h, d = q.shape
+    bk, sk, hk, dk = k.shape
+    if bk != b:
+        raise ValueError(f"k batch is {bk} but q batch is {b}; they must be equal")
+    if dk != d:
+        raise ValueError(f"k head dim is {dk} but q head dim is {d}; they must be equal")
+    if d not in tuple(head_dims):
+        raise ValueError(f"q head dim is {d}; the kernels support head dims {sorted(head_dims)}")
+    if hk < 1:
+        raise ValueError(f"k has {hk} heads; it needs at least 1")
+    if h % hk != 0:
+        raise ValueError(f"q has {h} heads and k has {hk}; q heads must be a multiple of kv heads (GQA/MQA)")
+    return DTYPES[q.dtype], (b, h, hk, sq, sk, d)
+
+
+def bhs_strides(name: str, m: Meta) -> Tuple[int, int, int]:
+    """Element strides of (batch, head, seq) of a (batch, seq, head, head_dim) tensor."""
+    if m.stride[3] != 1:
+        raise ValueError(f"{name} head-dim stride is {m.stride[3]}; it must be 1 (make it .contiguous())")
+    return (m.stride[0], m.stride[2], m.stride[1])
+
+
+def forward_args(
+    q: Meta,
+    k: Meta,
+    v: Meta,
+    out: Meta,
+    *,
+    ptrs: Tuple[int, int, int, int, int],
+    lens: Tuple[int, int, int, int],
+    causal: bool,
+    softmax_scale: Optional[float],
+    device: int,
+    stream: int,
+    kernel_dir: str,
+    head_dims: Sequence[int] = DEFAULT_HEAD_DIMS,
+) -> tuple:
+    """The positional arguments of ``_C.forward``, in its order.
+
+    ptrs are the device addresses (q, k, v, out, lse; lse 0 = not wanted),
+    lens the elements reachable from the q, k, v, out addresses.
+    """
+    dtype, dims = check(q, k, v, head_dims)
+    if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out is {tuple(out.shape)} {out.dtype} on {out.device}; it must match q")
+    strides = tuple(bhs_strides(n, m) for n, m in (("q", q), ("k", k), ("v", v), ("out", out)))
+    scale = None if softmax_scale is None else float(softmax_scale)
+    return (*ptrs, dtype, dims, *strides, tuple(lens), bool(causal), scale, device, stream, kernel_dir)

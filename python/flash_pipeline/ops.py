@@ -1,0 +1,145 @@
+"""The torch custom op ``flash_pipeline::fwd`` over the compiled kernels.
+
+``torch.ops.flash_pipeline.fwd(q, k, v, softmax_scale, causal) -> (out, lse)``
+
+* q (batch, seqlen_q, heads, head_dim), k and v (batch, seqlen_k, kv_heads,
+  head_dim): CUDA, float16 or bfloat16, one dtype and one device, heads a
+  multiple of kv_heads (GQA/MQA: q head h reads kv head h // (heads // kv_heads)).
+* Any strides are passed to the kernels as they are, except that a tensor
+  whose last (head_dim) stride is not 1 is first copied with ``.contiguous()``
+  (as flash-attn's ``maybe_contiguous``).
+* out is a new contiguous (batch, seqlen_q, heads, head_dim) tensor of q's
+  dtype; lse is a new float32 (batch, heads, seqlen_q) tensor, the log-sum-exp
+  of each row of q·kᵀ·scale. ``causal`` masks bottom-right aligned (as
+  FlashAttention >= 2.1); rows that see no key get out = 0 and lse = -inf.
+* The work is enqueued on PyTorch's current stream of q's device: nothing
+  synchronises, so the op works under ``torch.compile`` (it is opaque to
+  Dynamo, with a fake implementation for tracing) and in CUDA graphs.
+* Forward only: the registered autograd formula raises NotImplementedError
+  when a backward reaches it, so no tensor ever gets a wrong gradient.
+
+Rule violations raise ValueError naming the value and the rule, before any
+launch. The kernels are loaded from ``$FA_KERNEL_DIR`` when set, else from
+the ``kernels`` folder inside this package.
+"""
+
+import functools
+import os
+from typing import Optional, Tuple
+
+import torch
+
+from . import _args
+
+_PACKAGE_KERNELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+
+
+def kernel_dir() -> str:
+    """Folder with the kernel fatbins: ``$FA_KERNEL_DIR``, else ``flash_pipeline/kernels``."""
+    return os.environ.get("FA_KERNEL_DIR") or _PACKAGE_KERNELS
+
+
+@functools.lru_cache(maxsize=None)
+def _ext():
+    try:
+        from . import _C
+    except ImportError as e:
+        raise ImportError(
+            "flash_pipeline._C, the compiled extension, is not importable: build the wheel with "
+            "`cargo xtask wheel` and pip install target/wheels/flash_pipeline-*.whl"
+        ) from e
+    return _C
+
+
+def supported() -> dict:
+    """What the kernels run, from the extension: {"head_dims": [...], "dtypes": ["f16", "bf16"]}."""
+    return dict(_ext().supported())
+
+
+@functools.lru_cache(maxsize=None)
+def _head_dims_from_ext() -> Tuple[int, ...]:
+    return tuple(supported()["head_dims"])
+
+
+def head_dims() -> Tuple[int, ...]:
+    """Head dims the kernels support (a default when the extension is not built)."""
+    try:
+        return _head_dims_from_ext()
+    except ImportError:
+        return _args.DEFAULT_HEAD_DIMS
+
+
+def _meta(t: torch.Tensor) -> _args.Meta:
+    return _args.Meta(tuple(t.shape), tuple(t.stride()), str(t.dtype).replace("torch.", ""), str(t.device))
+
+
+def _inputs(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    # Only the head_dim stride must be 1; every other stride goes to the kernels as is.
+    q, k, v = (t.contiguous() if t.dim() == 4 and t.stride(-1) != 1 else t for t in (q, k, v))
+    dtype, dims = _args.check(_meta(q), _meta(k), _meta(v), head_dims())
+    return q, k, v, dims
+
+
+def _outputs(q: torch.Tensor, dims) -> Tuple[torch.Tensor, torch.Tensor]:
+    b, h, _, sq, _, d = dims
+    out = q.new_empty((b, sq, h, d))
+    lse = q.new_empty((b, h, sq), dtype=torch.float32)
+    return out, lse
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Elements of t's storage from t.data_ptr() on."""
+    return t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+
+
+@torch.library.custom_op("flash_pipeline::fwd", mutates_args=())
+def fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    q, k, v, dims = _inputs(q, k, v)
+    out, lse = _outputs(q, dims)
+    if out.numel() == 0:  # no batch, no heads or no queries: nothing to compute
+        return out, lse
+    if dims[4] == 0:  # no keys: every row sees nothing
+        return out.zero_(), lse.fill_(float("-inf"))
+    device = q.device
+    with torch.cuda.device(device):
+        args = _args.forward_args(
+            _meta(q),
+            _meta(k),
+            _meta(v),
+            _meta(out),
+            ptrs=(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()),
+            lens=(_extent(q), _extent(k), _extent(v), _extent(out)),
+            causal=causal,
+            softmax_scale=softmax_scale,
+            device=device.index,
+            stream=torch.cuda.current_stream(device).cuda_stream,
+            kernel_dir=kernel_dir(),
+            head_dims=head_dims(),
+        )
+        _ext().forward(*args)
+    return out, lse
+
+
+@fwd.register_fake
+def _(q, k, v, softmax_scale, causal):
+    q, k, v, dims = _inputs(q, k, v)
+    return _outputs(q, dims)
+
+
+def _setup_context(ctx, inputs, output):
+    pass
+
+
+def _backward(ctx, grad_out, grad_lse):
+    raise NotImplementedError(
+        "flash_pipeline::fwd is forward-only: it has no backward. Run it under torch.no_grad() or "
+        "torch.inference_mode(), or detach q, k, v; for training use an attention with a backward."
+    )
+
+
+fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,169 @@
+"""flash_pipeline as a transformers (5.x) attention backend.
+
+    import flash_pipeline.transformers as fpt
+    name = fpt.register()                      # "fa_pipeline"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=name, dtype=torch.bfloat16)
+    model.set_attn_implementation("sdpa")      # switch back and forth on the same weights
+
+The default name is ``"fa_pipeline"``, not ``"flash_pipeline"``: transformers 5
+treats every attn_implementation whose name contains "flash" as a FlashAttention
+package or hub kernel (``is_flash_attention_requested`` and
+``lazy_import_flash_attention``) and fails to load it, so :func:`register`
+refuses such names.
+
+:func:`register` adds :func:`attention_forward` to ``AttentionInterface`` and
+transformers' ``sdpa_mask`` to ``AttentionMaskInterface`` under the same name
+(without a mask function transformers would pass ``attention_mask=None`` and
+drop padding silently). The masks are therefore exactly those of
+``attn_implementation="sdpa"``: ``None`` when no token is padded and the
+pattern is plain causal, else a boolean (batch, 1, seqlen_q, seqlen_k) mask.
+
+How each call runs:
+
+* mask ``None``: our kernel. Causality is decided as in transformers'
+  ``sdpa_attention_forward``: the ``is_causal`` kwarg, else ``module.is_causal``,
+  else True, and only for seqlen_q > 1. With seqlen_q > 1 and seqlen_k > seqlen_q
+  (prefill into an empty static cache) only the first seqlen_q keys are used, as
+  sdpa does; otherwise the kernel's bottom-right causal mask is the KV-cache one.
+* mask given: it is compared (on the GPU, one synchronisation) with the
+  bottom-right causal mask and with all-True; if it is one of them (e.g. a
+  chunked prefill after a KV cache) our kernel runs, otherwise (left/right
+  padding, packed sequences, a sliding window that cuts, static-cache slots)
+  the call falls back to transformers' ``sdpa_attention_forward`` with the mask.
+  While compiling (``torch.compile``) or capturing a CUDA graph a given mask is
+  not inspected: those calls fall back to SDPA.
+* also falling back to SDPA, with a one-time warning: non-CUDA inputs, dtypes
+  other than float16/bfloat16, head dims the kernels lack (they run 64 and
+  128), inputs that need gradients (the kernels are forward-only), a
+  ``position_bias``.
+* ``sliding_window`` is honoured through the mask: transformers materialises
+  a mask whenever the window cuts a key, so a ``None`` mask means it cuts none.
+* raising NotImplementedError: ``dropout`` > 0 (attention dropout in training),
+  ``softcap`` (SDPA has no softcapping either: use eager), ``s_aux`` (sinks).
+
+GQA runs natively (no ``repeat_kv``); ``scaling`` is the kernel's softmax scale.
+The output is (batch, seqlen_q, heads, head_dim) contiguous and the weights
+``None``, like ``sdpa_attention_forward``. :data:`stats` counts the calls
+(``"kernel"`` and ``"sdpa: <reason>"``) when not compiling.
+"""
+
+import warnings
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from . import ops
+
+NAME = "fa_pipeline"
+# Read once here, not per call: a plain tuple keeps the per-call checks traceable by torch.compile.
+_HEAD_DIMS = ops.head_dims()
+
+stats = {}
+_warned = set()
+
+
+def register(name: str = NAME) -> str:
+    """Register the backend under ``name`` (attention function and its mask function); returns ``name``."""
+    if "flash" in name:
+        raise ValueError(
+            f"name {name!r} contains 'flash': transformers 5 would treat it as a FlashAttention package or hub "
+            f"kernel and fail to load it; use a name without 'flash', e.g. {NAME!r}"
+        )
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def _note(key: str, warning: str = None) -> None:
+    if torch.compiler.is_compiling():
+        return
+    stats[key] = stats.get(key, 0) + 1
+    if warning is not None and key not in _warned:
+        _warned.add(key)
+        warnings.warn(warning, RuntimeWarning, stacklevel=3)
+
+
+def _unusable(query, key, value, kwargs):
+    """Why the kernels cannot take these inputs, as (category, detail), or None."""
+    if query.device.type != "cuda":
+        return "device", f"inputs on {query.device}, not CUDA"
+    if query.dtype not in (torch.float16, torch.bfloat16) or not (query.dtype == key.dtype == value.dtype):
+        return "dtype", f"dtypes {query.dtype}/{key.dtype}/{value.dtype}; the kernels run float16 or bfloat16"
+    dims = _HEAD_DIMS
+    if query.shape[-1] not in dims or key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
+        return "head dim", f"head dims {query.shape[-1]}/{key.shape[-1]}/{value.shape[-1]}; the kernels run {list(dims)}"
+    if key.shape[1] == 0 or query.shape[1] % key.shape[1] != 0:
+        return "heads", f"{query.shape[1]} query heads for {key.shape[1]} kv heads"
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return "grad", "inputs require grad and the kernels are forward-only"
+    if kwargs.get("position_bias") is not None:
+        return "position_bias", "position_bias is an additive bias the kernels lack"
+    return None
+
+
+def _pattern(query, key, value, attention_mask, is_causal):
+    """Map the call onto the kernel: (causal, key, value), or a reason (str) to fall back to SDPA."""
+    sq, sk = query.shape[2], key.shape[2]
+    if attention_mask is None:
+        if is_causal and sq > 1 and sk > sq:
+            # transformers' convention (its sdpa path slices the same way): prefill of an empty static cache
+            key, value = key[:, :, :sq], value[:, :, :sq]
+        return bool(is_causal and sq > 1), key, value
+    if torch.compiler.is_compiling() or (query.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return "a mask is given while compiling or capturing, where it cannot be inspected"
+    if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or tuple(attention_mask.shape[-2:]) != (sq, sk):
+        return f"the mask ({attention_mask.dtype}, {tuple(attention_mask.shape)}) is not a boolean (.., {sq}, {sk}) mask"
+    causal = torch.ones(sq, sk, dtype=torch.bool, device=attention_mask.device).tril(sk - sq)
+    if torch.equal(attention_mask, causal.expand_as(attention_mask)):
+        return True, key, value
+    if bool(attention_mask.all()):
+        return False, key, value
+    return "the mask has padding or a pattern other than causal"
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling=None,
+    is_causal=None,
+    sliding_window=None,
+    softcap=None,
+    **kwargs,
+):
+    """transformers' attention-function signature: query (batch, heads, seqlen_q, head_dim),
+    key/value (batch, kv_heads, seqlen_k, head_dim); returns ((batch, seqlen_q, heads, head_dim), None)."""
+    if dropout and dropout > 0.0:
+        raise NotImplementedError(
+            f"attention dropout {dropout}: flash_pipeline is forward-only; call model.eval() (or set "
+            "attention_dropout=0), or train with attn_implementation='sdpa'"
+        )
+    if softcap:
+        raise NotImplementedError(f"softcap={softcap}: attention softcapping is not supported; use 'eager'")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("s_aux (attention sinks) is not supported; use 'eager'")
+    if kwargs.get("output_attentions", False):
+        _note("output_attentions", "flash_pipeline returns no attention weights (output_attentions=True gives None)")
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+
+    bad = _unusable(query, key, value, kwargs)
+    if bad is None:
+        plan = _pattern(query, key, value, attention_mask, is_causal)
+        if not isinstance(plan, str):
+            causal, k, v = plan
+            out, _ = torch.ops.flash_pipeline.fwd(
+                query.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scaling, causal
+            )
+            _note("kernel")
+            return out, None
+        bad = ("mask", plan)
+    category, detail = bad
+    _note(f"sdpa: {category}", f"flash_pipeline falls back to SDPA: {detail}")
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+    )

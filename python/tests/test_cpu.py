@@ -1,0 +1,274 @@
+"""Tests that need no GPU.
+
+The argument rules (flash_pipeline/_args.py) are tested without torch: the
+file is loaded on its own, so neither torch nor the compiled extension is
+needed. The rest skips where torch (or transformers) is missing: the op's
+schema, its fake implementation, the errors of flash_attn_func and the
+transformers registration and fallback decisions.
+
+The package is imported as installed (the wheel) when it is, else from this
+source tree.
+"""
+
+import importlib.util
+import pathlib
+import sys
+import types
+
+import pytest
+
+PYTHON_DIR = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load_args():
+    spec = importlib.util.spec_from_file_location("_flash_pipeline_args", PYTHON_DIR / "flash_pipeline" / "_args.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+A = _load_args()
+
+
+def meta(shape, dtype="float16", device="cuda:0", stride=None):
+    if stride is None:  # contiguous
+        stride, n = [], 1
+        for s in reversed(shape):
+            stride.insert(0, n)
+            n *= s
+    return A.Meta(tuple(shape), tuple(stride), dtype, device)
+
+
+def fp():
+    """The package, with torch (skips without torch)."""
+    pytest.importorskip("torch")
+    try:
+        import flash_pipeline
+    except ImportError:
+        sys.path.append(str(PYTHON_DIR))  # after site-packages: an installed wheel wins
+        import flash_pipeline
+    return flash_pipeline
+
+
+# ---------------------------------------------------------------- without torch
+
+
+def test_check_accepts_gqa():
+    q, k = meta((2, 7, 8, 64), "bfloat16"), meta((2, 512, 2, 64), "bfloat16")
+    assert A.check(q, k, k) == ("bf16", (2, 8, 2, 7, 512, 64))
+    assert A.check(meta((1, 3, 4, 128)), meta((1, 3, 4, 128)), meta((1, 3, 4, 128)))[0] == "f16"
+
+
+@pytest.mark.parametrize(
+    "q, k, v, match",
+    [
+        (meta((2, 7, 8)), meta((2, 7, 8, 64)), meta((2, 7, 8, 64)), r"q has 3 dims .* must be 4-D"),
+        (meta((2, 7, 8, 64), device="cpu"), meta((2, 7, 8, 64)), meta((2, 7, 8, 64)), r"q is on cpu; .*CUDA"),
+        (meta((2, 7, 8, 64)), meta((2, 7, 8, 64), device="cuda:1"), meta((2, 7, 8, 64), device="cuda:1"), "one CUDA device"),
+        (meta((2, 7, 8, 64), "float32"), meta((2, 7, 8, 64), "float32"), meta((2, 7, 8, 64), "float32"), "q dtype is float32"),
+        (meta((2, 7, 8, 64)), meta((2, 7, 8, 64), "bfloat16"), meta((2, 7, 8, 64)), "dtypes are float16, bfloat16, float16"),
+        (meta((2, 7, 8, 64)), meta((2, 9, 8, 64)), meta((2, 7, 8, 64)), r"k shape \(2, 9, 8, 64\) differs from v shape"),
+        (meta((2, 7, 8, 64)), meta((3, 7, 8, 64)), meta((3, 7, 8, 64)), "k batch is 3 but q batch is 2"),
+        (meta((2, 7, 8, 64)), meta((2, 7, 8, 128)), meta((2, 7, 8, 128)), "k head dim is 128 but q head dim is 64"),
+        (meta((2, 7, 8, 96)), meta((2, 7, 8, 96)), meta((2, 7, 8, 96)), r"q head dim is 96; the kernels support head dims \[64, 128\]"),
+        (meta((2, 7, 8, 64)), meta((2, 7, 3, 64)), meta((2, 7, 3, 64)), "q has 8 heads and k has 3"),
+        (meta((2, 7, 8, 64)), meta((2, 7, 0, 64)), meta((2, 7, 0, 64)), "k has 0 heads"),
+    ],
+)
+def test_check_rejects(q, k, v, match):
+    with pytest.raises(ValueError, match=match):
+        A.check(q, k, v)
+
+
+def test_forward_args_packed_qkv_slice():
+    # q, k, v are slices q = qkv[:, :, 0] of a packed (b, s, 3, h, d) tensor: strides pass as they are.
+    b, s, h, d = 2, 5, 4, 64
+    packed = (s * 3 * h * d, 3 * h * d, d, 1)
+    q, k, v = (meta((b, s, h, d), stride=packed) for _ in range(3))
+    out = meta((b, s, h, d))
+    args = A.forward_args(
+        q, k, v, out, ptrs=(10, 20, 30, 40, 0), lens=(100, 90, 80, 70), causal=1, softmax_scale=None,
+        device=0, stream=1234, kernel_dir="/k",
+    )
+    assert args == (
+        10, 20, 30, 40, 0, "f16", (b, h, h, s, s, d),
+        (s * 3 * h * d, d, 3 * h * d), (s * 3 * h * d, d, 3 * h * d), (s * 3 * h * d, d, 3 * h * d),
+        (s * h * d, d, h * d), (100, 90, 80, 70), True, None, 0, 1234, "/k",
+    )
+    assert len(args) == 17  # _C.forward's parameter count
+    assert A.forward_args(q, k, v, out, ptrs=(1, 2, 3, 4, 5), lens=(1, 1, 1, 1), causal=False, softmax_scale=0.5,
+                          device=1, stream=0, kernel_dir="k")[13] == 0.5
+
+
+def test_forward_args_rejects_head_dim_stride_and_bad_out():
+    q = meta((1, 4, 2, 64), stride=(512, 128, 64, 2))
+    k = meta((1, 4, 2, 64))
+    common = dict(ptrs=(1, 2, 3, 4, 0), lens=(1, 1, 1, 1), causal=False, softmax_scale=None, device=0, stream=0, kernel_dir="k")
+    with pytest.raises(ValueError, match="q head-dim stride is 2; it must be 1"):
+        A.forward_args(q, k, k, meta((1, 4, 2, 64)), **common)
+    with pytest.raises(ValueError, match="out is"):
+        A.forward_args(k, k, k, meta((1, 4, 2, 64), "bfloat16"), **common)
+
+
+# ---------------------------------------------------------------- with torch, no GPU
+
+
+def test_op_schema():
+    fp()
+    import torch
+
+    schema = str(torch.ops.flash_pipeline.fwd.default._schema)
+    assert schema.startswith("flash_pipeline::fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal)")
+    assert schema.endswith("-> (Tensor, Tensor)")
+
+
+def test_fake_impl_shapes():
+    fp()
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode():
+            q = torch.empty(3, 7, 8, 128, dtype=torch.bfloat16, device="cuda")
+            k = torch.empty(3, 512, 2, 128, dtype=torch.bfloat16, device="cuda")
+            qkv = torch.empty(3, 7, 3, 8, 128, dtype=torch.bfloat16, device="cuda")
+            out, lse = torch.ops.flash_pipeline.fwd(q, k, k, None, True)
+            out2, _ = torch.ops.flash_pipeline.fwd(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], 0.1, False)
+            with pytest.raises(ValueError, match="head dim is 96"):
+                x = torch.empty(1, 4, 2, 96, dtype=torch.float16, device="cuda")
+                torch.ops.flash_pipeline.fwd(x, x, x, None, False)
+    except (RuntimeError, AssertionError) as e:  # torch builds that cannot make fake CUDA tensors
+        if "CUDA" not in str(e) and "cuda" not in str(e):
+            raise
+        pytest.skip(f"fake CUDA tensors unavailable: {e}")
+    assert out.shape == (3, 7, 8, 128) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
+    assert out.is_contiguous()
+    assert lse.shape == (3, 8, 7) and lse.dtype == torch.float32
+    assert out2.shape == (3, 7, 8, 128) and out2.is_contiguous()
+
+
+def test_flash_attn_func_unsupported_arguments():
+    fa = fp()
+    import torch
+
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.float16)
+    cases = [
+        (dict(dropout_p=0.1), "dropout_p=0.1"),
+        (dict(window_size=(16, 0)), r"window_size=\(16, 0\).*not supported yet"),
+        (dict(softcap=30.0), "softcap=30.0.*not supported yet"),
+        (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes.*not supported yet"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(NotImplementedError, match=match):
+            fa.flash_attn_func(q, q, q, **kwargs)
+    # accepted: deterministic (the forward is deterministic), negative softcap/window (= off, as flash-attn);
+    # these then fail only on the device rule, checked by the op
+    with pytest.raises(ValueError, match="q is on cpu"):
+        fa.flash_attn_func(q, q, q, deterministic=True, softcap=-1.0, window_size=(-1, -1), return_attn_probs=True)
+
+
+def test_flash_attn_func_requires_grad_raises():
+    fa = fp()
+    import torch
+
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.float16, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        fa.flash_attn_func(q, q, q)
+    with torch.no_grad(), pytest.raises(ValueError, match="q is on cpu"):
+        fa.flash_attn_func(q, q, q)  # passes the grad rule, then meets the device rule
+
+
+def test_packed_wrappers_check_shapes():
+    fa = fp()
+    import torch
+
+    with pytest.raises(ValueError, match="qkv has shape"):
+        fa.flash_attn_qkvpacked_func(torch.zeros(1, 4, 2, 2, 64))
+    with pytest.raises(ValueError, match="kv has shape"):
+        fa.flash_attn_kvpacked_func(torch.zeros(1, 4, 2, 64), torch.zeros(1, 4, 3, 2, 64))
+
+
+def test_op_errors_name_value_and_rule():
+    fp()
+    import torch
+
+    x = torch.zeros(1, 4, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="q is on cpu"):
+        torch.ops.flash_pipeline.fwd(x, x, x, None, False)
+    with pytest.raises(ValueError, match="q has 3 dims"):
+        torch.ops.flash_pipeline.fwd(x[0], x, x, None, False)
+
+
+def test_kernel_dir_env(monkeypatch):
+    fa = fp()
+    monkeypatch.setenv("FA_KERNEL_DIR", "/somewhere")
+    assert fa.kernel_dir() == "/somewhere"
+    monkeypatch.delenv("FA_KERNEL_DIR")
+    assert fa.kernel_dir().endswith("kernels") and "flash_pipeline" in fa.kernel_dir()
+
+
+# ---------------------------------------------------------------- transformers, no GPU
+
+
+def tf():
+    fp()
+    pytest.importorskip("transformers")
+    import flash_pipeline.transformers as fpt
+
+    return fpt
+
+
+def test_transformers_registration():
+    fpt = tf()
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    assert fpt.register() == "fa_pipeline"
+    assert ALL_ATTENTION_FUNCTIONS["fa_pipeline"] is fpt.attention_forward
+    assert "fa_pipeline" in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping  # else transformers drops masks
+    with pytest.raises(ValueError, match="contains 'flash'"):
+        fpt.register("flash_pipeline")
+
+
+def test_transformers_mask_patterns():
+    fpt = tf()
+    import torch
+
+    q = torch.zeros(2, 8, 3, 64)
+    kv = torch.zeros(2, 2, 5, 64)
+    causal = torch.ones(3, 5, dtype=torch.bool).tril(2).expand(2, 1, 3, 5)
+    assert fpt._pattern(q, kv, kv, None, True)[0] is True
+    assert fpt._pattern(q[:, :, :1], kv, kv, None, True)[0] is False  # one query row sees every key
+    assert fpt._pattern(q, kv, kv, None, False)[0] is False
+    assert fpt._pattern(q, kv, kv, causal, True)[0] is True  # chunked prefill after a cache
+    assert fpt._pattern(q, kv, kv, torch.ones(2, 1, 3, 5, dtype=torch.bool), True)[0] is False
+    padded = causal.clone()
+    padded[0, :, :, 0] = False  # left padding in sequence 0
+    assert isinstance(fpt._pattern(q, kv, kv, padded, True), str)
+    assert isinstance(fpt._pattern(q, kv, kv, torch.zeros(2, 1, 3, 5), True), str)  # float mask
+    # mask None with seqlen_k > seqlen_q > 1: transformers' empty-static-cache prefill, first seqlen_q keys
+    causal_flag, k, v = fpt._pattern(q, kv, kv, None, True)
+    assert causal_flag and k.shape[2] == 3 and v.shape[2] == 3
+
+
+def test_transformers_cpu_falls_back_to_sdpa():
+    fpt = tf()
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    module = types.SimpleNamespace(is_causal=True, num_key_value_groups=4, training=False)
+    q, k, v = torch.randn(2, 8, 6, 64), torch.randn(2, 2, 6, 64), torch.randn(2, 2, 6, 64)
+    before = fpt.stats.get("sdpa: device", 0)
+    fpt._warned.discard("sdpa: device")
+    with pytest.warns(RuntimeWarning, match="falls back to SDPA: inputs on cpu"):
+        out, w = fpt.attention_forward(module, q, k, v, None, scaling=0.125)
+    ref, _ = sdpa_attention_forward(module, q, k, v, None, scaling=0.125)
+    assert w is None and out.shape == (2, 6, 8, 64)
+    assert torch.equal(out, ref)
+    assert fpt.stats["sdpa: device"] == before + 1
+    with pytest.raises(NotImplementedError, match="dropout"):
+        fpt.attention_forward(module, q, k, v, None, dropout=0.1)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        fpt.attention_forward(module, q, k, v, None, softcap=50.0)

@@ -1,0 +1,349 @@
+"""GPU tests: the kernels through flash_attn_func, torch.compile, CUDA graphs and transformers.
+
+Skipped without torch or without CUDA. Needs the installed wheel (the compiled
+extension and its kernels), or a source tree with them and FA_KERNEL_DIR.
+
+Reference: float64 math on the very inputs the kernel saw (already rounded to
+fp16/bf16), so the only errors measured are the kernel's own: P rounded to
+the input dtype before P·V (relative 2^-11 for fp16, 2^-8 for bf16, on
+outputs that average many values of |v| ~ 1, so well under 1e-3 / 4e-3) and
+the final rounding of out (half an ulp: about 2.4e-4 / 2e-3 for |out| <= 1,
+and relative beyond). Tolerances: fp16 2e-3 abs + 2e-3 rel, bf16 1.6e-2 abs +
+1.6e-2 rel, i.e. about 4 ulps of the dtype at magnitude 1. lse is float32
+from float32 scores (exp2 with the scale folded into log2 e): 2e-3 abs +
+1e-3 rel, and exactly -inf for rows that see no key.
+"""
+
+import pathlib
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+try:
+    import flash_pipeline as fa
+except ImportError:
+    sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
+    import flash_pipeline as fa
+
+DEV = "cuda"
+TOL = {torch.float16: dict(atol=2e-3, rtol=2e-3), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
+LSE_TOL = dict(atol=2e-3, rtol=1e-3)
+
+
+def reference(q, k, v, causal, scale=None):
+    """out (b, sq, h, d) and lse (b, h, sq) in float64; rows seeing no key: out 0, lse -inf."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = d**-0.5 if scale is None else scale
+    qf = q.double().transpose(1, 2)
+    kf = k.double().transpose(1, 2).repeat_interleave(h // hk, dim=1)
+    vf = v.double().transpose(1, 2).repeat_interleave(h // hk, dim=1)
+    s = qf @ kf.transpose(-1, -2) * scale
+    if causal:  # bottom-right aligned: query i sees keys j <= i + sk - sq
+        i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # fully masked rows: -inf - -inf
+    return (p @ vf).transpose(1, 2), lse
+
+
+def check(out, lse, q, k, v, causal, scale=None):
+    ref_out, ref_lse = reference(q, k, v, causal, scale)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref_out, **TOL[q.dtype])
+    torch.testing.assert_close(lse.double(), ref_lse, **LSE_TOL)
+
+
+def rand(*shape, dtype):
+    return torch.randn(*shape, device=DEV, dtype=dtype)
+
+
+# (batch, heads, kv_heads, seqlen_q, seqlen_k)
+SHAPES = [
+    (1, 8, 8, 128, 128),
+    (2, 8, 2, 1, 512),  # decode
+    (3, 8, 2, 7, 512),
+    (2, 8, 2, 128, 512),  # chunked prefill after a cache
+    (1, 8, 2, 512, 512),
+    (2, 8, 2, 128, 64),  # sq > sk: causal rows before the diagonal see nothing
+    (1, 4, 1, 33, 77),  # MQA, odd lengths
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_reference(shape, causal, d, dtype):
+    torch.manual_seed(0)
+    b, h, hk, sq, sk = shape
+    q, k, v = rand(b, sq, h, d, dtype=dtype), rand(b, sk, hk, d, dtype=dtype), rand(b, sk, hk, d, dtype=dtype)
+    with torch.no_grad():
+        out, lse, s_dmask = fa.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    assert s_dmask is None
+    check(out, lse, q, k, v, causal)
+
+
+def test_softmax_scale_and_plain_return():
+    torch.manual_seed(1)
+    q, k, v = (rand(2, 64, 8, 128, dtype=torch.bfloat16) for _ in range(3))
+    with torch.no_grad():
+        out = fa.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True, deterministic=True)
+        _, lse, _ = fa.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True, return_attn_probs=True)
+    assert isinstance(out, torch.Tensor)
+    check(out, lse, q, k, v, True, scale=0.3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_strided_inputs(dtype):
+    torch.manual_seed(2)
+    b, s, h, hk, d = 2, 96, 8, 2, 128
+    with torch.no_grad():
+        # q, k, v slices of a packed qkv tensor (strides passed as they are)
+        qkv = rand(b, s, 3, h, d, dtype=dtype)
+        out, lse, _ = fa.flash_attn_qkvpacked_func(qkv, causal=True, return_attn_probs=True)
+        check(out, lse, *(qkv[:, :, i].contiguous() for i in range(3)), True)
+        # GQA through kvpacked; q a transposed (batch, heads, seq, dim) tensor, as transformers holds it
+        q = rand(b, h, s, d, dtype=dtype).transpose(1, 2)
+        kv = rand(b, s + 5, 2, hk, d, dtype=dtype)
+        out, lse, _ = fa.flash_attn_kvpacked_func(q, kv, causal=True, return_attn_probs=True)
+        check(out, lse, q.contiguous(), kv[:, :, 0].contiguous(), kv[:, :, 1].contiguous(), True)
+        # a storage offset, and a head_dim stride != 1 (copied with .contiguous() first)
+        big = rand(b, s + 10, h, d, dtype=dtype)
+        q = big[:, 10:]
+        k = rand(b, s, d, hk, dtype=dtype).transpose(2, 3)
+        v = rand(b, s, hk, d, dtype=dtype)
+        out, lse, _ = fa.flash_attn_func(q, k, v, return_attn_probs=True)
+        check(out, lse, q.contiguous(), k.contiguous(), v, False)
+
+
+def test_empty_sizes():
+    x = rand(2, 16, 4, 64, dtype=torch.float16)
+    with torch.no_grad():
+        out, lse, _ = fa.flash_attn_func(x[:, :0], x, x, return_attn_probs=True)
+        assert out.shape == (2, 0, 4, 64) and lse.shape == (2, 4, 0)
+        out, lse, _ = fa.flash_attn_func(x, x[:, :0], x[:, :0], return_attn_probs=True)
+        assert torch.equal(out, torch.zeros_like(out)) and bool((lse == float("-inf")).all())
+        out = fa.flash_attn_func(x[:0], x[:0], x[:0])
+        assert out.shape == (0, 16, 4, 64)
+
+
+def test_argument_errors():
+    x = rand(1, 16, 4, 64, dtype=torch.float16)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="q dtype is float32"):
+            fa.flash_attn_func(x.float(), x.float(), x.float())
+        with pytest.raises(ValueError, match="dtypes are float16, bfloat16, float16"):
+            fa.flash_attn_func(x, x.bfloat16(), x)
+        with pytest.raises(ValueError, match="head dim is 96"):
+            y = rand(1, 16, 4, 96, dtype=torch.float16)
+            fa.flash_attn_func(y, y, y)
+        with pytest.raises(ValueError, match="q has 4 heads and k has 3"):
+            y = rand(1, 16, 3, 64, dtype=torch.float16)
+            fa.flash_attn_func(x, y, y)
+        with pytest.raises(ValueError, match="q is on cpu"):
+            fa.flash_attn_func(x.cpu(), x, x)
+        if torch.cuda.device_count() > 1:
+            with pytest.raises(ValueError, match="one CUDA device"):
+                fa.flash_attn_func(x, x.to("cuda:1"), x.to("cuda:1"))
+        with pytest.raises(NotImplementedError, match="dropout_p"):
+            fa.flash_attn_func(x, x, x, dropout_p=0.1)
+
+
+def test_requires_grad_is_an_error_never_a_wrong_gradient():
+    q = rand(1, 32, 4, 64, dtype=torch.bfloat16).requires_grad_()
+    k, v = rand(1, 32, 4, 64, dtype=torch.bfloat16), rand(1, 32, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        fa.flash_attn_func(q, k, v)
+    # the op itself runs forward, and its backward raises
+    out, lse = torch.ops.flash_pipeline.fwd(q, k, v, None, True)
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError, match="no backward"):
+        out.float().sum().backward()
+    assert q.grad is None
+
+
+def test_torch_compile_fullgraph():
+    torch.manual_seed(3)
+
+    def f(q, k, v):
+        out, lse, _ = fa.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        return out * 2, lse
+
+    compiled = torch.compile(f, fullgraph=True)  # fails on any graph break
+    with torch.no_grad():
+        for sq in (64, 96, 128):  # the second length recompiles with a dynamic seqlen: the fake impl on SymInts
+            q = rand(2, sq, 8, 128, dtype=torch.bfloat16)
+            k, v = rand(2, 256, 2, 128, dtype=torch.bfloat16), rand(2, 256, 2, 128, dtype=torch.bfloat16)
+            out, lse = compiled(q, k, v)
+            ref_out, ref_lse = f(q, k, v)
+            torch.testing.assert_close(out, ref_out, atol=0, rtol=0)
+            torch.testing.assert_close(lse, ref_lse, atol=0, rtol=0)
+        explain = torch._dynamo.explain(f)(q, k, v)
+        assert explain.graph_break_count == 0, explain.break_reasons
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 8, 256, 256), (1, 8, 2, 1, 4096)], ids=["prefill", "decode"])
+def test_cuda_graph_capture_and_replay(shape):
+    torch.manual_seed(4)
+    b, h, hk, sq, sk = shape
+    q, k, v = rand(b, sq, h, 128, dtype=torch.float16), rand(b, sk, hk, 128, dtype=torch.float16), rand(b, sk, hk, 128, dtype=torch.float16)
+    with torch.no_grad():
+        side = torch.cuda.Stream()  # warm up (loads the kernels) off the capture, as PyTorch advises
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fa.flash_attn_func(q, k, v, causal=True)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse, _ = fa.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        for _ in range(2):
+            for t in (q, k, v):
+                t.copy_(torch.randn_like(t))
+            graph.replay()
+            torch.cuda.synchronize()
+            eager_out, eager_lse, _ = fa.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+            assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)  # same kernels, same plan
+            check(out, lse, q, k, v, True)
+
+
+# ------------------------------------------------------------------ transformers models
+
+try:
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+
+    import flash_pipeline.transformers as fpt
+except ImportError:
+    fpt = None
+needs_transformers = pytest.mark.skipif(fpt is None, reason="needs transformers")
+NAME = fpt.register() if fpt else None
+SMALL = dict(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+             num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024)
+CONFIGS = {
+    "llama-d64": lambda: LlamaConfig(head_dim=64, **SMALL),
+    "llama-d128": lambda: LlamaConfig(head_dim=128, **SMALL),
+    "qwen2": lambda: Qwen2Config(**SMALL),  # q/k/v biases; head dim 512 / 8 = 64
+    "mistral": lambda: MistralConfig(head_dim=64, sliding_window=4096, **SMALL),  # window wider than the text
+}
+_models = {}
+
+
+def model_for(name, make=None):
+    if name not in _models:
+        torch.manual_seed(0)
+        cfg = (make or CONFIGS[name])()
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=NAME, dtype=torch.bfloat16)
+        _models[name] = model.to(DEV).eval()
+    return _models[name]
+
+
+def run(model, impl, fn):
+    model.set_attn_implementation(impl)
+    fpt.stats.clear()
+    with torch.no_grad():
+        return fn(), dict(fpt.stats)
+
+
+def assert_logits_close(got, ref):
+    # bf16 model: both backends round every layer's activations to bf16 (2^-8 relative) and differ
+    # only in how attention orders its sums; after 2 layers the logits agree to a few bf16 ulps of
+    # their largest magnitude (|logits| ~ 2 here, ulp 1/64). 2% of that magnitude + 0.02 covers it.
+    got, ref = got.float(), ref.float()
+    err, bound = (got - ref).abs().max().item(), 0.02 * ref.abs().max().item() + 0.02
+    assert err <= bound, f"max |logits diff| {err:.4g} > {bound:.4g}"
+    return bound
+
+
+@needs_transformers
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_model_prefill_logits(name):
+    model = model_for(name)
+    ids = torch.randint(0, 1000, (2, 96), device=DEV, generator=torch.Generator(DEV).manual_seed(5))
+    ref, _ = run(model, "sdpa", lambda: model(ids).logits)
+    got, stats = run(model, NAME, lambda: model(ids).logits)
+    assert stats == {"kernel": model.config.num_hidden_layers}, stats
+    assert_logits_close(got, ref)
+
+
+@needs_transformers
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_model_greedy_generation(name):
+    """32 greedy tokens: identical, or, where a token differs, the two backends' logits at that
+    step (computed on the same prefix) are close and the top two sdpa logits lie within that
+    tolerance of each other: a tie that bf16 noise may break either way, not a kernel error."""
+    model = model_for(name)
+    prompt = torch.randint(3, 1000, (1, 16), device=DEV, generator=torch.Generator(DEV).manual_seed(6))
+    # ids from 3 on: no token equals pad (0), bos (1) or eos (2), so generate builds no padding mask
+    kw = dict(max_new_tokens=32, min_new_tokens=32, do_sample=False, output_logits=True,
+              return_dict_in_generate=True, pad_token_id=0)
+    ref, _ = run(model, "sdpa", lambda: model.generate(prompt, **kw))
+    got, stats = run(model, NAME, lambda: model.generate(prompt, **kw))
+    assert set(stats) == {"kernel"}, stats  # prefill and every decode step on our kernel
+    a, b = ref.sequences[0, 16:], got.sequences[0, 16:]
+    assert a.shape == b.shape == (32,)
+    differ = (a != b).nonzero()
+    steps = 32 if len(differ) == 0 else int(differ[0]) + 1
+    for t in range(steps):  # same prefix up to and including step t
+        bound = assert_logits_close(got.logits[t][0], ref.logits[t][0])
+    if len(differ):
+        top2 = ref.logits[steps - 1][0].float().topk(2).values
+        assert (top2[0] - top2[1]).item() <= bound, f"token {steps - 1} differs without a near tie"
+
+
+@needs_transformers
+def test_model_chunked_prefill_uses_kernel_with_mask():
+    model = model_for("llama-d64")
+    ids = torch.randint(0, 1000, (1, 48), device=DEV, generator=torch.Generator(DEV).manual_seed(7))
+
+    def chunked():
+        first = model(ids[:, :32], use_cache=True)
+        return model(ids[:, 32:], past_key_values=first.past_key_values).logits  # 16 queries, 48 keys, causal mask
+
+    ref, _ = run(model, "sdpa", chunked)
+    got, stats = run(model, NAME, chunked)
+    assert stats == {"kernel": 2 * model.config.num_hidden_layers}, stats
+    assert_logits_close(got, ref)
+
+
+@needs_transformers
+def test_model_left_padding_falls_back_to_sdpa():
+    model = model_for("llama-d64")
+    ids = torch.randint(0, 1000, (2, 24), device=DEV, generator=torch.Generator(DEV).manual_seed(8))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    ref, _ = run(model, "sdpa", lambda: model(ids, attention_mask=mask).logits)
+    got, stats = run(model, NAME, lambda: model(ids, attention_mask=mask).logits)
+    assert stats == {"sdpa: mask": model.config.num_hidden_layers}, stats
+    torch.testing.assert_close(got[0, 5:], ref[0, 5:], atol=0, rtol=0)
+    torch.testing.assert_close(got[1], ref[1], atol=0, rtol=0)
+
+
+@needs_transformers
+def test_model_fallbacks():
+    # a window that cuts keys: transformers builds a mask, our backend hands it to SDPA
+    model = model_for("mistral-sw8", lambda: MistralConfig(head_dim=64, sliding_window=8, **SMALL))
+    ids = torch.randint(0, 1000, (1, 32), device=DEV, generator=torch.Generator(DEV).manual_seed(9))
+    ref, _ = run(model, "sdpa", lambda: model(ids).logits)
+    got, stats = run(model, NAME, lambda: model(ids).logits)
+    assert stats == {"sdpa: mask": 2}, stats
+    torch.testing.assert_close(got, ref, atol=0, rtol=0)
+    # head dim 32: not compiled, SDPA with a warning
+    model = model_for("llama-d32", lambda: LlamaConfig(**{**SMALL, "head_dim": 32}))
+    fpt._warned.discard("sdpa: head dim")
+    with pytest.warns(RuntimeWarning, match="head dims 32"):
+        _, stats = run(model, NAME, lambda: model(ids).logits)
+    assert stats == {"sdpa: head dim": 2}, stats
+    # gradients needed (no torch.no_grad): SDPA, never a wrong gradient
+    model = model_for("llama-d64")
+    model.set_attn_implementation(NAME)
+    fpt.stats.clear()
+    model(ids).logits.float().sum().backward()
+    assert fpt.stats == {"sdpa: grad": 2}, fpt.stats
+    model.zero_grad(set_to_none=True)
