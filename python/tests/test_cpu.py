@@ -272,3 +272,16 @@ def test_transformers_cpu_falls_back_to_sdpa():
         fpt.attention_forward(module, q, k, v, None, dropout=0.1)
     with pytest.raises(NotImplementedError, match="softcap"):
         fpt.attention_forward(module, q, k, v, None, softcap=50.0)
+
+
+def test_sdpa_provider_registration():
+    fp()
+    import torch
+    if not hasattr(torch.nn.attention, "register_flash_attention_impl"):
+        pytest.skip("needs PyTorch >= 2.11")
+    import flash_pipeline.sdpa as provider
+    from torch.nn.attention import current_flash_attention_impl, list_flash_attention_impls
+
+    assert provider.register() == "flash_pipeline"
+    assert "flash_pipeline" in list_flash_attention_impls()
+    assert current_flash_attention_impl() != "flash_pipeline"  # registering activates nothing

@@ -347,3 +347,54 @@ def test_model_fallbacks():
     model(ids).logits.float().sum().backward()
     assert fpt.stats == {"sdpa: grad": 2}, fpt.stats
     model.zero_grad(set_to_none=True)
+
+
+needs_provider_registry = pytest.mark.skipif(
+    not hasattr(torch.nn.attention, "register_flash_attention_impl"), reason="needs PyTorch >= 2.11"
+)
+
+
+@needs_provider_registry
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128, 96])
+@pytest.mark.parametrize("sq,sk,causal", [(256, 256, True), (256, 256, False), (64, 320, True), (64, 320, False)])
+def test_sdpa_provider(dtype, d, sq, sk, causal, monkeypatch):
+    """Activated, SDPA's flash backend runs the kernels where they can and SDPA's own semantics
+    (causal top-left when the lengths differ) everywhere; backward refuses."""
+    from torch.nn.attention import SDPBackend, activate_flash_attention_impl, restore_flash_attention_impl, sdpa_kernel
+
+    import flash_pipeline.sdpa as provider
+
+    calls = []
+    real = fa.ops._ext()
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def forward(self, *args):
+            calls.append(args)
+            return real.forward(*args)
+
+    monkeypatch.setattr(fa.ops, "_ext", lambda: Counting())
+    g = torch.Generator(DEV).manual_seed(11)
+    q = torch.randn(2, 8, sq, d, device=DEV, dtype=dtype, generator=g)
+    k = torch.randn(2, 8, sk, d, device=DEV, dtype=dtype, generator=g)
+    v = torch.randn(2, 8, sk, d, device=DEV, dtype=dtype, generator=g)
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    provider.register()
+    activate_flash_attention_impl(provider.NAME)
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():
+            got = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.testing.assert_close(got.double(), ref, **TOL[dtype])
+        on_kernels = d in (64, 128) and not (causal and sq != sk)
+        assert len(calls) == (1 if on_kernels else 0), (len(calls), on_kernels)
+        qg = q.clone().requires_grad_()
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            y = torch.nn.functional.scaled_dot_product_attention(qg, k, v, is_causal=causal)
+        with pytest.raises(NotImplementedError, match="forward-only"):
+            y.sum().backward()
+    finally:
+        restore_flash_attention_impl()
