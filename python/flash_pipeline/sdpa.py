@@ -11,10 +11,11 @@
 Activated, ``aten::_scaled_dot_product_flash_attention`` (what SDPA's flash
 backend calls, in BHSD layout) runs ``flash_pipeline::fwd`` where the kernels
 can: fp16/bf16, head dim 64 or 128, heads a multiple of the key-value heads,
-and ``is_causal`` only where seqlen_q == seqlen_k. SDPA aligns a causal mask
-top-left when the lengths differ and these kernels align it bottom-right, so
-those calls, other head dims, dropout and a debug mask are computed by a plain
-float32 math path here instead (correct, not fast). SDPA chooses its backend
+and ``is_causal`` only where seqlen_q == seqlen_k. Other head dims, and a
+direct call of the aten op with ``is_causal`` and unequal lengths (SDPA's
+semantics align that mask top-left, these kernels bottom-right; SDPA itself
+never sends it to its flash backend), are computed by a plain float32 math
+path here instead (correct, not fast); dropout and a debug mask raise. SDPA chooses its backend
 before this runs: ``torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION)``
 makes sure it is this one.
 

@@ -360,7 +360,8 @@ needs_provider_registry = pytest.mark.skipif(
 @pytest.mark.parametrize("sq,sk,causal", [(256, 256, True), (256, 256, False), (64, 320, True), (64, 320, False)])
 def test_sdpa_provider(dtype, d, sq, sk, causal, monkeypatch):
     """Activated, SDPA's flash backend runs the kernels where they can and SDPA's own semantics
-    (causal top-left when the lengths differ) everywhere; backward refuses."""
+    everywhere; backward refuses. SDPA itself never sends causal with unequal lengths to its flash
+    backend, so that pair is called on the aten op directly: the math path, causal top-left."""
     from torch.nn.attention import SDPBackend, activate_flash_attention_impl, restore_flash_attention_impl, sdpa_kernel
 
     import flash_pipeline.sdpa as provider
@@ -385,12 +386,18 @@ def test_sdpa_provider(dtype, d, sq, sk, causal, monkeypatch):
         ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
     provider.register()
     activate_flash_attention_impl(provider.NAME)
+    direct = causal and sq != sk
     try:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():
-            got = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            if direct:
+                got = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+            else:
+                got = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         torch.testing.assert_close(got.double(), ref, **TOL[dtype])
-        on_kernels = d in (64, 128) and not (causal and sq != sk)
+        on_kernels = d in (64, 128) and not direct
         assert len(calls) == (1 if on_kernels else 0), (len(calls), on_kernels)
+        if direct:
+            return
         qg = q.clone().requires_grad_()
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             y = torch.nn.functional.scaled_dot_product_attention(qg, k, v, is_causal=causal)
