@@ -14,7 +14,12 @@
   FlashAttention >= 2.1); rows that see no key get out = 0 and lse = -inf.
 * The work is enqueued on PyTorch's current stream of q's device: nothing
   synchronises, so the op works under ``torch.compile`` (it is opaque to
-  Dynamo, with a fake implementation for tracing) and in CUDA graphs.
+  Dynamo, with a fake implementation for tracing) and in CUDA graphs. Warm up
+  before capturing a graph (as PyTorch asks anyway): the first call on a device
+  loads the kernels, and the first causal call of a new geometry on the Hopper
+  kernel uploads its schedule and waits for that copy, which a capture forbids.
+  Split-KV scratch is allocated and freed in the stream's order with CUDA's
+  stream-ordered allocator, outside PyTorch's caching allocator.
 * Forward only: the registered autograd formula raises NotImplementedError
   when a backward reaches it, so no tensor ever gets a wrong gradient.
 

@@ -104,6 +104,9 @@ def _forward(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mas
                 f"{return_debug_mask} are not supported; restore_flash_attention_impl() to use them"
             )
         out, lse = _math(query, key, value, is_causal, scale)
+        # aten's flash output layout (its meta function's strides): a BHSD view of (b, s, h, d)
+        b, h, _, d = query.shape
+        out = torch.empty((b, sq, h, d), dtype=out.dtype, device=out.device).transpose(1, 2).copy_(out)
     device = query.device
     rng_state = torch.zeros(2, dtype=torch.uint64, device=device)
     unused = torch.empty((), dtype=torch.uint64, device=device)

@@ -110,6 +110,8 @@ def _pattern(query, key, value, attention_mask, is_causal):
         if is_causal and sq > 1 and sk > sq:
             # transformers' convention (its sdpa path slices the same way): prefill of an empty static cache
             key, value = key[:, :, :sq], value[:, :, :sq]
+        if is_causal and sq > 1 and sk < sq:
+            return "causal with fewer keys than queries and no mask, which SDPA aligns top-left"
         return bool(is_causal and sq > 1), key, value
     if torch.compiler.is_compiling() or (query.is_cuda and torch.cuda.is_current_stream_capturing()):
         return "a mask is given while compiling or capturing, where it cannot be inspected"

@@ -90,7 +90,9 @@ fn forward(
         let k = att.borrow_tensor(&s, k, lens[1], dtype, k_desc);
         let v = att.borrow_tensor(&s, v, lens[2], dtype, v_desc);
         let mut o = att.borrow_tensor(&s, out, lens[3], dtype, o_desc);
-        let mut l = (lse != 0).then(|| att.borrow_f32(&s, lse, batch * heads * seqlen_q));
+        let rows = batch.checked_mul(heads).and_then(|n| n.checked_mul(seqlen_q));
+        let rows = rows.ok_or_else(|| PyValueError::new_err("batch × heads × seqlen_q overflows"))?;
+        let mut l = (lse != 0).then(|| att.borrow_f32(&s, lse, rows));
         att.forward_on(&s, &q, &k, &v, &mut o, l.as_deref_mut(), &opts).map_err(py_err)?;
     }
     Ok(())

@@ -285,3 +285,23 @@ def test_sdpa_provider_registration():
     assert provider.register() == "flash_pipeline"
     assert "flash_pipeline" in list_flash_attention_impls()
     assert current_flash_attention_impl() != "flash_pipeline"  # registering activates nothing
+
+
+def test_the_installed_extension_loads_without_torch():
+    """The wheel's compiled extension loads and answers, torch or not (CI has no torch)."""
+    spec = importlib.util.find_spec("flash_pipeline")
+    if spec is None or spec.submodule_search_locations is None:
+        pytest.skip("flash_pipeline is not installed")
+    folder = pathlib.Path(list(spec.submodule_search_locations)[0])
+    if folder.resolve() == (PYTHON_DIR / "flash_pipeline").resolve():
+        pytest.skip("the sources, not an installed wheel")
+    built = sorted(folder.glob("_C*.so"))
+    assert built, f"no compiled extension in {folder}"
+    ext_spec = importlib.util.spec_from_file_location("flash_pipeline._C", built[0])
+    ext = importlib.util.module_from_spec(ext_spec)
+    ext_spec.loader.exec_module(ext)
+    assert ext.supported() == {"head_dims": [64, 128], "dtypes": ["f16", "bf16"]}
+    assert (folder / "kernels" / "kernel-set.json").is_file()
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ext.forward(1, 1, 1, 1, 0, "f32", (1, 1, 1, 8, 8, 64), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0),
+                    (8, 8, 8, 8), False, None, 0, 0, str(folder / "kernels"))

@@ -23,6 +23,13 @@ pub const PACKAGE_KERNELS: &str = "python/flash_pipeline/kernels";
 
 pub fn run(cx: &Run) -> Result<PathBuf> {
     let set = KernelSet::load(&cx.kernels)?;
+    if !set.defines.is_empty() {
+        bail!(crate::errors::CannotRun(format!(
+            "the kernel set in {} was built with --define {}: a wheel ships the committed kernels; rebuild without defines",
+            cx.kernels.display(),
+            set.defines.join(" --define ")
+        )));
+    }
     let into = cx.root.join(PACKAGE_KERNELS);
     let names = copy_set(&cx.kernels, &set, &into)?;
     let maturin = install_maturin(cx)?;

@@ -18,7 +18,7 @@ pub struct Tune {
     #[arg(long)]
     pub apply: bool,
     /// Seconds a configuration's correctness or bench run may take before it counts as hung.
-    #[arg(long, default_value_t = 180, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, alias = "variant-timeout", default_value_t = 180, value_parser = clap::value_parser!(u64).range(1..))]
     pub config_timeout: u64,
     /// Timing budget per configuration and shape, in ms.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
