@@ -250,6 +250,8 @@ def test_transformers_mask_patterns():
     # mask None with seqlen_k > seqlen_q > 1: transformers' empty-static-cache prefill, first seqlen_q keys
     causal_flag, k, v = fpt._pattern(q, kv, kv, None, True)
     assert causal_flag and k.shape[2] == 3 and v.shape[2] == 3
+    # fewer keys than queries, causal, no mask: SDPA aligns top-left, the kernels bottom-right
+    assert "top-left" in fpt._pattern(torch.zeros(2, 8, 5, 64), kv[:, :, :3], kv[:, :, :3], None, True)
 
 
 def test_transformers_cpu_falls_back_to_sdpa():
