@@ -16,11 +16,12 @@ use anyhow::{Context, Result, bail};
 
 use crate::compile;
 use crate::compile::BuildPayload;
-use crate::errors::{CannotRun, CheckFailed};
+use crate::errors::CheckFailed;
 use crate::measure::bench;
 use crate::report::{Envelope, read_json};
 use crate::run::Run;
 use crate::tools::process::Cmd;
+use crate::tools::toolchain::{self, install_pinned};
 use crate::verify::preflight;
 use crate::verify::test;
 use fa_schema::manifest::Manifest;
@@ -227,22 +228,6 @@ fn append(path: &Path, text: &str) -> Result<()> {
     f.write_all(text.as_bytes()).with_context(|| format!("writing {}", path.display()))
 }
 
-/// Installs from a pinned list into `dir` unless `dir/PINS` already records that
-/// list: a changed pin reinstalls, an unchanged one costs nothing.
-fn install_pinned(dir: &Path, pins: &str, what: &str, install: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let stamp = dir.join("PINS");
-    if fa_schema::file::read_text(&stamp).is_ok_and(|s| s == pins) {
-        return Ok(());
-    }
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("removing stale {}", dir.display()))?;
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    eprintln!("ci: installing {what} into {}", dir.display());
-    install(dir).map_err(|e| CannotRun(format!("installing {what} failed: {e:#}")))?;
-    crate::tools::process::write_file(&stamp, pins)
-}
-
 /// The local actions a workflow step may call (`uses: ./dir`): every tracked
 /// `action.yml`/`action.yaml`, relative to the root.
 fn action_files(root: &Path) -> Vec<String> {
@@ -336,13 +321,13 @@ pub fn lint_workflows(cx: &Run) -> Result<()> {
     let py = lint.join("py");
     let requirements = cx.root.join(LINT_REQUIREMENTS);
     let pins = fa_schema::file::read_text(&requirements)?;
-    let described: Vec<String> = crate::tools::toolchain::parse_requirements(&pins)
+    let described: Vec<String> = toolchain::parse_requirements(&pins)
         .with_context(|| format!("{LINT_REQUIREMENTS} must pin every package by hash"))?
         .iter()
-        .map(crate::tools::toolchain::Pin::describe)
+        .map(toolchain::Pin::describe)
         .collect();
     install_pinned(&py, &pins, &described.join(", "), |dir| {
-        Cmd::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+        Cmd::new(toolchain::python())
             .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--require-hashes", "--target"])
             .arg(dir.display().to_string())
             .arg("-r")

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use crate::errors::CheckFailed;
 use crate::run::Run;
 use crate::tools::process::{Cmd, Lock, write_file};
+use crate::tools::toolchain;
 use fa_schema::kernel_set::{self, KernelSet};
 
 const REQUIREMENTS: &str = include_str!("../../ci/requirements-wheel.txt");
@@ -35,7 +36,7 @@ pub fn run(cx: &Run) -> Result<PathBuf> {
     let maturin = install_maturin(cx)?;
     let out = cx.target.join("wheels");
     let _ = std::fs::remove_dir_all(&out);
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = toolchain::python();
     eprintln!("wheel: maturin build ({} kernel files)", names.len());
     Cmd::new(maturin.join("bin/maturin"))
         .args(["build", "--release", "--locked", "--manifest-path"])
@@ -86,7 +87,7 @@ pub fn test_cpu(cx: &Run, wheel: &Path) -> Result<()> {
     let requirements = site.with_extension("requirements.txt");
     write_file(&requirements, PYTEST)?;
     pip_install(&site, &["--no-deps", "--require-hashes", "-r", &requirements.display().to_string()], "pytest")?;
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = toolchain::python();
     let out = Cmd::new(&python)
         // From the root, so that `flash_pipeline` is the installed wheel, not python/'s sources.
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "python/tests/test_cpu.py"])
@@ -106,21 +107,17 @@ pub fn test_cpu(cx: &Run, wheel: &Path) -> Result<()> {
 fn install_maturin(cx: &Run) -> Result<PathBuf> {
     let dir = cx.target.join("maturin");
     let _lock = Lock::hold(&dir.with_extension("lock"), "installing maturin")?;
-    let stamp = dir.join("PINS");
-    if fa_schema::file::read_text(&stamp).is_ok_and(|s| s == REQUIREMENTS) {
-        return Ok(dir);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    let requirements = dir.with_extension("requirements.txt");
-    write_file(&requirements, REQUIREMENTS)?;
-    pip_install(&dir, &["--no-deps", "--require-hashes", "-r", &requirements.display().to_string()], "maturin")?;
-    write_file(&stamp, REQUIREMENTS)?;
+    toolchain::install_pinned(&dir, REQUIREMENTS, "maturin", |dir| {
+        let requirements = dir.with_extension("requirements.txt");
+        write_file(&requirements, REQUIREMENTS)?;
+        pip_install(dir, &["--no-deps", "--require-hashes", "-r", &requirements.display().to_string()], "maturin")
+    })?;
     Ok(dir)
 }
 
 /// `pip install --target dir ARGS`: what, said where it fails.
 fn pip_install(dir: &Path, args: &[&str], what: &str) -> Result<()> {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = toolchain::python();
     Cmd::new(&python)
         .args(["-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check", "--target"])
         .arg(dir.display().to_string())

@@ -318,7 +318,7 @@ fn build_revision(cx: &Run, rev: &str) -> Result<Side> {
 /// PyTorch SDPA timed by `ci/bench_torch.py` in as many processes as our side ran,
 /// compared median to median where both sides timed a case the same way.
 pub fn vs_torch(cx: &Run, runs: &[ProcessRun], opts: &Options) -> Result<Vec<TorchRatio>> {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = toolchain::python();
     // The shapes fa-bench ran, so both sides time the same cases.
     let mut shapes = Vec::new();
     for c in runs.iter().flat_map(|r| &r.run.cases) {

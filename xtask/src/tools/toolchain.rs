@@ -74,6 +74,28 @@ fn toolkit_candidates(tool: &str, env: &impl Fn(&str) -> Option<String>) -> Vec<
 
 /// A toolkit binary the wheels do not carry (compute-sanitizer, ncu), or an error
 /// that says how to get it.
+/// The Python that installs pinned packages and runs the Python scripts:
+/// `PYTHON`, else `python3`.
+pub fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Installs from a pinned list into `dir` unless `dir/PINS` already records that
+/// list: a changed pin reinstalls, an unchanged one costs nothing.
+pub fn install_pinned(dir: &Path, pins: &str, what: &str, install: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let stamp = dir.join("PINS");
+    if fa_schema::file::read_text(&stamp).is_ok_and(|s| s == pins) {
+        return Ok(());
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing stale {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    eprintln!("xtask: installing {what} into {}", dir.display());
+    install(dir).map_err(|e| crate::errors::CannotRun(format!("installing {what} failed: {e:#}")))?;
+    write_file(&stamp, pins)
+}
+
 /// nvcc compiles host code with gcc/g++ from `PATH` unless `NVCC_CCBIN` names
 /// another; without one every unit fails with the cause only in its log.
 pub fn require_host_compiler() -> Result<()> {
@@ -226,7 +248,7 @@ fn install_wheels(wheel_dir: &Path) -> Result<()> {
     if wheel_dir.exists() {
         std::fs::remove_dir_all(wheel_dir).with_context(|| format!("removing stale {}", wheel_dir.display()))?;
     }
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = python();
     // pip reads the requirements from a file; it lives beside the wheels' folder.
     let requirements = wheel_dir.with_extension("requirements.txt");
     write_file(&requirements, REQUIREMENTS)?;
