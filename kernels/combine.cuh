@@ -10,12 +10,33 @@
 
 namespace fa {
 
+// Whether some sequence covers row `t` of the packed queries, as the forward
+// kernel's SeqInfo reads cu_seqlens_q.
+__device__ __forceinline__ bool covered(const CombineParams& p, int t) {
+  auto start = [&](int s) { return min(max(p.cu_seqlens_q[s], 0), p.seqlen_q); };
+  int lo = 0, hi = p.seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (start(mid) <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int first = start(lo), len = min(min(max(p.cu_seqlens_q[lo + 1], first), p.seqlen_q) - first, p.max_seqlen_q);
+  return t >= first && t < first + len;
+}
+
 // Merges split partials by log-sum-exp: O = Σ_s w_s·O_s / Σ_s w_s with
 // w_s = exp(lse_s − max_s lse_s), online over the splits. One warp per row; each
 // lane owns D/32 columns, one 8- or 16-byte load per split. Four splits' loads
 // are in flight at once (indices clamped, weights of the extra ones 0): a pass
 // for the maximum and a second for the sum cost two L2 round trips per split.
-template <typename T, int D>
+//
+// VARLEN (packed queries): only rows some sequence covers were written; the
+// others are left alone (SeqInfo's clamping, and a binary search for the last
+// sequence starting at or before the row).
+template <typename T, int D, bool VARLEN = false>
 __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   constexpr int kPerLane = D / 32;
   static_assert(kPerLane == 2 || kPerLane == 4, "a float2 or float4 per lane");
@@ -26,6 +47,9 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   wait_for_prerequisites();  // the forward grid's partials
+  if constexpr (VARLEN) {
+    if (!covered(p, (int)(row % p.seqlen_q))) return;
+  }
   float acc[kPerLane] = {};
   float mx = -INFINITY, total = 0.f;
   for (int s0 = 0; s0 < p.num_splits; s0 += kBatch) {

@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "flash_params.h"
+
 namespace fa {
 
 // ---------------------------------------------------------------- dtypes --
@@ -109,6 +111,12 @@ __device__ __forceinline__ void wait_for_prerequisites() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+
+// ------------------------------------------------------------- division --
+// n / d for 0 <= n < 2^31: a multiply-high and a shift (FastDiv).
+__device__ __forceinline__ int fast_div(const FastDiv& d, int n) {
+  return d.div == 1 ? n : (int)(__umulhi((uint32_t)n, d.mul) >> d.shr);
 }
 
 // -------------------------------------------------------------- swizzle --

@@ -51,7 +51,8 @@ namespace fa {
 template <typename T, int D, bool CAUSAL, int MT, int KG>
 __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   using Cfg = FwdConfig<D, MT, KG>;
-  using Mainloop = PortableMainloop<T, Cfg, CAUSAL>;
+  using Tiles = DenseTiles<T, Cfg, CAUSAL>;
+  using Mainloop = PortableMainloop<T, Cfg, Tiles>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // The launcher takes smem and threads from the manifest; a mismatch is a build bug.
@@ -85,9 +86,10 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   typename Mainloop::QFrags qf;
   const int w0 = wr.w0();
   const TileLoads<T, Cfg> loads(p, grp, in);
+  const Tiles tiles{p, blk, keys, loads};
   const FragAddr<D> k_frag = Mainloop::k_frag_addr(grp, wr.lane);
   const FragAddr<D> v_frag = Mainloop::v_frag_addr(grp, wr.lane);
-  const Mainloop mainloop{p, blk, keys, grp, wr, w0, scale_log2, loads, k_frag, v_frag};
+  const Mainloop mainloop{tiles, grp, wr, w0, scale_log2, k_frag, v_frag};
   {
     float s[MT][BN / 8][4];
     mainloop.run(o, softmax, qf, s);
@@ -98,7 +100,45 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
     if (!KeyGroupMerge<Cfg>(smem_raw, grp.tid).run(grp.id, o, softmax, mine, theirs)) return;
   }
 
-  portable_epilogue<T, Cfg, CAUSAL>(p, blk, grp, wr, w0, o, softmax);
+  portable_epilogue<T, Cfg>(p, DenseRows(p, blk), blk.split, grp, wr, w0, o, softmax);
+}
+
+// A serving call's block (the `_varlen` entries): the same parts over a
+// sequence's packed query heads (VarlenBlock, SeqTiles, SeqRows), 16-row tiles
+// per warp and one key group.
+template <typename T, int D, bool CAUSAL>
+__device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
+  using Cfg = FwdConfig<D, 1, 1>;
+  using Tiles = SeqTiles<T, Cfg, CAUSAL>;
+  using Mainloop = PortableMainloop<T, Cfg, Tiles>;
+  const FlashParams& p = vp.p;
+  const SeqParams& sp = vp.seq;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads) __trap();
+  launch_dependents();
+  const VarlenBlock<Cfg::kBlockM, CAUSAL> blk(p, sp);
+  if (blk.m0 >= blk.rows) return;  // past the sequence's rows: nothing to write
+  const VarlenKeyRange<Cfg::kBlockM, CAUSAL> keys(p, sp, blk);
+#ifdef FA_DEFECT_UNINIT
+  if (p.num_splits > 1 && keys.begin >= keys.end) return;
+#endif
+  const KeyGroup<T, Cfg> grp(smem_raw);
+  const WarpRows<1> wr(grp.tid);
+  float o[1][D / 8][4];
+  SoftmaxState<1> softmax;
+  Mainloop::clear(o, softmax);
+  typename Mainloop::QFrags qf;
+  const int w0 = wr.w0();
+  const Tiles tiles(p, sp, blk, keys, grp);
+  const FragAddr<D> k_frag = Mainloop::k_frag_addr(grp, wr.lane);
+  const FragAddr<D> v_frag = Mainloop::v_frag_addr(grp, wr.lane);
+  const Mainloop mainloop{tiles, grp, wr, w0, p.scale_log2, k_frag, v_frag};
+  {
+    float s[1][Cfg::kBlockN / 8][4];
+    mainloop.run(o, softmax, qf, s);
+  }
+  portable_epilogue<T, Cfg>(p, SeqRows<VarlenBlock<Cfg::kBlockM, CAUSAL>>{p, sp, blk}, blk.split, grp, wr, w0, o,
+                            softmax);
 }
 
 }  // namespace fa
@@ -109,6 +149,17 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG>::kThreads, 1) NAME(const fa::FlashParams p) { \
     fa::flash_fwd<T, D, CAUSAL, MT, KG>(p);                                                                           \
   }
+// The serving entries: flash_fwd_varlen_<dtype>_d<D>[_causal].
+#define FA_VARLEN_ENTRY(T, D, CAUSAL, NAME)                                                       \
+  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, 1, 1>::kThreads, 1)               \
+      NAME(const fa::VarlenParams p) {                                                            \
+    fa::flash_fwd_varlen<T, D, CAUSAL>(p);                                                        \
+  }
+#define FA_VARLEN_ENTRIES(T, DT)                                     \
+  FA_VARLEN_ENTRY(T, 64, false, flash_fwd_varlen_##DT##_d64)         \
+  FA_VARLEN_ENTRY(T, 64, true, flash_fwd_varlen_##DT##_d64_causal)   \
+  FA_VARLEN_ENTRY(T, 128, false, flash_fwd_varlen_##DT##_d128)       \
+  FA_VARLEN_ENTRY(T, 128, true, flash_fwd_varlen_##DT##_d128_causal)
 // Every forward entry of one dtype: two 16-row tiles per warp, or one (`_m64`,
 // for problems that would not fill the GPU), or one with two key groups (`_kg2`,
 // for grids that leave SMs idle); causal D=64 one tile only (two lost 7%).

@@ -1,11 +1,13 @@
 // Stable extern "C" entry points of the sm_80+ forward kernel for bf16.
-// Names: flash_fwd_<dtype>_d<head dim>[_causal][_m64|_kg2], flash_combine_<dtype>_d<head dim>.
+// Names: flash_fwd_<dtype>_d<head dim>[_causal][_m64|_kg2], flash_fwd_varlen_<dtype>_d<head dim>[_causal],
+// flash_combine[_varlen]_<dtype>_d<head dim>.
 #include "combine.cuh"
 #include "flash_fwd.cuh"
 
 using namespace fa;
 
 FA_FWD_ENTRIES(__nv_bfloat16, bf16)
+FA_VARLEN_ENTRIES(__nv_bfloat16, bf16)
 
 // Launched with 128 threads: four rows per block.
 extern "C" __global__ void __launch_bounds__(128) flash_combine_bf16_d64(const CombineParams p) {
@@ -13,4 +15,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_combine_bf16_d64(const C
 }
 extern "C" __global__ void __launch_bounds__(128) flash_combine_bf16_d128(const CombineParams p) {
   flash_combine<__nv_bfloat16, 128>(p);
+}
+extern "C" __global__ void __launch_bounds__(128) flash_combine_varlen_bf16_d64(const CombineParams p) {
+  flash_combine<__nv_bfloat16, 64, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(128) flash_combine_varlen_bf16_d128(const CombineParams p) {
+  flash_combine<__nv_bfloat16, 128, true>(p);
 }

@@ -72,6 +72,34 @@ struct HopperParams {
   HopperSched sched;
 };
 
+// A serving call's sequences (the `_varlen` entries), whose rows and keys lie
+// in packed, dense or paged tensors. The FlashParams beside it describe the
+// tensors: q and out as [batch, heads, seqlen_q, D] (one batch of total_q rows
+// when packed), k and v as [kv_batch, kv_heads, seqlen_k, D] (one batch of
+// total_k rows when packed; pages of page_size rows when paged). Every index read
+// from these arrays is clamped on the device (SeqInfo): bad values give wrong
+// rows, never an access outside the tensors.
+struct SeqParams {
+  const int32_t* cu_seqlens_q;  // [seqs + 1] row offsets into packed q and out, or null: sequence s is batch s
+  const int32_t* cu_seqlens_k;  // [seqs + 1] row offsets into packed k and v, or null
+  const int32_t* seqused_k;     // [seqs] keys each sequence uses, or null: all it has
+  const int32_t* block_table;   // [seqs, block_table_stride] page indices, or null: not paged
+  int32_t seqs;                 // sequences
+  int32_t max_seqlen_q;         // query rows per sequence the grid covers
+  int32_t kv_batch;             // k and v's batch extent (pages when paged)
+  int32_t block_table_stride;   // elements between block_table rows
+  int32_t max_pages;            // page slots per sequence in block_table
+  FastDiv group;                // heads / kv_heads: query heads per K/V head
+  FastDiv page_size;            // keys per page (k's seqlen_k) when paged
+};
+
+struct VarlenParams {
+  FlashParams p;
+  SeqParams seq;
+};
+
+// The rows to merge are [batch, heads, seqlen_q]; with cu_seqlens_q (packed
+// queries, the `_varlen` combine) only those some sequence covers.
 struct CombineParams {
   const float* o_partial;
   const float* lse_partial;
@@ -79,6 +107,8 @@ struct CombineParams {
   float* lse;  // or null
   int64_t o_batch_stride, o_head_stride, o_row_stride;
   int32_t batch, heads, seqlen_q, num_splits;
+  const int32_t* cu_seqlens_q;  // [seqs + 1], or null
+  int32_t seqs, max_seqlen_q;
 };
 
 // The fp32 reference: scores materialised per row in dynamic shared memory.

@@ -52,12 +52,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
-// ------------------------------------------------------------- division --
-// n / d for 0 <= n < 2^31: a multiply-high and a shift (FastDiv).
-__device__ __forceinline__ int fast_div(const FastDiv& d, int n) {
-  return d.div == 1 ? n : (int)(__umulhi((uint32_t)n, d.mul) >> d.shr);
-}
-
 // ------------------------------------------------------- named barriers --
 // The Hopper kernel's named barriers (bar.sync / bar.arrive ids; 0 is
 // __syncthreads). Consumer warpgroup c uses TurnWg0 + c (c = 0, 1: ping-pong and exp

@@ -30,4 +30,20 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_r
   }
 }
 
+// Scores of keys past each row's last visible key to −inf: this thread's rows
+// g (s[·][0..1]) and g + 8 (s[·][2..3]) see keys up to last_lo and last_hi; keys
+// n0 … n0 + 8·NT − 1. For rows whose limits are not a row index apart (the
+// `_varlen` entries' packed query heads).
+template <int NT>
+__device__ __forceinline__ void mask_tile_to(float (&s)[NT][4], int n0, int t, int last_lo, int last_hi) {
+  const int lo = last_lo - n0 - 2 * t, hi = last_hi - n0 - 2 * t;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (nt * 8 + (e % 2) > (e < 2 ? lo : hi)) s[nt][e] = -INFINITY;
+    }
+  }
+}
+
 }  // namespace fa

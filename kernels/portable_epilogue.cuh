@@ -16,16 +16,95 @@
 
 namespace fa {
 
+// Rows a constant stride apart: row r at base + (row0 + r) · stride.
+template <typename P>
+struct StridedRows {
+  P base;
+  int row0;
+  int64_t stride;
+  __device__ __forceinline__ P at(int r) const { return base + (int64_t)(row0 + r) * stride; }
+};
+
+// Where a dense block's rows go: row r is query row m0 + r of (b, h). The
+// addresses are formed where the epilogue needs them (`partials`, `outs`):
+// formed earlier and held, they lengthen register lifetimes across the staging.
+struct DenseRows {
+  const FlashParams& p;
+  const int b, h, m0;
+
+  template <int BM, bool CAUSAL>
+  __device__ __forceinline__ DenseRows(const FlashParams& p, const PortableBlock<BM, CAUSAL>& blk)
+      : p(p), b(blk.b), h(blk.h), m0(blk.m0) {}
+
+  __device__ __forceinline__ bool stored(int r) const { return row_stored(m0 + r, p.seqlen_q); }
+  // Its index in [batch, heads, seqlen_q]: the LSE's row.
+  __device__ __forceinline__ int64_t index(int r) const { return ((int64_t)b * p.heads + h) * p.seqlen_q + m0 + r; }
+  // Its index in [splits, batch, heads, seqlen_q]: the partials' row.
+  __device__ __forceinline__ StridedRows<int64_t> partials(int split) const {
+    const int64_t bh0 = ((int64_t)b * p.heads + h) * p.seqlen_q;
+    return {(int64_t)split * p.batch * p.heads * p.seqlen_q + bh0 + m0, 0, 1};
+  }
+  // Its first element in out.
+  template <typename T>
+  __device__ __forceinline__ StridedRows<T*> outs() const {
+    T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride;
+    return {out, m0, p.o_row_stride};
+  }
+};
+
+// Where a serving block's packed rows go: row r is token (m0 + r) / group of
+// query head kvh · group + (m0 + r) % group, a row of its sequence in out.
+template <typename Block>
+struct SeqRows {
+  const FlashParams& p;
+  const SeqParams& sp;
+  const Block& blk;
+
+  // (query head, row of q's batch) of packed row r.
+  __device__ __forceinline__ int2 place(int r) const {
+    const int i = blk.m0 + r, token = blk.token(i, sp);
+    return make_int2(blk.kvh * sp.group.div + (i - token * sp.group.div), blk.info.q_row0 + token);
+  }
+  __device__ __forceinline__ bool stored(int r) const { return row_stored(blk.m0 + r, blk.rows); }
+  __device__ __forceinline__ int64_t index(int r) const {
+    const int2 at = place(r);
+    return ((int64_t)blk.info.q_batch * p.heads + at.x) * p.seqlen_q + at.y;
+  }
+
+  struct Partials {
+    const SeqRows& rows;
+    int64_t split0;
+    __device__ __forceinline__ int64_t at(int r) const { return split0 + rows.index(r); }
+  };
+  __device__ __forceinline__ Partials partials(int split) const {
+    return {*this, (int64_t)split * p.batch * p.heads * p.seqlen_q};
+  }
+
+  template <typename T>
+  struct Outs {
+    const SeqRows& rows;
+    __device__ __forceinline__ T* at(int r) const {
+      const FlashParams& p = rows.p;
+      const int2 where = rows.place(r);
+      return static_cast<T*>(p.o) + rows.blk.info.q_batch * p.o_batch_stride + where.x * p.o_head_stride +
+             (int64_t)where.y * p.o_row_stride;
+    }
+  };
+  template <typename T>
+  __device__ __forceinline__ Outs<T> outs() const {
+    return {*this};
+  }
+};
+
 // This warp's rows w0 … w0 + 16·MT − 1 of the block, from its O accumulators and
-// softmax state.
-template <typename T, typename Cfg, bool CAUSAL>
-__device__ __forceinline__ void portable_epilogue(const FlashParams& p, const PortableBlock<Cfg::kBlockM, CAUSAL>& blk,
+// softmax state, to where `rows` (DenseRows, SeqRows) puts them.
+template <typename T, typename Cfg, typename Rows>
+__device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Rows& rows, int split,
                                                   const KeyGroup<T, Cfg>& grp, const WarpRows<Cfg::kRowTiles>& wr,
                                                   int w0, const float (&o)[Cfg::kRowTiles][Cfg::kHeadDim / 8][4],
                                                   const SoftmaxState<Cfg::kRowTiles>& softmax) {
   constexpr int D = Cfg::kHeadDim, DT = D / 8, MT = Cfg::kRowTiles, KG = Cfg::kKeyGroups;
   const int lane = wr.lane, g = wr.g, t = wr.t;
-  const int b = blk.b, h = blk.h, split = blk.split, m0 = blk.m0;
   T* sQ = grp.q;
   // Each thread stages its normalised pairs (`put(row, dt, x, y)`; `lse_out(row,
   // lse)` for t = 0), then the warp copies its rows (`copy(row, chunk)`, kChunks
@@ -40,7 +119,7 @@ __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Po
         const int row = w0 + 16 * mt + g + 8 * r;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) put(row, dt, o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-        if (t == 0 && row_stored(m0 + row, p.seqlen_q)) lse_out(row, lse);
+        if (t == 0 && rows.stored(row)) lse_out(row, lse);
       }
     }
     __syncwarp();
@@ -50,7 +129,7 @@ __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Po
 #pragma unroll
     for (int r0 = 0; r0 < 16 * MT; r0 += kRowsPerPass) {
       const int row = w0 + r0 + lane / kChunks;
-      if (row_stored(m0 + row, p.seqlen_q)) copy(row, lane % kChunks);
+      if (rows.stored(row)) copy(row, lane % kChunks);
     }
   };
   if (p.num_splits > 1) {
@@ -59,7 +138,7 @@ __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Po
     if constexpr (MT == 2) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        store_rows<T, D>(p, o[mt], softmax, mt, m0 + w0 + 16 * mt + g, b, h, split, t);
+        store_rows<T, D>(p, o[mt], softmax, mt, rows.m0 + w0 + 16 * mt + g, rows.b, rows.h, split, t);
       }
       return;
     }
@@ -70,13 +149,12 @@ __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Po
     grp.sync();
     float* tile = reinterpret_cast<float*>(grp.smem);
     auto at = [&](int row, int chunk) { return tile + row * D + ((chunk ^ (row & 7)) << 2); };
-    const int64_t bh0 = ((int64_t)b * p.heads + h) * p.seqlen_q;
-    const int64_t part0 = (int64_t)split * p.batch * p.heads * p.seqlen_q + bh0 + m0;  // row m0's partial
+    const auto part = rows.partials(split);
     stage([&](int row, int dt, float x,
               float y) { *reinterpret_cast<float2*>(at(row, 2 * dt + t / 2) + 2 * (t % 2)) = make_float2(x, y); },
-          [&](int row, float lse) { p.lse_partial[part0 + row] = lse; });
+          [&](int row, float lse) { p.lse_partial[part.at(row)] = lse; });
     copy_rows(std::integral_constant<int, D / 4>{}, [&](int row, int chunk) {
-      *reinterpret_cast<float4*>(p.o_partial + (part0 + row) * D + 4 * chunk) =
+      *reinterpret_cast<float4*>(p.o_partial + part.at(row) * D + 4 * chunk) =
           *reinterpret_cast<const float4*>(at(row, chunk));
     });
     return;
@@ -89,11 +167,11 @@ __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Po
   stage([&](int row, int dt, float x,
             float y) { *reinterpret_cast<uint32_t*>(sQ + swizzle<D>(row, 8 * dt + 2 * t)) = Dtype<T>::pack(x, y); },
         [&](int row, float lse) {
-          if (p.lse != nullptr) p.lse[((int64_t)b * p.heads + h) * p.seqlen_q + m0 + row] = lse;
+          if (p.lse != nullptr) p.lse[rows.index(row)] = lse;
         });
-  T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride;
+  const auto out = rows.template outs<T>();
   copy_rows(std::integral_constant<int, D / 8>{}, [&](int row, int chunk) {
-    *reinterpret_cast<uint4*>(out + (int64_t)(m0 + row) * p.o_row_stride + 8 * chunk) =
+    *reinterpret_cast<uint4*>(out.at(row) + 8 * chunk) =
         *reinterpret_cast<const uint4*>(sQ + swizzle<D>(row, 8 * chunk));
   });
 }

@@ -1,10 +1,15 @@
-// The portable kernel's global→shared tile loads (cp.async).
+// The portable kernel's global→shared tile loads (cp.async), and the tiles a
+// CTA's mainloop walks: DenseTiles (one (batch, head) of dense tensors) and
+// SeqTiles (a sequence of a serving call: packed query heads, packed, dense or
+// paged keys), each with its key range and its mask.
 #pragma once
 
 #include "common.cuh"
 #include "flash_params.h"
+#include "mask.cuh"
 #include "portable_layout.cuh"
 #include "portable_scheduler.cuh"
+#include "seqinfo.cuh"
 
 namespace fa {
 
@@ -44,6 +49,33 @@ struct TileCopy {
       const bool valid = row0 + row + i * kRowsPerPass < rows_valid;
       cp_async_16(smem + i * kRowsPerPass * D * 2, valid ? src : gmem, valid ? 16 : 0);
       src += pass_stride;
+    }
+  }
+};
+
+// Copies ROWS rows whose sources are not a constant stride apart into a
+// swizzled shared tile: the thread's chunk column and shared addresses as
+// TileCopy's, each row's source from `row_at(r)` (null: zero-filled).
+template <typename T, int ROWS, int D, int THREADS>
+struct RowGather {
+  static constexpr int kChunks = D / 8;
+  static constexpr int kRowsPerPass = THREADS / kChunks;
+  static constexpr int kPasses = ROWS / kRowsPerPass;
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 8 == 0,
+                "each thread keeps one chunk column and one swizzle phase");
+  const int row, col;
+  const uint32_t smem;
+
+  __device__ __forceinline__ RowGather(T* tile, unsigned tid)
+      : row(tid / kChunks), col((tid % kChunks) * 8), smem(smem_u32(tile + swizzle<D>(row, col))) {}
+
+  // `any`: a readable address for the zero-filled rows' (never read) source.
+  template <typename RowAt>
+  __device__ __forceinline__ void gather(RowAt&& row_at, const T* any) const {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const T* src = row_at(row + i * kRowsPerPass);
+      cp_async_16(smem + i * kRowsPerPass * D * 2, src != nullptr ? src + col : any, src != nullptr ? 16 : 0);
     }
   }
 };
@@ -88,6 +120,131 @@ struct TileLoads {
   // Keys n … n + BN − 1.
   __device__ __forceinline__ void load_k(int n) const { k_copy.copy((int64_t)n * p.k_row_stride, n, p.seqlen_k); }
   __device__ __forceinline__ void load_v(int n) const { v_copy.copy((int64_t)n * p.v_row_stride, n, p.seqlen_k); }
+};
+
+// The tiles of a dense block (PortableBlock): its rows' Q, its key range's K and
+// V, and the sequence-end and causal masks. What PortableMainloop walks.
+template <typename T, typename Cfg, bool CAUSAL>
+struct DenseTiles {
+  using Block = PortableBlock<Cfg::kBlockM, CAUSAL>;
+  const FlashParams& p;
+  const Block& blk;
+  const KeyRange<Cfg::kBlockM, CAUSAL>& keys;
+  const TileLoads<T, Cfg>& loads;
+
+  __device__ __forceinline__ int begin() const { return keys.begin; }
+  __device__ __forceinline__ int end() const { return keys.end; }
+  __device__ __forceinline__ void load_q() const { loads.load_q(blk.m0); }
+  __device__ __forceinline__ void load_k(int n) const { loads.load_k(n); }
+  __device__ __forceinline__ void load_v(int n) const { loads.load_v(n); }
+  // Scores of keys n0 … of the block's rows `row` and `row` + 8; only tiles that
+  // cross the sequence end or the causal diagonal are masked.
+  template <int NT>
+  __device__ __forceinline__ void mask(float (&s)[NT][4], int n0, int row, int t) const {
+    mask_tile<CAUSAL>(s, n0, blk.m0, blk.m0 + row, t, p.seqlen_k, keys.diag);
+  }
+};
+
+// The tiles of a serving block (VarlenBlock): its packed rows' Q gathered by
+// (token, head), and its sequence's K and V rows: at a constant stride when
+// packed or dense; paged, a tile lies in one page when the page size is a
+// multiple of the key tile (one block-table read per tile), else each row is
+// found through the block table. Rows past the sequence, and keys on a page the
+// table does not name, are zero-filled.
+template <typename T, typename Cfg, bool CAUSAL>
+struct SeqTiles {
+  static constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, GT = Cfg::kGroupThreads;
+  using Block = VarlenBlock<BM, CAUSAL>;
+  const FlashParams& p;
+  const SeqParams& sp;
+  const Block& blk;
+  const VarlenKeyRange<BM, CAUSAL>& keys;
+  const KeyGroup<T, Cfg>& grp;
+  const T* const k_head;  // K/V head kvh of k and v (of the sequence's batch and first row when not paged)
+  const T* const v_head;
+  const TileCopy<T, BN, D, GT> k_copy, v_copy;
+  const bool tiles_in_pages;
+  const int last_in_block;  // the last key any row of the block sees (−1: none), for skipping the mask
+
+  __device__ __forceinline__ SeqTiles(const FlashParams& p, const SeqParams& sp, const Block& blk,
+                                      const VarlenKeyRange<BM, CAUSAL>& keys, const KeyGroup<T, Cfg>& grp)
+      : p(p),
+        sp(sp),
+        blk(blk),
+        keys(keys),
+        grp(grp),
+        k_head(head_of(p.k, p.k_head_stride, p.k_batch_stride, p.k_row_stride)),
+        v_head(head_of(p.v, p.v_head_stride, p.v_batch_stride, p.v_row_stride)),
+        k_copy(grp.k, k_head, p.k_row_stride, grp.tid),
+        v_copy(grp.v, v_head, p.v_row_stride, grp.tid),
+        tiles_in_pages(sp.page_size.div % BN == 0),
+        last_in_block(last_key(blk.m0)) {}
+
+  __device__ __forceinline__ const T* head_of(const void* base, int64_t head_stride, int64_t batch_stride,
+                                              int64_t row_stride) const {
+    const T* h = static_cast<const T*>(base) + blk.kvh * head_stride;
+    return blk.info.pages != nullptr ? h : h + blk.info.k_batch * batch_stride + blk.info.k_row0 * row_stride;
+  }
+
+  // The last key packed row i (of the block's sequence) sees.
+  __device__ __forceinline__ int last_key(int i) const {
+    const int last = blk.info.k_len - 1;
+    return CAUSAL ? min(last, blk.token(i, sp) + keys.diag) : last;
+  }
+
+  __device__ __forceinline__ int begin() const { return keys.begin; }
+  __device__ __forceinline__ int end() const { return keys.end; }
+
+  __device__ __forceinline__ void load_q() const {
+    const int group = sp.group.div;
+    const T* q = static_cast<const T*>(p.q) + blk.info.q_batch * p.q_batch_stride;
+    RowGather<T, BM, D, GT>(grp.q, grp.tid)
+        .gather(
+            [&](int r) -> const T* {
+              const int i = blk.m0 + r;
+              if (i >= blk.rows) return nullptr;
+              const int token = blk.token(i, sp), head = blk.kvh * group + (i - token * group);
+              return q + head * p.q_head_stride + (int64_t)(blk.info.q_row0 + token) * p.q_row_stride;
+            },
+            q);
+  }
+
+  __device__ __forceinline__ void load(const TileCopy<T, BN, D, GT>& copy, T* tile, const T* head,
+                                       int64_t page_stride, int64_t row_stride, int n) const {
+    const SeqInfo& info = blk.info;
+    if (info.pages == nullptr) {
+      copy.copy((int64_t)n * row_stride, n, info.k_len);
+    } else if (tiles_in_pages) {
+      const int slot = fast_div(sp.page_size, n), page = n < info.k_len ? info.page_of(slot, sp) : -1;
+      copy.copy(max(page, 0) * page_stride + (int64_t)(n - slot * sp.page_size.div) * row_stride, n,
+                page < 0 ? 0 : info.k_len);
+    } else {
+      RowGather<T, BN, D, GT>(tile, grp.tid)
+          .gather(
+              [&](int r) -> const T* {
+                const int key = n + r;
+                if (key >= info.k_len) return nullptr;
+                const int slot = fast_div(sp.page_size, key), page = info.page_of(slot, sp);
+                if (page < 0) return nullptr;
+                return head + page * page_stride + (int64_t)(key - slot * sp.page_size.div) * row_stride;
+              },
+              head);
+    }
+  }
+  __device__ __forceinline__ void load_k(int n) const {
+    load(k_copy, grp.k, k_head, p.k_batch_stride, p.k_row_stride, n);
+  }
+  __device__ __forceinline__ void load_v(int n) const {
+    load(v_copy, grp.v, v_head, p.v_batch_stride, p.v_row_stride, n);
+  }
+
+  // Scores of keys n0 … of the block's rows `row` and `row` + 8, masked past
+  // each row's last key on tiles that reach past the block's first row's.
+  template <int NT>
+  __device__ __forceinline__ void mask(float (&s)[NT][4], int n0, int row, int t) const {
+    if (n0 + 8 * NT - 1 <= last_in_block) return;
+    mask_tile_to(s, n0, t, last_key(blk.m0 + row), last_key(blk.m0 + row + 8));
+  }
 };
 
 }  // namespace fa

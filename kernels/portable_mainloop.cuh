@@ -4,7 +4,6 @@
 
 #include "common.cuh"
 #include "flash_params.h"
-#include "mask.cuh"
 #include "portable_layout.cuh"
 #include "portable_loads.cuh"
 #include "portable_scheduler.cuh"
@@ -106,9 +105,10 @@ struct WarpMma {
   }
 };
 
-// The consumer mainloop of a key group's warps over their key tiles of the split:
-// group g takes tiles g, g + KG, ….
-template <typename T, typename Cfg, bool CAUSAL>
+// The consumer mainloop of a key group's warps over their key tiles of the
+// split: group g takes tiles g, g + KG, …. `Tiles` (DenseTiles, SeqTiles) loads
+// the block's Q, K and V tiles, names its key range and masks its scores.
+template <typename T, typename Cfg, typename Tiles>
 struct PortableMainloop {
   static constexpr int D = Cfg::kHeadDim, MT = Cfg::kRowTiles, BM = Cfg::kBlockM, BN = Cfg::kBlockN, NT = BN / 8;
   static constexpr int kStep = Cfg::kKeyGroups * BN;  // between a group's key tiles
@@ -116,14 +116,11 @@ struct PortableMainloop {
   using QFrags = typename Mma::QFrags;
   using O = float[MT][D / 8][4];
   using S = float[MT][NT][4];
-  const FlashParams& p;
-  const PortableBlock<BM, CAUSAL>& blk;
-  const KeyRange<BM, CAUSAL>& keys;
+  const Tiles& tiles;
   const KeyGroup<T, Cfg>& grp;
   const WarpRows<MT>& wr;
   const int w0;
   const float scale_log2;
-  const TileLoads<T, Cfg>& loads;
   const FragAddr<D>& k_frag;
   const FragAddr<D>& v_frag;
 
@@ -148,27 +145,20 @@ struct PortableMainloop {
 
   // The group's first loads, one cp.async group: Q and its first K tile.
   __device__ __forceinline__ void load_q_k0(int n_first) const {
-    loads.load_q(blk.m0);
-    loads.load_k(n_first);
+    tiles.load_q();
+    tiles.load_k(n_first);
     cp_async_commit();
-  }
-
-  // Row tile mt's scores of keys n0 …, masked only on tiles that cross the
-  // sequence end or the causal diagonal (this thread's rows: w0 + 16·mt + g and
-  // + 8 of the block).
-  __device__ __forceinline__ void mask(float (&s)[NT][4], int mt, int n0) const {
-    mask_tile<CAUSAL>(s, n0, blk.m0, blk.m0 + w0 + 16 * mt + wr.g, wr.t, p.seqlen_k, keys.diag);
   }
 
   // One K and one V tile per group: K(j+1) loads under P·V(j), V(j) under Q·Kᵀ(j)
   // and the softmax.
   __device__ __forceinline__ void run(O& o, SoftmaxState<MT>& softmax, QFrags& qf, S& s) const {
     const Mma mma(qf, grp, w0, wr.lane, k_frag, v_frag);
-    const int n_first = keys.begin + grp.id * BN, n_end = keys.end;
+    const int n_first = tiles.begin() + grp.id * BN, n_end = tiles.end();
     if (n_first < n_end) load_q_k0(n_first);
     for (int n0 = n_first; n0 < n_end; n0 += kStep) {
       // cp.async groups in flight: [Q+K0] [V0] [K1] [V1] …
-      loads.load_v(n0);
+      tiles.load_v(n0);
       cp_async_commit();
       cp_async_wait<1>();  // K(n0) (and Q) landed
       grp.sync();
@@ -177,14 +167,14 @@ struct PortableMainloop {
       mma.qk(s);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        mask(s[mt], mt, n0);
+        tiles.mask(s[mt], n0, w0 + 16 * mt + wr.g, wr.t);
         softmax.step(mt, s[mt], o[mt], scale_log2);
       }
 
       cp_async_wait<0>();  // V(n0) landed
       grp.sync();          // and every warp is done reading sK
       if (n0 + kStep < n_end) {
-        loads.load_k(n0 + kStep);
+        tiles.load_k(n0 + kStep);
         cp_async_commit();
       }
       // P straight from the S accumulators.

@@ -1,8 +1,11 @@
-// The portable kernel's work per CTA: one query block of one (batch, head) and
-// one key split, named by the 3-D grid, and the keys its rows see.
+// The portable kernel's work per CTA, named by the 3-D grid, and the keys its
+// rows see: one query block of one (batch, head) and one key split; or, in the
+// `_varlen` entries, one block of a sequence's rows for one K/V head (its query
+// heads' rows packed together, GQA) and one key split.
 #pragma once
 
 #include "flash_params.h"
+#include "seqinfo.cuh"
 
 namespace fa {
 
@@ -34,6 +37,44 @@ struct KeyRange {
         begin(blk.split * p.keys_per_split),
         end(min(p.seqlen_k, begin + p.keys_per_split)) {
     if (CAUSAL) end = min(end, blk.m0 + BM + diag);  // one past the last key any row here sees
+  }
+};
+
+// Packed rows m0 … m0 + BM − 1 of sequence `seq`'s K/V head `kvh` in key split
+// `split`. The sequence's query rows are packed with the group of query heads
+// that share the K/V head, each K/V tile serving all of them: packed row i is
+// token i / group of query head kvh · group + i % group.
+template <int BM, bool CAUSAL>
+struct VarlenBlock {
+  const int seq, kvh, split;
+  const int m0;  // causal: the last blocks first, as PortableBlock
+  const SeqInfo info;
+  const int rows;  // the sequence's packed rows: q_len × group
+
+  __device__ __forceinline__ VarlenBlock(const FlashParams& p, const SeqParams& sp)
+      : seq(blockIdx.y / p.kv_heads),
+        kvh(blockIdx.y % p.kv_heads),
+        split(blockIdx.z),
+        m0((CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM),
+        info(p, sp, seq),
+        rows(info.q_len * sp.group.div) {}
+
+  __device__ __forceinline__ int token(int i, const SeqParams& sp) const { return fast_div(sp.group, i); }
+};
+
+// The keys [begin, end) a varlen block's rows see in its split.
+template <int BM, bool CAUSAL>
+struct VarlenKeyRange {
+  const int diag;
+  const int begin;
+  int end;
+
+  __device__ __forceinline__ VarlenKeyRange(const FlashParams& p, const SeqParams& sp,
+                                            const VarlenBlock<BM, CAUSAL>& blk)
+      : diag(blk.info.diag()),
+        begin(blk.split * p.keys_per_split),
+        end(min(blk.info.k_len, begin + p.keys_per_split)) {
+    if (CAUSAL && blk.m0 < blk.rows) end = min(end, blk.token(min(blk.m0 + BM, blk.rows) - 1, sp) + diag + 1);
   }
 };
 

@@ -142,6 +142,47 @@ pub struct HopperParams {
     pub sched: HopperSched,
 }
 
+/// A serving call's sequences (fa::SeqParams), for the `_varlen` entries:
+/// where each sequence's query rows and keys lie. Device arrays are addresses
+/// (0: absent); the kernels clamp every index they read from them.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SeqParams {
+    /// [seqs + 1] row offsets into packed q and out, or 0: sequence s is q's batch s.
+    pub cu_seqlens_q: u64,
+    /// [seqs + 1] row offsets into packed k and v, or 0.
+    pub cu_seqlens_k: u64,
+    /// [seqs] keys each sequence uses, or 0: all it has.
+    pub seqused_k: u64,
+    /// [seqs, block_table_stride] page indices, or 0: not paged.
+    pub block_table: u64,
+    /// Sequences.
+    pub seqs: i32,
+    /// Query rows per sequence the grid covers.
+    pub max_seqlen_q: i32,
+    /// k and v's batch extent (pages when paged).
+    pub kv_batch: i32,
+    /// Elements between block-table rows.
+    pub block_table_stride: i32,
+    /// Page slots per sequence in the block table.
+    pub max_pages: i32,
+    /// Query heads per K/V head.
+    pub group: FastDiv,
+    /// Keys per page (paged; else 1).
+    pub page_size: FastDiv,
+}
+
+/// The `_varlen` entries' parameters (fa::VarlenParams).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct VarlenParams {
+    /// The tensors, as the dense entries take them (q and out as one batch of
+    /// total_q rows when packed; k and v as pages when paged).
+    pub p: FlashParams,
+    /// The sequences.
+    pub seq: SeqParams,
+}
+
 /// The combine entries' parameters (fa::CombineParams): merge each split's
 /// partial output and LSE into the output.
 #[repr(C)]
@@ -165,6 +206,13 @@ pub struct CombineParams {
     pub seqlen_q: i32,
     /// Splits to merge.
     pub num_splits: i32,
+    /// Packed queries (the `_varlen` combine): [seqs + 1] row offsets, only the
+    /// rows of which are merged; else 0.
+    pub cu_seqlens_q: u64,
+    /// Sequences in `cu_seqlens_q`.
+    pub seqs: i32,
+    /// Query rows per sequence the forward grid covered.
+    pub max_seqlen_q: i32,
 }
 
 /// The fp32 GPU reference's parameters (fa::ReferenceParams).
@@ -212,6 +260,9 @@ unsafe impl DeviceRepr for FlashParams {}
 // then HopperSched: an int32_t, five FastDiv of three uint32_t, a pointer as u64 and two
 // int32_t).
 unsafe impl DeviceRepr for HopperParams {}
+// SAFETY: as above, mirrors fa::VarlenParams (FlashParams, then SeqParams: four pointers as u64,
+// five int32_t, two FastDiv).
+unsafe impl DeviceRepr for VarlenParams {}
 // SAFETY: as above, mirrors fa::CombineParams.
 unsafe impl DeviceRepr for CombineParams {}
 // SAFETY: as above, mirrors fa::ReferenceParams.
@@ -229,7 +280,9 @@ const _: () = assert!(
     std::mem::size_of::<HopperParams>()
         == (512 + std::mem::size_of::<FlashParams>() + std::mem::size_of::<HopperSched>()).next_multiple_of(64)
 );
-const _: () = assert!(std::mem::size_of::<CombineParams>() == 4 * 8 + 3 * 8 + 4 * 4);
+const _: () = assert!(std::mem::size_of::<CombineParams>() == 4 * 8 + 3 * 8 + 4 * 4 + 8 + 2 * 4);
+const _: () = assert!(std::mem::size_of::<SeqParams>() == 4 * 8 + 5 * 4 + 2 * 12 + 4);
+const _: () = assert!(std::mem::offset_of!(VarlenParams, seq) == std::mem::size_of::<FlashParams>());
 const _: () = assert!(std::mem::size_of::<ReferenceParams>() == 5 * 8 + 9 * 8 + 8 * 4);
 
 #[cfg(test)]
