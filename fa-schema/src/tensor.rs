@@ -222,6 +222,24 @@ pub struct Arg<'a> {
 /// assert!(e.to_string().starts_with("v needs 76800 elements"), "{e}");
 /// ```
 pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Problem> {
+    let p = operands(q, k, v, o, scale)?;
+    if k.desc.dims[0] != p.batch {
+        invalid!("k has batch {} but q has batch {}", k.desc.dims[0], p.batch);
+    }
+    if p.batch.saturating_mul(p.heads) > MAX_BATCH_HEADS {
+        invalid!(
+            "batch × heads = {} exceeds {MAX_BATCH_HEADS} (the grid's y dimension)",
+            p.batch as u128 * p.heads as u128
+        );
+    }
+    Ok(p)
+}
+
+/// The rules of [`validate`] but those that tie k's batch to q's and bound the
+/// grid: what a serving call's tensors (packed, dense or paged, whose batch
+/// extents differ) are held to before the rules of their sequences. The
+/// problem's batch and lengths are q's and k's own extents.
+pub fn operands(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Problem> {
     let [batch, heads, seqlen_q, head_dim] = q.desc.dims;
     let [_, kv_heads, seqlen_k, _] = k.desc.dims;
     if !HEAD_DIMS.contains(&head_dim) {
@@ -230,9 +248,6 @@ pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Pr
     for t in [&k, &v, &o] {
         if t.dtype != q.dtype {
             invalid!("{} is {} but q is {}; all tensors must share one dtype", t.name, t.dtype.name(), q.dtype.name());
-        }
-        if t.desc.dims[0] != batch {
-            invalid!("{} has batch {} but q has batch {batch}", t.name, t.desc.dims[0]);
         }
         if t.desc.dims[3] != head_dim {
             invalid!("{} head dim is {} but q's is {head_dim}; they must match", t.name, t.desc.dims[3]);
@@ -249,12 +264,6 @@ pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Pr
     }
     if kv_heads > 0 && heads % kv_heads != 0 {
         invalid!("q heads ({heads}) must be a multiple of k/v heads ({kv_heads}) for GQA");
-    }
-    if batch.saturating_mul(heads) > MAX_BATCH_HEADS {
-        invalid!(
-            "batch × heads = {} exceeds {MAX_BATCH_HEADS} (the grid's y dimension)",
-            batch as u128 * heads as u128
-        );
     }
     for (what, n) in [("q sequence length", seqlen_q), ("k/v sequence length", seqlen_k)] {
         if n > i32::MAX as usize / 2 {

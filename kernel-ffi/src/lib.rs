@@ -104,8 +104,11 @@ pub mod planner;
 pub mod probe;
 pub mod reference;
 pub mod rng;
+pub mod sequences;
 
-pub use attention::{Attention, Family, KernelChoice, Launched, Options, Splits, Tensor, Variant};
+pub use attention::{
+    Attention, BlockTable, Family, KernelChoice, Launched, Options, Sequences, Splits, Tensor, Variant,
+};
 pub use cudarc;
 pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
 pub use device::Gpu;

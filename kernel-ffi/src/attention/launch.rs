@@ -215,6 +215,8 @@ impl Attention {
     }
 
     /// Merges the splits' partials into `out` and `lse` (its device address, 0 for none).
+    /// `packed`: (cu_seqlens_q's address, sequences, max_seqlen_q) of packed queries,
+    /// whose `_varlen` combine merges only the rows some sequence covers.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_combine(
         &self,
@@ -225,8 +227,11 @@ impl Attention {
         partials: &Partials,
         out: &Tensor,
         lse: u64,
+        packed: Option<(u64, i32, i32)>,
     ) -> Result<()> {
-        let cname = format!("flash_combine_{}_d{}", dtype.name(), p.head_dim);
+        let kind = if packed.is_some() { "combine_varlen" } else { "combine" };
+        let cname = format!("flash_{kind}_{}_d{}", dtype.name(), p.head_dim);
+        let (cu_seqlens_q, seqs, max_seqlen_q) = packed.unwrap_or_default();
         let comb = self.kernel(&cname)?;
         let rows_per_block = comb.launch.threads / 32;
         let cparams = CombineParams {
@@ -239,6 +244,9 @@ impl Attention {
             heads: p.heads as i32,
             seqlen_q: p.seqlen_q as i32,
             num_splits: splits as i32,
+            cu_seqlens_q,
+            seqs,
+            max_seqlen_q,
         };
         // Where the combine waits for the forward grid (griddepcontrol.wait, sm_90 on), it is
         // launched as its programmatic dependent: its CTAs may start while the forward drains.
@@ -265,7 +273,8 @@ impl Attention {
         // `args` points at (the driver copies it before returning; `attr` outlives the call). It
         // reads splits·rows(·D) partials the forward launch wrote before it on the stream (as a
         // dependent launch, after waiting for that grid) and writes `out` rows validated as for
-        // that launch.
+        // that launch; packed, only rows some sequence covers (cu_seqlens_q holds seqs + 1
+        // offsets, each clamped to the rows), which that launch wrote.
         unsafe { cu::cuLaunchKernelEx(&config, comb.func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
             .cuda(format!("launching {cname}"))?;

@@ -9,6 +9,7 @@
 //! - `validate`: a forward call's checks, before anything is launched.
 //! - `launch`: the forward and combine launches.
 //! - `foreign`: another library's buffers and streams, borrowed for a call.
+//! - `varlen`: serving calls (`forward_varlen`): packed, dense or paged sequences.
 //! - `gpu_reference`: the fp32 GPU reference.
 
 mod choose;
@@ -19,6 +20,7 @@ mod load;
 mod memory;
 mod options;
 mod validate;
+mod varlen;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,6 +34,7 @@ pub use load::{default_kernel_dir, uuid_string};
 pub use memory::Tensor;
 use memory::device_ptr;
 pub use options::{Family, KernelChoice, Options, Splits, Variant};
+pub use varlen::{BlockTable, Sequences};
 
 use crate::error::{CudaContext, Error, Result};
 use crate::manifest::Launch;
@@ -200,7 +203,7 @@ impl Attention {
             Family::Hopper => self.launch_hopper(s, &chosen, &grid, [q, k, v, out], &p, params, opts.causal)?,
         }
         if let Some(partials) = &partials {
-            self.launch_combine(s, q.dtype, &p, chosen.plan.num_splits, partials, out, lse)?;
+            self.launch_combine(s, q.dtype, &p, chosen.plan.num_splits, partials, out, lse, None)?;
         }
         let geometry = chosen.kern.launch;
         Ok(Launched {

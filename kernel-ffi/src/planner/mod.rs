@@ -52,7 +52,7 @@ pub use simulate::{
     GridCost, HOPPER_D64, HOPPER_D64_CAUSAL, HOPPER_D128, HOPPER_D128_CAUSAL, PORTABLE_D64_CAUSAL,
     PORTABLE_D128_CAUSAL, grid_cost, plan_simulated,
 };
-pub use uniform::{plan, plan_grouped};
+pub use uniform::{RAGGED_MIN_BLOCKS, RAGGED_WAVES, plan, plan_fixed, plan_grouped, plan_ragged};
 
 /// Most splits the planner will choose (the combine kernel loops over them).
 pub const MAX_SPLITS: u32 = 128;

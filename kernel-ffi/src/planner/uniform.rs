@@ -43,6 +43,33 @@ pub fn plan_grouped(
     plan_with(sm_count, ctas_per_sm.clamp(1, 2), work_ctas, seqlen_k, step)
 }
 
+/// The caller's split count for keys up to `seqlen_k`: whole key tiles per
+/// split, so that no split is empty (at most `n` splits, at most [`MAX_SPLITS`]).
+pub fn plan_fixed(n: u32, seqlen_k: u32, block_n: u32) -> Plan {
+    let block_n = block_n.max(1);
+    let n_blocks = seqlen_k.div_ceil(block_n).max(1);
+    let per = n_blocks.div_ceil(n.clamp(1, MAX_SPLITS));
+    Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n }
+}
+
+/// Splits for a serving launch, whose sequences' key counts live on the device
+/// (each at most `max_seqlen_k`): a CTA's work is not known, so the keys are
+/// split until the grid makes about [`RAGGED_WAVES`] waves, each split at
+/// least [`RAGGED_MIN_BLOCKS`] key tiles. A long sequence's splits then spread
+/// over the SMs while a short one's empty splits exit at once.
+pub fn plan_ragged(sm_count: u32, ctas_per_sm: u32, work_ctas: u64, max_seqlen_k: u32, block_n: u32) -> Plan {
+    let n_blocks = max_seqlen_k.div_ceil(block_n.max(1)).max(1);
+    let slots = u64::from(sm_count.max(1)) * u64::from(ctas_per_sm.max(1));
+    let wanted = (RAGGED_WAVES * slots).div_ceil(work_ctas.max(1));
+    let most = (n_blocks / RAGGED_MIN_BLOCKS).max(1);
+    plan_fixed(wanted.min(u64::from(most)) as u32, max_seqlen_k, block_n)
+}
+
+/// Waves of CTAs `plan_ragged` aims for.
+pub const RAGGED_WAVES: u64 = 4;
+/// Fewest key tiles per split `plan_ragged` makes.
+pub const RAGGED_MIN_BLOCKS: u32 = 4;
+
 /// The model over `useful` CTAs per SM, for key blocks of `block_n`.
 fn plan_with(sm_count: u32, useful: u32, work_ctas: u64, seqlen_k: u32, block_n: u32) -> Plan {
     let block_n = block_n.max(1);
@@ -76,6 +103,29 @@ fn plan_with(sm_count: u32, useful: u32, work_ctas: u64, seqlen_k: u32, block_n:
 mod tests {
     use super::*;
     use crate::planner::fixtures::{H200_SMS, L4_SMS, ctas};
+
+    #[test]
+    fn fixed_splits_are_whole_tiles_and_never_empty() {
+        assert_eq!(plan_fixed(3, 130, 64), Plan { num_splits: 3, keys_per_split: 64 });
+        assert_eq!(plan_fixed(4, 130, 64), Plan { num_splits: 3, keys_per_split: 64 });
+        assert_eq!(plan_fixed(2, 1000, 64), Plan { num_splits: 2, keys_per_split: 512 });
+        assert_eq!(plan_fixed(5, 0, 64), Plan { num_splits: 1, keys_per_split: 64 });
+        assert_eq!(plan_fixed(1000, 1 << 20, 64).num_splits, MAX_SPLITS);
+    }
+
+    #[test]
+    fn ragged_decode_splits_until_the_grid_fills_the_gpu() {
+        // Decode: 64 sequences × 8 k/v heads, one query block each, up to 32k keys.
+        let p = plan_ragged(H200_SMS, 2, 64 * 8, 32768, 64);
+        assert!(p.num_splits > 1 && u64::from(p.num_splits) * 512 >= RAGGED_WAVES * 264 - 512, "{p:?}");
+        // One long sequence: as many splits as make four waves.
+        let p = plan_ragged(H200_SMS, 2, 8, 32768, 64);
+        assert_eq!(p.num_splits, 128);
+        // Short caches keep at least RAGGED_MIN_BLOCKS tiles per split.
+        assert_eq!(plan_ragged(H200_SMS, 2, 8, 512, 64).num_splits, 2);
+        // A prefill grid that fills the GPU runs unsplit.
+        assert_eq!(plan_ragged(H200_SMS, 2, 65536, 8192, 64).num_splits, 1);
+    }
 
     #[test]
     fn large_problems_stay_unsplit() {

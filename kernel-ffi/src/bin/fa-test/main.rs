@@ -2,6 +2,8 @@
 //! inputs and compares with the f64 CPU reference (small shapes) or the fp32 GPU
 //! reference (large ones). Writes JSON for `cargo xtask test`.
 
+mod serving;
+
 use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result};
@@ -282,6 +284,43 @@ fn matrix() -> Vec<Case> {
     on_every_entry(cases)
 }
 
+/// A case of either kind: a dense call (`forward`) or a serving one (`forward_varlen`).
+enum Item {
+    Dense(Case),
+    Serving(serving::Case),
+}
+
+impl Item {
+    fn name(&self) -> String {
+        match self {
+            Item::Dense(c) => c.name(),
+            Item::Serving(c) => c.name(),
+        }
+    }
+
+    fn work(&self) -> f64 {
+        match self {
+            Item::Dense(c) => c.work(),
+            Item::Serving(c) => c.work(),
+        }
+    }
+
+    /// The kernel the case runs (serving calls run the portable one).
+    fn variant(&self) -> Variant {
+        match self {
+            Item::Dense(c) => c.choice.variant,
+            Item::Serving(_) => Variant::Portable,
+        }
+    }
+
+    fn run(&self, att: &Attention, rng: &mut Rng) -> TestCase {
+        match self {
+            Item::Dense(c) => run_case(att, c, rng).unwrap_or_else(|e| not_run(c, &e)),
+            Item::Serving(c) => serving::run_case(att, c, rng).unwrap_or_else(|e| serving::not_run(c, &e)),
+        }
+    }
+}
+
 /// Random bits for a tensor, and the same values as f32 after rounding to dtype.
 fn random(rng: &mut Rng, dtype: Dtype, desc: &Desc, lo: f32, hi: f32) -> (Vec<u16>, Vec<f32>) {
     let bits = rng.bits(dtype, desc.span(), lo, hi);
@@ -466,9 +505,9 @@ fn main() -> std::process::ExitCode {
 
 /// The cases `text` names (one a line, blank lines ignored), in the matrix's
 /// order; a name the matrix lacks is an error naming it.
-fn named(cases: Vec<Case>, text: &str) -> std::result::Result<Vec<Case>, String> {
+fn named(cases: Vec<Item>, text: &str) -> std::result::Result<Vec<Item>, String> {
     let wanted: std::collections::HashSet<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    let known: std::collections::HashSet<String> = cases.iter().map(Case::name).collect();
+    let known: std::collections::HashSet<String> = cases.iter().map(Item::name).collect();
     let mut unknown: Vec<&str> = wanted.iter().copied().filter(|w| !known.contains(*w)).collect();
     if !unknown.is_empty() {
         unknown.sort();
@@ -498,15 +537,15 @@ fn verdict(cases: &[TestCase]) -> Result<()> {
 
 fn run() -> Result<()> {
     let Args { json, filter, seed, set, list, cases: only, info, variant, device } = clap::Parser::parse();
-    let all = match set {
-        Set::Full => matrix(),
-        Set::Sanitize => sanitize_set(),
-        Set::Smoke => vec![sanitize_set_ref(Dtype::F16)],
+    let (dense, serving) = match set {
+        Set::Full => (matrix(), serving::matrix()),
+        Set::Sanitize => (sanitize_set(), serving::sanitize_set()),
+        Set::Smoke => (vec![sanitize_set_ref(Dtype::F16)], vec![]),
     };
-    let mut cases: Vec<Case> = all
-        .into_iter()
+    let all = dense.into_iter().map(Item::Dense).chain(serving.into_iter().map(Item::Serving));
+    let mut cases: Vec<Item> = all
         .filter(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str())))
-        .filter(|c| variant.is_none_or(|v| v == c.choice.variant))
+        .filter(|c| variant.is_none_or(|v| v == c.variant()))
         .collect();
     if let Some(path) = &json {
         fa_schema::file::check_target(path).context("--json")?;
@@ -534,11 +573,12 @@ fn run() -> Result<()> {
             anyhow::bail!("--variant hopper: {} has no Hopper kernel (needs sm_90)", att.device().name);
         }
         let before = cases.len();
-        cases.retain(|c| c.choice.variant != Variant::Hopper);
+        cases.retain(|c| c.variant() != Variant::Hopper);
         eprintln!("fa-test: {} Hopper cases not run: {} is not sm_90", before - cases.len(), att.device().name);
     }
     // Cases for an entry their configuration does not have.
     cases.retain(|c| {
+        let Item::Dense(c) = c else { return true };
         c.choice.variant.family().is_none_or(|family| {
             let loaded = att.geometries(family, c.dtype, c.head_dim, c.causal);
             loaded.iter().any(|&(m, g, pers)| {
@@ -558,7 +598,7 @@ fn run() -> Result<()> {
     let mut results = Vec::new();
     let start = Instant::now();
     for (i, case) in cases.iter().enumerate() {
-        let result = run_case(&att, case, &mut rng).unwrap_or_else(|e| not_run(case, &e));
+        let result = case.run(&att, &mut rng);
         let mark = if result.passed { "ok" } else { "FAIL" };
         eprintln!(
             "[{}/{}] {mark} {} rel_l2 {:.2e} max_abs {:.2e}{}",

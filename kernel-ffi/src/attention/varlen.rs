@@ -1,0 +1,233 @@
+//! Serving calls: sequences of different lengths in one launch, their keys
+//! packed, dense or in a paged cache (`forward_varlen`), on the portable
+//! kernel's `_varlen` entries.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+
+use super::memory::device_ptr;
+use super::{Attention, Family, Launched, Options, Splits, Tensor, Variant, validate};
+use crate::error::{CudaContext, Error, Result, invalid};
+use crate::params::{FastDiv, SeqParams, VarlenParams};
+use crate::planner::{self, Plan};
+use crate::sequences::{self, Indices, PageTable, SeqLayout, VarlenProblem};
+
+/// Query rows per CTA of the `_varlen` entries (four warps of 16).
+const BLOCK_M: u32 = 64;
+
+/// A serving call's sequences: where each one's query rows and keys lie in
+/// the tensors (FlashAttention's `cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`,
+/// `block_table`; [`sequences`] has the layouts and rules). Arrays are int32
+/// on the device.
+///
+/// The kernels clamp every index they read from these arrays into its tensor:
+/// a bad offset, length or page gives wrong rows, never an access outside the
+/// tensors. Query rows of packed q that no sequence covers (and a sequence's
+/// rows past `max_seqlen_q`) are left as they were. With `validate`, the
+/// arrays are copied to the host first (a synchronising copy) and a bad entry
+/// is refused with its sequence, value and rule
+/// ([`sequences::check_indices`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sequences<'a> {
+    /// Sequences in the batch.
+    pub seqs: usize,
+    /// Packed queries: seqs + 1 row offsets into q and out ([1, H, total_q, D]);
+    /// `None`: q is [seqs, H, Sq, D].
+    pub cu_seqlens_q: Option<&'a CudaSlice<i32>>,
+    /// Packed queries: the most rows a sequence has.
+    pub max_seqlen_q: usize,
+    /// Packed keys: seqs + 1 row offsets into k and v ([1, Hkv, total_k, D]).
+    pub cu_seqlens_k: Option<&'a CudaSlice<i32>>,
+    /// Packed keys: the most keys a sequence has (sizes the split plan).
+    pub max_seqlen_k: usize,
+    /// Keys each sequence uses (≤ what it has); FlashAttention's `seqused_k`
+    /// and `flash_attn_with_kvcache`'s `cache_seqlens`.
+    pub seqused_k: Option<&'a CudaSlice<i32>>,
+    /// Paged keys: k and v are [pages, Hkv, page_size, D], any page size ≥ 1.
+    pub block_table: Option<BlockTable<'a>>,
+    /// Copy the arrays to the host and check every entry before launching.
+    pub validate: bool,
+}
+
+/// A paged cache's block table: `[seqs, stride]` page indices, each
+/// sequence's keys lying on the pages of its first `max_pages` slots in order
+/// (pages may repeat within and across sequences).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockTable<'a> {
+    /// The page indices.
+    pub pages: &'a CudaSlice<i32>,
+    /// Page slots per sequence.
+    pub max_pages: usize,
+    /// Elements between one sequence's row and the next (≥ `max_pages`).
+    pub stride: usize,
+}
+
+impl Sequences<'_> {
+    /// The layout the rules are checked on: each array's length.
+    pub fn layout(&self) -> SeqLayout {
+        SeqLayout {
+            seqs: self.seqs,
+            cu_seqlens_q: self.cu_seqlens_q.map(CudaSlice::len),
+            max_seqlen_q: self.max_seqlen_q,
+            cu_seqlens_k: self.cu_seqlens_k.map(CudaSlice::len),
+            max_seqlen_k: self.max_seqlen_k,
+            seqused_k: self.seqused_k.map(CudaSlice::len),
+            block_table: self.block_table.map(|t| PageTable {
+                len: t.pages.len(),
+                max_pages: t.max_pages,
+                stride: t.stride,
+            }),
+        }
+    }
+}
+
+impl Attention {
+    /// Attention over each sequence of a serving batch (FlashAttention's
+    /// `flash_attn_varlen_func` and `flash_attn_with_kvcache`): out =
+    /// softmax(q·kᵀ·scale [+ causal mask])·v per sequence, and optionally the
+    /// LSE into `lse` ([batch, H, rows] of q's own extents: (H, total_q) when
+    /// packed). Causal is bottom-right aligned per sequence; the query heads that
+    /// share a K/V head share its tiles (GQA packing); keys may be split over
+    /// CTAs (`opts.splits`, else planned for the longest sequence). Runs the
+    /// portable kernel; every shape rule is checked before anything is launched.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_varlen(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &mut Tensor,
+        lse: Option<&mut CudaSlice<f32>>,
+        seqs: &Sequences,
+        opts: &Options,
+    ) -> Result<Launched> {
+        self.forward_varlen_on(&self.stream, q, k, v, out, lse, seqs, opts)
+    }
+
+    /// `forward_varlen` enqueued on `stream`, as `forward_on`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_varlen_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &mut Tensor,
+        lse: Option<&mut CudaSlice<f32>>,
+        seqs: &Sequences,
+        opts: &Options,
+    ) -> Result<Launched> {
+        let p = sequences::validate(q.arg("q"), k.arg("k"), v.arg("v"), out.arg("out"), &seqs.layout(), opts.scale)?;
+        if let Some(l) = lse.as_deref()
+            && l.len() < p.rows()
+        {
+            invalid!("lse holds {} floats but batch × heads × rows of q = {}", l.len(), p.rows());
+        }
+        if opts.choice.variant == Variant::Hopper {
+            return Err(Error::Unsupported(
+                "the Hopper kernel has no variable-length or paged entries yet; use the portable variant (or auto)"
+                    .into(),
+            ));
+        }
+        if opts.choice.block_m.is_some_and(|m| m != BLOCK_M) || opts.choice.key_groups.is_some_and(|g| g != 1) {
+            invalid!("the variable-length entries run {BLOCK_M} query rows and one key group per CTA");
+        }
+        let name = format!(
+            "flash_fwd_varlen_{}_d{}{}",
+            q.dtype.name(),
+            p.tensors.head_dim,
+            if opts.causal { "_causal" } else { "" }
+        );
+        let kern = self.kernel(&name)?;
+        validate::aligned([("q", q), ("k", k), ("v", v), ("out", out)], stream)?;
+        if seqs.validate {
+            self.check_indices(stream, seqs, &p)?;
+        }
+        let family = Family::Portable;
+        let m_blocks = (p.max_seqlen_q * p.group()).div_ceil(BLOCK_M as usize) as u32;
+        if p.seqs == 0 || p.rows() == 0 || m_blocks == 0 {
+            return Ok(Launched { family, ..Launched::default() }); // nothing to compute
+        }
+        let work = u64::from(m_blocks) * (p.seqs * p.tensors.kv_heads) as u64;
+        let plan = plan(opts.splits, self.device.sm_count, kern.ctas_per_sm, work, &p, kern.launch.block_n);
+        let s = stream;
+        let partials = self.alloc_partials(s, &p.tensors, plan.num_splits)?;
+        let lse = lse.map_or(0, |l| device_ptr(l, s));
+        let vp = VarlenParams {
+            p: Self::flash_params(s, [q, k, v, out], lse, partials.as_ref(), &p.tensors, &plan),
+            seq: seq_params(s, seqs, &p),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (m_blocks, (p.seqs * p.tensors.kv_heads) as u32, plan.num_splits),
+            block_dim: (kern.launch.threads, 1, 1),
+            shared_mem_bytes: kern.dynamic_smem,
+        };
+        // SAFETY: matches `flash_fwd_varlen_<dtype>_d<D>[_causal](const VarlenParams p)` in
+        // kernels/flash_fwd_<dtype>.cu. sequences::validate proved every row of q/k/v/out's
+        // dims lies inside its buffer (strides multiples of 8 elements), validate::aligned that
+        // pointers are 16-byte aligned, and that the index arrays hold seqs + 1 offsets, seqs
+        // lengths and seqs rows of the block table; the kernel clamps every index it reads
+        // from them into those dims (kernels/seqinfo.cuh). lse (if any) holds rows() floats; the
+        // partials hold splits · rows() (· D). The buffers outlive the launch: the stream frees
+        // in order, and the caller's arrays are borrowed for the call.
+        unsafe { s.launch_builder(&kern.func).arg(&vp).launch(cfg) }.cuda(format!("launching {name}"))?;
+        if let Some(partials) = &partials {
+            let packed = seqs.cu_seqlens_q.map(|cu| (device_ptr(cu, s), p.seqs as i32, p.max_seqlen_q as i32));
+            self.launch_combine(s, q.dtype, &p.tensors, plan.num_splits, partials, out, lse, packed)?;
+        }
+        Ok(Launched {
+            num_splits: plan.num_splits,
+            ctas: u64::from(m_blocks) * (p.seqs * p.tensors.kv_heads) as u64 * u64::from(plan.num_splits),
+            family,
+            block_m: BLOCK_M,
+            key_groups: 1,
+            persistent: false,
+        })
+    }
+
+    /// Copies the index arrays to the host (waiting for `stream`) and checks
+    /// every entry.
+    fn check_indices(&self, stream: &Arc<CudaStream>, seqs: &Sequences, p: &VarlenProblem) -> Result<()> {
+        let host = |a: Option<&CudaSlice<i32>>, what: &str| -> Result<Option<Vec<i32>>> {
+            a.map(|a| stream.clone_dtoh(a).cuda(format!("copying {what} to the host to validate it"))).transpose()
+        };
+        let ix = Indices {
+            cu_seqlens_q: host(seqs.cu_seqlens_q, "cu_seqlens_q")?,
+            cu_seqlens_k: host(seqs.cu_seqlens_k, "cu_seqlens_k")?,
+            seqused_k: host(seqs.seqused_k, "seqused_k")?,
+            block_table: host(seqs.block_table.map(|t| t.pages), "the block table")?,
+        };
+        stream.synchronize().cuda("copying the sequence arrays to the host")?;
+        sequences::check_indices(p, &ix)
+    }
+}
+
+/// The split plan: the caller's count, else `planner::plan_ragged` for the
+/// longest sequence (the others' lengths are on the device).
+fn plan(splits: Splits, sm_count: u32, ctas_per_sm: u32, work: u64, p: &VarlenProblem, block_n: u32) -> Plan {
+    let max_k = p.max_seqlen_k.min(u32::MAX as usize) as u32;
+    match splits {
+        Splits::Fixed(n) => planner::plan_fixed(n, max_k, block_n),
+        Splits::Auto => planner::plan_ragged(sm_count, ctas_per_sm, work, max_k, block_n),
+    }
+}
+
+/// The kernels' view of the sequences.
+fn seq_params(s: &CudaStream, seqs: &Sequences, p: &VarlenProblem) -> SeqParams {
+    let ptr = |a: Option<&CudaSlice<i32>>| a.map_or(0, |a| device_ptr(a, s));
+    let table = seqs.block_table;
+    SeqParams {
+        cu_seqlens_q: ptr(seqs.cu_seqlens_q),
+        cu_seqlens_k: ptr(seqs.cu_seqlens_k),
+        seqused_k: ptr(seqs.seqused_k),
+        block_table: ptr(table.map(|t| t.pages)),
+        seqs: p.seqs as i32,
+        max_seqlen_q: p.max_seqlen_q as i32,
+        kv_batch: p.kv_batch as i32,
+        block_table_stride: table.map_or(0, |t| t.stride as i32),
+        max_pages: table.map_or(0, |t| t.max_pages as i32),
+        group: FastDiv::new(p.group() as u32),
+        page_size: FastDiv::new(if table.is_some() { p.tensors.seqlen_k as u32 } else { 1 }),
+    }
+}
