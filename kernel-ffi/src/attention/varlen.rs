@@ -13,9 +13,6 @@ use crate::params::{FastDiv, SeqParams, VarlenParams};
 use crate::planner::{self, Plan};
 use crate::sequences::{self, Indices, PageTable, SeqLayout, VarlenProblem};
 
-/// Query rows per CTA of the `_varlen` entries (four warps of 16).
-const BLOCK_M: u32 = 64;
-
 /// A serving call's sequences: where each one's query rows and keys lie in
 /// the tensors (FlashAttention's `cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`,
 /// `block_table`; [`sequences`] has the layouts and rules). Arrays are int32
@@ -130,9 +127,6 @@ impl Attention {
                     .into(),
             ));
         }
-        if opts.choice.block_m.is_some_and(|m| m != BLOCK_M) || opts.choice.key_groups.is_some_and(|g| g != 1) {
-            invalid!("the variable-length entries run {BLOCK_M} query rows and one key group per CTA");
-        }
         let name = format!(
             "flash_fwd_varlen_{}_d{}{}",
             q.dtype.name(),
@@ -140,12 +134,16 @@ impl Attention {
             if opts.causal { "_causal" } else { "" }
         );
         let kern = self.kernel(&name)?;
+        let block_m = kern.launch.block_m;
+        if opts.choice.block_m.is_some_and(|m| m != block_m) || opts.choice.key_groups.is_some_and(|g| g != 1) {
+            invalid!("{name} runs {block_m} query rows and one key group per CTA");
+        }
         validate::aligned([("q", q), ("k", k), ("v", v), ("out", out)], stream)?;
         if seqs.validate {
             self.check_indices(stream, seqs, &p)?;
         }
         let family = Family::Portable;
-        let m_blocks = (p.max_seqlen_q * p.group()).div_ceil(BLOCK_M as usize) as u32;
+        let m_blocks = (p.max_seqlen_q * p.group()).div_ceil(block_m as usize) as u32;
         if p.seqs == 0 || p.rows() == 0 || m_blocks == 0 {
             return Ok(Launched { family, ..Launched::default() }); // nothing to compute
         }
@@ -180,7 +178,7 @@ impl Attention {
             num_splits: plan.num_splits,
             ctas: u64::from(m_blocks) * (p.seqs * p.tensors.kv_heads) as u64 * u64::from(plan.num_splits),
             family,
-            block_m: BLOCK_M,
+            block_m,
             key_groups: 1,
             persistent: false,
         })
