@@ -90,4 +90,14 @@ impl Attention {
         // SAFETY: as borrow_tensor.
         Borrowed(ManuallyDrop::new(unsafe { stream.upgrade_device_ptr::<f32>(ptr, len) }))
     }
+
+    /// `len` int32 values at `ptr` (sequence offsets, lengths or a block
+    /// table), as `borrow_tensor`.
+    ///
+    /// # Safety
+    /// As `borrow_tensor`, for `len` i32 values.
+    pub unsafe fn borrow_i32(&self, stream: &Arc<CudaStream>, ptr: u64, len: usize) -> Borrowed<CudaSlice<i32>> {
+        // SAFETY: as borrow_tensor.
+        Borrowed(ManuallyDrop::new(unsafe { stream.upgrade_device_ptr::<i32>(ptr, len) }))
+    }
 }
