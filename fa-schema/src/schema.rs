@@ -192,6 +192,10 @@ pub struct BenchCase {
     /// Standard deviation over mean.
     pub rel_stdev: f64,
     pub tflops: f64,
+    /// Serving shapes: bytes of K and V read per second, in TB/s (a decode
+    /// call's roofline is the GPU's memory bandwidth).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_tbps: Option<f64>,
     /// CTAs of the attention kernel per call (0 for other implementations).
     pub ctas: u64,
     pub num_splits: u32,

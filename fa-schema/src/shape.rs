@@ -18,8 +18,33 @@ pub fn attention_flops(
     if causal { f / 2.0 } else { f }
 }
 
-/// A self-attention shape the bench times: q, k and v all [batch, heads,
-/// seqlen, head_dim].
+/// How a bench shape's sequences lie: one dense batch, or a serving batch of
+/// sequences of different lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Batching {
+    /// q, k and v all [batch, heads, seqlen, head_dim].
+    #[default]
+    Dense,
+    /// Prefill of `batch` packed sequences of [`Shape::lengths`] rows (the
+    /// longest `seqlen`), queries and keys alike, on `kv_heads` K/V heads.
+    Varlen {
+        /// K/V heads.
+        kv_heads: usize,
+    },
+    /// Decode: one query row per sequence against a paged cache of
+    /// [`Shape::lengths`] keys (the longest `seqlen`) in pages of `page_size`.
+    Paged {
+        /// K/V heads.
+        kv_heads: usize,
+        /// Keys per page.
+        page_size: usize,
+    },
+}
+
+/// A shape the bench times: a dense self-attention batch (`B,H,S,D[,causal]`),
+/// or a serving batch, `varlen:B,H,HKV,S,D[,causal]` (prefill of B packed
+/// sequences, the longest S) or `paged:B,H,HKV,S,D,PAGE` (decode of B sequences
+/// against a paged cache, the longest S keys).
 ///
 /// ```
 /// use fa_schema::shape::Shape;
@@ -31,26 +56,79 @@ pub fn attention_flops(
 /// assert_eq!(s.name(Dtype::F16), "f16-b2h16s8192d128-causal");
 /// // Refused when parsed: the kernels have no head dim 96.
 /// assert!(Shape::parse("1,1,128,96").unwrap_err().contains("head dims [64, 128]"));
+///
+/// let d = Shape::parse("paged:64,32,8,32768,128,16").unwrap();
+/// assert_eq!(d.name(Dtype::Bf16), "bf16-paged16-b64h32kv8s32768d128");
+/// assert_eq!(d.lengths().1.iter().max(), Some(&32768));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
-    /// B.
+    /// B: batch or sequences.
     pub batch: usize,
-    /// H (the k/v heads too).
+    /// H, query heads (the k/v heads too when dense).
     pub heads: usize,
-    /// Queries and keys per head.
+    /// Queries and keys per head; serving: the longest sequence's.
     pub seqlen: usize,
     /// D.
     pub head_dim: usize,
     /// Whether the causal mask applies.
     pub causal: bool,
+    /// Dense or a serving batch.
+    pub batching: Batching,
 }
 
 impl Shape {
-    /// The name reports and the gate key results by, e.g. `f16-b2h16s8192d128-causal`.
+    /// A dense shape.
+    pub fn dense(batch: usize, heads: usize, seqlen: usize, head_dim: usize, causal: bool) -> Shape {
+        Shape { batch, heads, seqlen, head_dim, causal, batching: Batching::Dense }
+    }
+
+    /// K/V heads.
+    pub fn kv_heads(&self) -> usize {
+        match self.batching {
+            Batching::Dense => self.heads,
+            Batching::Varlen { kv_heads } | Batching::Paged { kv_heads, .. } => kv_heads,
+        }
+    }
+
+    /// Each sequence's (query rows, keys). Dense: B × (S, S). Varlen: lengths
+    /// 1 + (S − 1)·(i / (B − 1))³, from 1 to S and mostly short (B16 S8192:
+    /// about 35k tokens). Paged: one query row against S/32 … S keys spread
+    /// evenly, in an order that mixes long and short.
+    pub fn lengths(&self) -> (Vec<usize>, Vec<usize>) {
+        let (b, s) = (self.batch, self.seqlen);
+        match self.batching {
+            Batching::Dense => (vec![s; b], vec![s; b]),
+            Batching::Varlen { .. } => {
+                let spread = (0..b).map(|i| {
+                    let x = if b > 1 { i as f64 / (b - 1) as f64 } else { 1.0 };
+                    1 + ((s - 1) as f64 * x * x * x).round() as usize
+                });
+                let lens: Vec<usize> = spread.collect();
+                (lens.clone(), lens)
+            }
+            Batching::Paged { .. } => {
+                let lo = (s / 32).max(1);
+                let keys = (0..b).map(|i| {
+                    let j = (i * 7) % b.max(1); // 7 is prime to any batch not a multiple of 7
+                    let x = if b > 1 { j as f64 / (b - 1) as f64 } else { 1.0 };
+                    lo + ((s - lo) as f64 * x).round() as usize
+                });
+                (vec![1; b], keys.collect())
+            }
+        }
+    }
+
+    /// The name reports and the gate key results by, e.g.
+    /// `f16-b2h16s8192d128-causal`, `bf16-varlen-b16h32kv8s8192d128-causal`.
     pub fn name(&self, dtype: Dtype) -> String {
+        let (kind, kv) = match self.batching {
+            Batching::Dense => (String::new(), String::new()),
+            Batching::Varlen { kv_heads } => ("varlen-".to_string(), format!("kv{kv_heads}")),
+            Batching::Paged { kv_heads, page_size } => (format!("paged{page_size}-"), format!("kv{kv_heads}")),
+        };
         format!(
-            "{}-b{}h{}s{}d{}{}",
+            "{}-{kind}b{}h{}{kv}s{}d{}{}",
             dtype.name(),
             self.batch,
             self.heads,
@@ -60,46 +138,94 @@ impl Shape {
         )
     }
 
-    /// `B,H,S,D` or `B,H,S,D,causal`: what `parse` reads.
+    /// What `parse` reads.
     pub fn spec(&self) -> String {
         let causal = if self.causal { ",causal" } else { "" };
-        format!("{},{},{},{}{causal}", self.batch, self.heads, self.seqlen, self.head_dim)
+        let (b, h, s, d) = (self.batch, self.heads, self.seqlen, self.head_dim);
+        match self.batching {
+            Batching::Dense => format!("{b},{h},{s},{d}{causal}"),
+            Batching::Varlen { kv_heads } => format!("varlen:{b},{h},{kv_heads},{s},{d}{causal}"),
+            Batching::Paged { kv_heads, page_size } => format!("paged:{b},{h},{kv_heads},{s},{d},{page_size}"),
+        }
     }
 
-    /// 4·B·H·S²·D (two matmuls of 2·S²·D each), halved for causal.
+    /// Matrix-product FLOPs: [`attention_flops`] per sequence, summed.
     pub fn flops(&self) -> f64 {
-        attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
+        let (q, k) = self.lengths();
+        q.iter().zip(&k).map(|(&sq, &sk)| attention_flops(1, self.heads, sq, sk, self.head_dim, self.causal)).sum()
     }
 
-    /// `B,H,S,D` or `B,H,S,D,causal`, each count at least 1, within the launch
+    /// Bytes of K and V the call must read (16-bit elements): what a decode
+    /// call's bandwidth is counted on.
+    pub fn kv_bytes(&self) -> f64 {
+        let keys: usize = self.lengths().1.iter().sum();
+        (2 * 2 * keys * self.kv_heads() * self.head_dim) as f64
+    }
+
+    /// A shape spec (see [`Shape`]), each count at least 1, within the launch
     /// API's rules (`tensor::validate`), so that a bad shape is refused before
     /// any CUDA call.
     pub fn parse(s: &str) -> Result<Shape, String> {
-        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-        let causal = match parts.get(4) {
-            None => false,
-            Some(&"causal") => true,
-            Some(other) => return Err(format!("`{other}` in shape `{s}`: the fifth field may only be `causal`")),
+        let (kind, body) = match s.split_once(':') {
+            Some((kind, body)) => (Some(kind.trim()), body),
+            None => (None, s),
         };
-        if !(4..=5).contains(&parts.len()) {
-            return Err(format!("shape `{s}` must be B,H,S,D or B,H,S,D,causal"));
-        }
+        let parts: Vec<&str> = body.split(',').map(str::trim).collect();
         let n =
             |i: usize| parts[i].parse::<usize>().map_err(|_| format!("`{}` in shape `{s}` is not a number", parts[i]));
-        let shape = Shape { batch: n(0)?, heads: n(1)?, seqlen: n(2)?, head_dim: n(3)?, causal };
-        if [shape.batch, shape.heads, shape.seqlen].contains(&0) {
-            return Err(format!("shape `{s}`: batch, heads and sequence length must be at least 1"));
+        let causal_at = |i: usize| match parts.get(i) {
+            None => Ok(false),
+            Some(&"causal") => Ok(true),
+            Some(other) => Err(format!("`{other}` in shape `{s}`: the last field may only be `causal`")),
+        };
+        let shape = match kind {
+            None => {
+                if !(4..=5).contains(&parts.len()) {
+                    return Err(format!("shape `{s}` must be B,H,S,D or B,H,S,D,causal"));
+                }
+                Shape::dense(n(0)?, n(1)?, n(2)?, n(3)?, causal_at(4)?)
+            }
+            Some("varlen") => {
+                if !(5..=6).contains(&parts.len()) {
+                    return Err(format!("shape `{s}` must be varlen:B,H,HKV,S,D or varlen:B,H,HKV,S,D,causal"));
+                }
+                let batching = Batching::Varlen { kv_heads: n(2)? };
+                Shape { batch: n(0)?, heads: n(1)?, seqlen: n(3)?, head_dim: n(4)?, causal: causal_at(5)?, batching }
+            }
+            Some("paged") => {
+                if parts.len() != 6 {
+                    return Err(format!("shape `{s}` must be paged:B,H,HKV,S,D,PAGE"));
+                }
+                let batching = Batching::Paged { kv_heads: n(2)?, page_size: n(5)? };
+                Shape { batch: n(0)?, heads: n(1)?, seqlen: n(3)?, head_dim: n(4)?, causal: false, batching }
+            }
+            Some(other) => return Err(format!("`{other}:` in shape `{s}`: the kinds are varlen: and paged:")),
+        };
+        let page = match shape.batching {
+            Batching::Paged { page_size, .. } => page_size,
+            _ => 1,
+        };
+        if [shape.batch, shape.heads, shape.kv_heads(), shape.seqlen, page].contains(&0) {
+            return Err(format!("shape `{s}`: batch, heads, sequence length and page size must be at least 1"));
         }
-        let desc = Desc::new([shape.batch, shape.heads, shape.seqlen, shape.head_dim], Layout::Bhsd);
-        let arg = |name| Arg { name, dtype: Dtype::F16, desc, len: desc.span() };
-        validate(arg("q"), arg("k"), arg("v"), arg("out"), None).map_err(|e| format!("shape `{s}`: {e}"))?;
+        let (sq, sk) = match shape.batching {
+            Batching::Dense => (shape.seqlen, shape.seqlen),
+            Batching::Varlen { .. } => (shape.seqlen, shape.seqlen),
+            Batching::Paged { .. } => (1, shape.seqlen),
+        };
+        let desc = |h, n| Desc::new([shape.batch, h, n, shape.head_dim], Layout::Bhsd);
+        let arg = |name, desc: Desc| Arg { name, dtype: Dtype::F16, desc, len: desc.span() };
+        let (q, kv) = (desc(shape.heads, sq), desc(shape.kv_heads(), sk));
+        validate(arg("q", q), arg("k", kv), arg("v", kv), arg("out", q), None)
+            .map_err(|e| format!("shape `{s}`: {e}"))?;
         Ok(shape)
     }
 }
 
-/// The default set: the seed's small shapes and the large ones.
+/// The default set: the seed's small shapes, the large ones, and two serving
+/// batches (a ragged causal prefill and a paged decode).
 pub fn default_shapes() -> Vec<Shape> {
-    let s = |batch, heads, seqlen, head_dim, causal| Shape { batch, heads, seqlen, head_dim, causal };
+    let s = Shape::dense;
     let mut v: Vec<Shape> = [32, 64, 128, 256, 512].iter().map(|&n| s(1, 1, n, 64, false)).collect();
     v.extend([
         s(2, 8, 512, 64, false),
@@ -113,7 +239,18 @@ pub fn default_shapes() -> Vec<Shape> {
         s(1, 4, 2048, 64, true),
         s(1, 1, 8192, 128, true),
     ]);
+    v.extend(serving_shapes());
     v
+}
+
+/// The serving shapes of the default set: 16 causal sequences of 1 to 8192
+/// tokens, 32 query heads on 8; decode of 64 sequences with 1k to 32k cached
+/// keys in pages of 16.
+pub fn serving_shapes() -> Vec<Shape> {
+    vec![
+        Shape { batching: Batching::Varlen { kv_heads: 8 }, ..Shape::dense(16, 32, 8192, 128, true) },
+        Shape { batching: Batching::Paged { kv_heads: 8, page_size: 16 }, ..Shape::dense(64, 32, 32768, 128, false) },
+    ]
 }
 
 #[cfg(test)]
@@ -122,7 +259,7 @@ mod tests {
 
     #[test]
     fn flops_and_names() {
-        let s = Shape { batch: 4, heads: 16, seqlen: 2048, head_dim: 64, causal: false };
+        let s = Shape::dense(4, 16, 2048, 64, false);
         assert_eq!(s.flops(), 4.0 * 64.0 * 2048.0 * 2048.0 * 64.0);
         assert_eq!(Shape { causal: true, ..s }.flops(), s.flops() / 2.0);
         assert_eq!(s.name(Dtype::Bf16), "bf16-b4h16s2048d64");

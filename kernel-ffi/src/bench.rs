@@ -1,7 +1,7 @@
 //! Pure pieces of the bench: sample statistics. The shape sets are
 //! `fa_schema::shape`'s, so that xtask checks `--shape` by the same rules.
 
-pub use fa_schema::shape::{Shape, default_shapes};
+pub use fa_schema::shape::{Batching, Shape, default_shapes};
 
 /// Summary statistics of timing samples.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -19,13 +19,16 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
-use kernel_ffi::bench::{self, Shape};
+use kernel_ffi::bench::{self, Batching, Shape};
 use kernel_ffi::manifest::Manifest;
 use kernel_ffi::probe::Probes;
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{BenchCase, BenchRun, SERVE_PROTOCOL, ServeReply, ServeRequest, ShapeRecord};
 use kernel_ffi::tensor::HEAD_DIMS;
-use kernel_ffi::{Attention, Desc, Dtype, KernelChoice, Launched, Layout, Options, Splits, Tensor, cli, kernel_dir};
+use kernel_ffi::{
+    Attention, BlockTable, Desc, Dtype, KernelChoice, Launched, Layout, Options, Sequences, Splits, Tensor, cli,
+    kernel_dir,
+};
 
 #[derive(Parser)]
 #[command(about = "Time the FlashAttention kernels", version = kernel_ffi::cli::VERSION)]
@@ -208,12 +211,92 @@ impl Method {
     }
 }
 
-/// One input set: Q, K, V and the output.
+/// One input set: Q, K, V and the output, and a serving shape's index arrays.
 struct Buffers {
     q: Tensor,
     k: Tensor,
     v: Tensor,
     out: Tensor,
+    seq: Option<SeqArrays>,
+}
+
+/// A serving shape's sequences on the device: packed offsets (varlen) or cache
+/// lengths and a block table (paged).
+struct SeqArrays {
+    cu_seqlens: Option<CudaSlice<i32>>,
+    seqused_k: Option<CudaSlice<i32>>,
+    block_table: Option<(CudaSlice<i32>, usize)>,
+}
+
+impl SeqArrays {
+    fn sequences(&self, shape: &Shape) -> Sequences<'_> {
+        let (q, k) = shape.lengths();
+        Sequences {
+            seqs: shape.batch,
+            cu_seqlens_q: self.cu_seqlens.as_ref(),
+            max_seqlen_q: q.into_iter().max().unwrap_or(0),
+            cu_seqlens_k: self.cu_seqlens.as_ref(),
+            max_seqlen_k: k.into_iter().max().unwrap_or(0),
+            seqused_k: self.seqused_k.as_ref(),
+            block_table: self.block_table.as_ref().map(|(pages, width)| BlockTable {
+                pages,
+                max_pages: *width,
+                stride: *width,
+            }),
+            validate: false,
+        }
+    }
+}
+
+/// A shape's tensors: descs of q (and out) and of k and v, and the sequences'
+/// arrays on the host (offsets; cache lengths, block table and its width).
+fn layout(shape: &Shape) -> (Desc, Desc, Vec<i32>, Vec<i32>, Vec<i32>, usize) {
+    let (h, hkv, d) = (shape.heads, shape.kv_heads(), shape.head_dim);
+    let (q_lens, k_lens) = shape.lengths();
+    match shape.batching {
+        Batching::Dense => {
+            let desc = Desc::new([shape.batch, h, shape.seqlen, d], Layout::Bhsd);
+            (desc, desc, vec![], vec![], vec![], 0)
+        }
+        Batching::Varlen { .. } => {
+            let total: usize = q_lens.iter().sum();
+            let cu = std::iter::once(0)
+                .chain(q_lens.iter().scan(0i32, |acc, &n| {
+                    *acc += n as i32;
+                    Some(*acc)
+                }))
+                .collect();
+            (
+                Desc::new([1, h, total, d], Layout::Bshd),
+                Desc::new([1, hkv, total, d], Layout::Bshd),
+                cu,
+                vec![],
+                vec![],
+                0,
+            )
+        }
+        Batching::Paged { page_size, .. } => {
+            // Pages handed out in a fixed shuffled order, as a serving cache's are.
+            let pages: Vec<usize> = k_lens.iter().map(|&n| n.div_ceil(page_size)).collect();
+            let width = pages.iter().copied().max().unwrap_or(1);
+            let total: usize = pages.iter().sum();
+            let mut order: Vec<i32> = (0..total as i32).collect();
+            let mut rng = Rng::new(17);
+            for i in (1..order.len()).rev() {
+                order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let mut table = vec![0i32; shape.batch * width];
+            let mut next = order.into_iter();
+            for (s, &n) in pages.iter().enumerate() {
+                for slot in 0..n {
+                    table[s * width + slot] = next.next().unwrap_or(0);
+                }
+            }
+            let used = k_lens.iter().map(|&n| n as i32).collect();
+            let q = Desc::new([shape.batch, h, 1, d], Layout::Bshd);
+            (q, Desc::new([total, hkv, page_size, d], Layout::Bshd), vec![], used, table, width)
+        }
+    }
 }
 
 /// One shape's input sets on the GPU, ready to be called; calls go round the sets.
@@ -244,17 +327,31 @@ impl<'a> Case<'a> {
     /// Uploads `n` more input sets, each with its own seeds, and warms each.
     fn add_sets(&mut self, n: u64) -> Result<()> {
         let (att, dtype, shape) = (self.att, self.dtype, self.shape);
-        let desc = Desc::new([shape.batch, shape.heads, shape.seqlen, shape.head_dim], Layout::Bhsd);
+        let (q_desc, kv_desc, cu_seqlens, used, table, width) = layout(&shape);
         // q, k, v and out of 16-bit elements per set.
-        let bytes = n.saturating_mul(4 * 2 * desc.span() as u64);
+        let bytes = n.saturating_mul(2 * 2 * (q_desc.span() + kv_desc.span()) as u64);
         att.check_fits(bytes, &format!("{} ({n} input set(s))", shape.name(dtype)))?;
+        let s = att.stream();
+        let upload = |v: &Vec<i32>| -> Result<Option<CudaSlice<i32>>> {
+            Ok(if v.is_empty() { None } else { Some(s.clone_htod(v)?) })
+        };
         for _ in 0..n {
             let i = self.sets.len() as u64;
+            let seq = (shape.batching != Batching::Dense)
+                .then(|| -> Result<SeqArrays> {
+                    Ok(SeqArrays {
+                        cu_seqlens: upload(&cu_seqlens)?,
+                        seqused_k: upload(&used)?,
+                        block_table: upload(&table)?.map(|t| (t, width)),
+                    })
+                })
+                .transpose()?;
             self.sets.push(Buffers {
-                q: random_tensor(att, dtype, desc, 3 * i + 1)?,
-                k: random_tensor(att, dtype, desc, 3 * i + 2)?,
-                v: random_tensor(att, dtype, desc, 3 * i + 3)?,
-                out: att.alloc_poisoned(dtype, desc)?,
+                q: random_tensor(att, dtype, q_desc, 3 * i + 1)?,
+                k: random_tensor(att, dtype, kv_desc, 3 * i + 2)?,
+                v: random_tensor(att, dtype, kv_desc, 3 * i + 3)?,
+                out: att.alloc_poisoned(dtype, q_desc)?,
+                seq,
             });
             self.next = self.sets.len() - 1;
             self.launched = self.call()?;
@@ -267,7 +364,13 @@ impl<'a> Case<'a> {
         let i = self.next;
         self.next = (i + 1) % self.sets.len();
         let b = &mut self.sets[i];
-        Ok(self.att.forward(&b.q, &b.k, &b.v, &mut b.out, None, &self.opts)?)
+        Ok(match &b.seq {
+            None => self.att.forward(&b.q, &b.k, &b.v, &mut b.out, None, &self.opts)?,
+            Some(seq) => {
+                let seqs = seq.sequences(&self.shape);
+                self.att.forward_varlen(&b.q, &b.k, &b.v, &mut b.out, None, &seqs, &self.opts)?
+            }
+        })
     }
 
     fn event(&self) -> Result<CudaEvent> {
@@ -320,8 +423,8 @@ impl<'a> Case<'a> {
             shape: ShapeRecord {
                 batch: shape.batch,
                 heads: shape.heads,
-                kv_heads: shape.heads,
-                seqlen_q: shape.seqlen,
+                kv_heads: shape.kv_heads(),
+                seqlen_q: shape.lengths().0.into_iter().max().unwrap_or(0),
                 seqlen_k: shape.seqlen,
                 head_dim: shape.head_dim,
                 causal: shape.causal,
@@ -335,6 +438,7 @@ impl<'a> Case<'a> {
             mean_us: st.mean,
             rel_stdev: st.rel_stdev,
             tflops: shape.flops() / (st.median * 1e-6) / 1e12,
+            kv_tbps: (shape.batching != Batching::Dense).then(|| shape.kv_bytes() / (st.median * 1e-6) / 1e12),
             ctas: self.launched.ctas,
             num_splits: self.launched.num_splits,
             entry: self.launched.entry_record(),
@@ -498,7 +602,8 @@ fn setup<'a>(
 /// where each process's buffers and code lie: two processes of one build
 /// differed by up to 1.8% at B1 H1 S8192 D128 causal (H100), warm by 0.3%.
 fn in_l2(shape: &Shape, l2_bytes: i32) -> bool {
-    let bytes = 4 * 2 * shape.batch * shape.heads * shape.seqlen * shape.head_dim;
+    let (q, kv, ..) = layout(shape);
+    let bytes = 2 * 2 * (q.span() + kv.span());
     bytes.saturating_mul(4) <= l2_bytes.max(0) as usize
 }
 

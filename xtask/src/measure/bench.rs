@@ -321,7 +321,8 @@ pub fn vs_torch(cx: &Run, runs: &[ProcessRun], opts: &Options) -> Result<Vec<Tor
     let python = toolchain::python();
     // The shapes fa-bench ran, so both sides time the same cases.
     let mut shapes = Vec::new();
-    for c in runs.iter().flat_map(|r| &r.run.cases) {
+    // Serving shapes have their own anchors (ci/bench_serving.py), not dense SDPA.
+    for c in runs.iter().flat_map(|r| &r.run.cases).filter(|c| c.kv_tbps.is_none()) {
         let shape = format!(
             "{},{},{},{}{}",
             c.shape.batch,
@@ -432,6 +433,7 @@ fn print_runs(runs: &[ProcessRun]) {
                     format!("{:.2}%", c.rel_stdev * 100.0),
                     c.samples.to_string(),
                     format!("{:.1}", c.tflops),
+                    c.kv_tbps.map_or("-".into(), |t| format!("{t:.2}")),
                     c.ctas.to_string(),
                     c.num_splits.to_string(),
                     c.method.clone(),
@@ -443,7 +445,20 @@ fn print_runs(runs: &[ProcessRun]) {
     println!(
         "{}",
         table::render(
-            &["side", "case", "median us", "IQR", "rel sd", "n", "TFLOP/s", "CTAs", "splits", "method", "SM MHz"],
+            &[
+                "side",
+                "case",
+                "median us",
+                "IQR",
+                "rel sd",
+                "n",
+                "TFLOP/s",
+                "KV TB/s",
+                "CTAs",
+                "splits",
+                "method",
+                "SM MHz"
+            ],
             &rows
         )
     );
@@ -676,6 +691,7 @@ mod tests {
             clocks_locked: false,
             monitored: true,
             shapes,
+            not_gated: Vec::new(),
         }
     }
 

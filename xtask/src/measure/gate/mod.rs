@@ -119,6 +119,10 @@ pub struct GateRun {
     /// Whether NVML could be read for the reasons.
     pub monitored: bool,
     pub shapes: Vec<ShapeGate>,
+    /// Shapes of the candidate's default set that the base's lacks (a shape
+    /// added with the change): timed by the bench, not gated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_gated: Vec<String>,
 }
 
 impl GateRun {
@@ -232,7 +236,11 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
             device.uuid
         );
     }
-    let shapes = if opts.shapes.is_empty() { c.hello.1.clone() } else { opts.shapes.clone() };
+    let (shapes, not_gated) =
+        if opts.shapes.is_empty() { gated_defaults(&b.hello.1, &c.hello.1) } else { (opts.shapes.clone(), Vec::new()) };
+    if !not_gated.is_empty() {
+        eprintln!("gate: not in the base's default set, so not gated: {}", not_gated.join(", "));
+    }
     let cases: Vec<(&str, &str)> =
         opts.dtypes.iter().flat_map(|d| shapes.iter().map(move |s| (s.as_str(), d.as_str()))).collect();
     let rule = Rule::for_shapes(cases.len(), opts.budget_secs);
@@ -314,7 +322,21 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
         ));
         results.push(g);
     }
-    Ok(GateRun { device, rule, seed: opts.seed, clocks_locked, monitored: monitor.is_some(), shapes: results })
+    Ok(GateRun {
+        device,
+        rule,
+        seed: opts.seed,
+        clocks_locked,
+        monitored: monitor.is_some(),
+        shapes: results,
+        not_gated,
+    })
+}
+
+/// The candidate's default shapes the base also has (gated), and the others
+/// (new with the candidate: a base cannot time a shape it does not know).
+pub fn gated_defaults(base: &[String], cand: &[String]) -> (Vec<String>, Vec<String>) {
+    cand.iter().cloned().partition(|s| base.contains(s))
 }
 
 /// fa-bench's case name for a shape spec: `2,16,8192,128,causal` → `b2h16s8192d128-causal`.
@@ -403,6 +425,14 @@ mod tests {
     fn case_names_match_fa_bench() {
         assert_eq!(shape_name("2,16,8192,128,causal"), "b2h16s8192d128-causal");
         assert_eq!(shape_name("1,1,32,64"), "b1h1s32d64");
+    }
+
+    #[test]
+    fn shapes_new_in_the_candidates_default_set_are_not_gated() {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let (gated, new) =
+            gated_defaults(&v(&["1,1,32,64", "2,8,512,64"]), &v(&["1,1,32,64", "varlen:16,32,8,8192,128,causal"]));
+        assert_eq!((gated, new), (v(&["1,1,32,64"]), v(&["varlen:16,32,8,8192,128,causal"])));
     }
 
     #[test]

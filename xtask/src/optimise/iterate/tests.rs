@@ -136,6 +136,7 @@ fn gate_says(verdict: Verdict, change: f64) -> GateRun {
         clocks_locked: false,
         monitored: false,
         shapes: vec![shape],
+        not_gated: Vec::new(),
     }
 }
 
