@@ -55,7 +55,8 @@ struct TileCopy {
 
 // Copies ROWS rows whose sources are not a constant stride apart into a
 // swizzled shared tile: the thread's chunk column and shared addresses as
-// TileCopy's, each row's source from `row_at(r)` (null: zero-filled).
+// TileCopy's, the source of row r, its pass i's, from `row_at(r, i)` (null:
+// zero-filled).
 template <typename T, int ROWS, int D, int THREADS>
 struct RowGather {
   static constexpr int kChunks = D / 8;
@@ -74,7 +75,7 @@ struct RowGather {
   __device__ __forceinline__ void gather(RowAt&& row_at, const T* any) const {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
-      const T* src = row_at(row + i * kRowsPerPass);
+      const T* src = row_at(row + i * kRowsPerPass, i);
       cp_async_16(smem + i * kRowsPerPass * D * 2, src != nullptr ? src + col : any, src != nullptr ? 16 : 0);
     }
   }
@@ -134,6 +135,8 @@ struct DenseTiles {
 
   __device__ __forceinline__ int begin() const { return keys.begin; }
   __device__ __forceinline__ int end() const { return keys.end; }
+  // Dense keys lie at a constant stride: nothing to look up ahead of a tile.
+  __device__ __forceinline__ void look_ahead(int) const {}
   __device__ __forceinline__ void load_q() const { loads.load_q(blk.m0); }
   __device__ __forceinline__ void load_k(int n) const { loads.load_k(n); }
   __device__ __forceinline__ void load_v(int n) const { loads.load_v(n); }
@@ -200,7 +203,7 @@ struct SeqTiles {
     const T* q = static_cast<const T*>(p.q) + blk.info.q_batch * p.q_batch_stride;
     RowGather<T, BM, D, GT>(grp.q, grp.tid)
         .gather(
-            [&](int r) -> const T* {
+            [&](int r, int) -> const T* {
               const int i = blk.m0 + r;
               if (i >= blk.rows) return nullptr;
               const int token = blk.token(i, sp), head = blk.kvh * group + (i - token * group);
@@ -209,29 +212,56 @@ struct SeqTiles {
             q);
   }
 
-  __device__ __forceinline__ void load(const TileCopy<T, BN, D, GT>& copy, T* tile, const T* head,
-                                       int64_t page_stride, int64_t row_stride, int n) const {
+  // A paged tile's pages: with tiles in pages, the tile's one page (page[0]);
+  // else the page of each row this thread copies (row + i · kRowsPerPass); −1
+  // for keys past the sequence or on a page the table does not name.
+  using Copy = TileCopy<T, BN, D, GT>;
+  struct Pages {
+    int page[Copy::kPasses];
+  };
+  // `look_ahead` reads the next tile's into `ahead`; its K load takes them
+  // over as `current`, which its V load (a loop turn later) reads too.
+  mutable Pages ahead, current;
+
+  // Key n's page, or −1.
+  __device__ __forceinline__ int page_of(int n) const {
+    return n < blk.info.k_len ? blk.info.page_of(fast_div(sp.page_size, n), sp) : -1;
+  }
+
+  __device__ __forceinline__ void look_ahead(int n) const {
+    if (blk.info.pages == nullptr) return;
+    if (tiles_in_pages) {
+      ahead.page[0] = page_of(n);
+    } else {
+      const int row = grp.tid / Copy::kChunks;
+#pragma unroll
+      for (int i = 0; i < Copy::kPasses; ++i) ahead.page[i] = page_of(n + row + i * Copy::kRowsPerPass);
+    }
+  }
+
+  __device__ __forceinline__ void load(const Copy& copy, T* tile, const T* head, int64_t page_stride,
+                                       int64_t row_stride, int n) const {
+    const Pages& pg = current;
     const SeqInfo& info = blk.info;
     if (info.pages == nullptr) {
       copy.copy((int64_t)n * row_stride, n, info.k_len);
     } else if (tiles_in_pages) {
-      const int slot = fast_div(sp.page_size, n), page = n < info.k_len ? info.page_of(slot, sp) : -1;
-      copy.copy(max(page, 0) * page_stride + (int64_t)(n - slot * sp.page_size.div) * row_stride, n,
-                page < 0 ? 0 : info.k_len);
+      const int page = pg.page[0], in_page = n - fast_div(sp.page_size, n) * sp.page_size.div;
+      copy.copy(max(page, 0) * page_stride + (int64_t)in_page * row_stride, n, page < 0 ? 0 : info.k_len);
     } else {
       RowGather<T, BN, D, GT>(tile, grp.tid)
           .gather(
-              [&](int r) -> const T* {
-                const int key = n + r;
-                if (key >= info.k_len) return nullptr;
-                const int slot = fast_div(sp.page_size, key), page = info.page_of(slot, sp);
+              [&](int r, int pass) -> const T* {
+                const int page = pg.page[pass];
                 if (page < 0) return nullptr;
-                return head + page * page_stride + (int64_t)(key - slot * sp.page_size.div) * row_stride;
+                const int key = n + r, in_page = key - fast_div(sp.page_size, key) * sp.page_size.div;
+                return head + page * page_stride + (int64_t)in_page * row_stride;
               },
               head);
     }
   }
   __device__ __forceinline__ void load_k(int n) const {
+    current = ahead;
     load(k_copy, grp.k, k_head, p.k_batch_stride, p.k_row_stride, n);
   }
   __device__ __forceinline__ void load_v(int n) const {

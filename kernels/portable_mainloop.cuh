@@ -146,6 +146,7 @@ struct PortableMainloop {
   // The group's first loads, one cp.async group: Q and its first K tile.
   __device__ __forceinline__ void load_q_k0(int n_first) const {
     tiles.load_q();
+    tiles.look_ahead(n_first);
     tiles.load_k(n_first);
     cp_async_commit();
   }
@@ -160,6 +161,9 @@ struct PortableMainloop {
       // cp.async groups in flight: [Q+K0] [V0] [K1] [V1] …
       tiles.load_v(n0);
       cp_async_commit();
+      // Where the next tile's keys lie, looked up (a paged cache's block table)
+      // under this tile's Q·Kᵀ and softmax, ahead of its loads.
+      tiles.look_ahead(n0 + kStep);
       cp_async_wait<1>();  // K(n0) (and Q) landed
       grp.sync();
       if (n0 == n_first) mma.load_q_frags();
