@@ -36,6 +36,79 @@ def rel_l2(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def reference(q, k, v, causal):
+    """float64 attention of one sequence: q (Sq, H, D), k and v (Sk, Hkv, D); (out, lse) per head."""
+    h, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    qd = q.double().transpose(0, 1)
+    kd = k.double().transpose(0, 1).repeat_interleave(h // hkv, 0)
+    vd = v.double().transpose(0, 1).repeat_interleave(h // hkv, 0)
+    s = qd @ kd.transpose(-1, -2) / d**0.5
+    if causal:
+        sq, sk = q.shape[0], k.shape[0]
+        keep = torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril(diagonal=sk - sq)
+        s = s.masked_fill(~keep, float("-inf"))
+    return (torch.softmax(s, -1).nan_to_num(0.0) @ vd).transpose(0, 1), torch.logsumexp(s, -1)
+
+
+def serving(fa_run, work):
+    """fa-run on serving files in FlashAttention's layouts: packed varlen
+    (cu_seqlens_q/k) and a paged cache (block_table, cache_seqlens) with one
+    decode row per sequence; each sequence against the float64 reference."""
+    rows = []
+    dtype, h, hkv, d = torch.bfloat16, 8, 2, 128
+    lens_q, lens_k = [1, 77, 0, 300], [5, 200, 9, 300]
+    cu = lambda lens: torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), h, d, dtype=dtype)
+    k = torch.randn(sum(lens_k), hkv, d, dtype=dtype)
+    v = torch.randn(sum(lens_k), hkv, d, dtype=dtype) + 0.5
+    ps, seqused = 16, [40, 1, 129]
+    pages = [-(-n // ps) for n in seqused]
+    perm = torch.randperm(sum(pages)).int()
+    table = torch.zeros(len(seqused), max(pages), dtype=torch.int32)
+    at = 0
+    for i, n in enumerate(pages):
+        table[i, :n] = perm[at:at + n]
+        at += n
+    kc = torch.randn(sum(pages), ps, hkv, d, dtype=dtype)
+    vc = torch.randn(sum(pages), ps, hkv, d, dtype=dtype) + 0.5
+    qc = torch.randn(len(seqused), 1, h, d, dtype=dtype)
+    files = {
+        "varlen": ({"q": q, "k": k, "v": v, "cu_seqlens_q": cu(lens_q), "cu_seqlens_k": cu(lens_k)}, True),
+        "kvcache": ({"q": qc, "k": kc, "v": vc, "cache_seqlens": torch.tensor(seqused, dtype=torch.int32),
+                     "block_table": table}, False),
+    }
+    for name, (tensors, causal) in files.items():
+        inp, outp = os.path.join(work, f"{name}.safetensors"), os.path.join(work, f"{name}-out.safetensors")
+        save_file(tensors, inp)
+        cmd = [fa_run, "--input", inp, "--output", outp, "--layout", "bshd", "--lse"] + (["--causal"] if causal else [])
+        subprocess.run(cmd, check=True)
+        res = load_file(outp, device="cuda")
+        errs, lse_err, good = [], 0.0, True
+        if name == "varlen":
+            cq, ck = cu(lens_q).tolist(), cu(lens_k).tolist()
+            seqs = [(q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]], res["out"][cq[i]:cq[i + 1]],
+                     res["lse"][:, cq[i]:cq[i + 1]]) for i in range(len(lens_q))]
+        else:
+            seqs = []
+            for i, n in enumerate(seqused):
+                rows_ = table[i, :pages[i]].long()
+                seqs.append((qc[i], kc[rows_].reshape(-1, hkv, d)[:n], vc[rows_].reshape(-1, hkv, d)[:n],
+                             res["out"][i], res["lse"][i]))
+        for sq_, sk_, sv_, got, got_lse in seqs:
+            if sq_.shape[0] == 0:
+                continue
+            want, want_lse = reference(sq_.cuda(), sk_.cuda(), sv_.cuda(), causal)
+            seen = want_lse.transpose(0, 1).isfinite()
+            errs.append(rel_l2(got[seen], want[seen]) if seen.any() else 0.0)
+            lse_err = max(lse_err, (got_lse[want_lse.isfinite()].double() - want_lse[want_lse.isfinite()]).abs().max().item())
+            good &= bool(got.isfinite().all())
+        err = max(errs)
+        good &= err <= TOL[dtype] and lse_err <= 1e-3
+        rows.append(("bfloat16", f"{name} H{h}/{hkv} D{d}", causal, "fa", err, float("nan"), float("nan"), lse_err,
+                     "ok" if good else "FAIL"))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fa-run", required=True)
@@ -76,6 +149,9 @@ def main():
         ok &= good
         rows.append((str(dtype).split(".")[1], f"B{b} H{h}/{hkv} Sq{sq} Sk{sk} D{d}", causal, layout,
                      fa_err, sdpa_err, rel_l2(out[seen], sdpa[seen]), lse_err, "ok" if good else "FAIL"))
+    for row in serving(args.fa_run, work):
+        ok &= row[-1] == "ok"
+        rows.append(row)
     print(f"{'dtype':9} {'shape':30} {'causal':6} {'layout':6} {'fa vs f64':>10} {'sdpa vs f64':>11} {'fa vs sdpa':>10} {'lse err':>9}  result")
     for r in rows:
         print(f"{r[0]:9} {r[1]:30} {str(r[2]):6} {r[3]:6} {r[4]:10.2e} {r[5]:11.2e} {r[6]:10.2e} {r[7]:9.1e}  {r[8]}")

@@ -288,6 +288,26 @@ mod tests {
     }
 
     #[test]
+    fn serving_shapes_parse_name_and_spread_their_lengths() {
+        // ci/bench_serving.py computes the same lengths for its anchors.
+        let v = Shape::parse("varlen:16,32,8,8192,128,causal").unwrap();
+        assert_eq!(v.name(Dtype::Bf16), "bf16-varlen-b16h32kv8s8192d128-causal");
+        let (q, k) = v.lengths();
+        assert_eq!(q, k);
+        assert_eq!(&q[..6], &[1, 3, 20, 67, 156, 304]);
+        assert_eq!((q[15], q.iter().sum::<usize>()), (8192, 34963));
+        let p = Shape::parse("paged:64,32,8,32768,128,16").unwrap();
+        let (q, k) = p.lengths();
+        assert_eq!((q, &k[..4], k.iter().sum::<usize>()), (vec![1; 64], &[1024, 4551, 8078, 11605][..], 1081344));
+        assert_eq!(p.kv_bytes(), 4.0 * 1081344.0 * 8.0 * 128.0);
+        assert_eq!(p.kv_heads(), 8);
+        for bad in ["varlen:16,32,8,8192", "paged:64,32,8,32768,128", "paged:64,32,8,32768,128,0", "ragged:1,1,1,64"] {
+            assert!(Shape::parse(bad).is_err(), "{bad}");
+        }
+        assert!(Shape::parse("varlen:16,32,5,8192,128").unwrap_err().contains("multiple of k/v heads"));
+    }
+
+    #[test]
     fn default_set_covers_the_seed_and_large_shapes() {
         let names: Vec<String> = default_shapes().iter().map(|s| s.name(Dtype::F16)).collect();
         for want in [

@@ -141,6 +141,104 @@ pub fn read_qkv(bytes: &[u8], layout: Layout) -> Result<[HostTensor16; 3]> {
     Ok([read("q")?, read("k")?, read("v")?])
 }
 
+/// A serving call read from a file (FlashAttention's layouts): `q` (total_q,
+/// H, D) with `cu_seqlens_q`, else rank 4 in the layout; `k`, `v` (total_k,
+/// Hkv, D) with `cu_seqlens_k`, (pages, page_size, Hkv, D) with `block_table`,
+/// else rank 4; and int32 `seqused_k` (or `cache_seqlens`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServingInput {
+    /// q, k and v as [batch, heads, seq, D] descs (packed: batch 1; paged: pages).
+    pub qkv: [HostTensor16; 3],
+    /// `cu_seqlens_q`, where given.
+    pub cu_seqlens_q: Option<Vec<i32>>,
+    /// `cu_seqlens_k`, where given.
+    pub cu_seqlens_k: Option<Vec<i32>>,
+    /// `seqused_k` or `cache_seqlens`, where given.
+    pub seqused_k: Option<Vec<i32>>,
+    /// The block table and its width (page slots per sequence), where given.
+    pub block_table: Option<(Vec<i32>, usize)>,
+    /// Sequences: the offsets' count − 1, else the batch of q or of the block table.
+    pub seqs: usize,
+}
+
+/// The index tensors that make a file a serving call.
+pub const SERVING_TENSORS: [&str; 5] = ["cu_seqlens_q", "cu_seqlens_k", "seqused_k", "cache_seqlens", "block_table"];
+
+/// Reads a serving call if the file holds any of [`SERVING_TENSORS`] (else
+/// `None`: a dense call for [`read_qkv`]); `layout` is that of rank-4 q, k and v.
+pub fn read_serving(bytes: &[u8], layout: Layout) -> Result<Option<ServingInput>> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| Error::Invalid(format!("not a safetensors file: {e}")))?;
+    if !SERVING_TENSORS.iter().any(|n| st.tensor(n).is_ok()) {
+        return Ok(None);
+    }
+    let ints = |name: &str| -> Result<Option<(Vec<i32>, Vec<usize>)>> {
+        let Ok(t) = st.tensor(name) else { return Ok(None) };
+        if t.dtype() != StDtype::I32 {
+            invalid!("`{name}` is {:?}; sequence offsets, lengths and block tables are I32 (use .int())", t.dtype());
+        }
+        let v = t.data().chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(Some((v, t.shape().to_vec())))
+    };
+    let vector = |name: &str| -> Result<Option<Vec<i32>>> {
+        match ints(name)? {
+            Some((v, shape)) if shape.len() == 1 => Ok(Some(v)),
+            Some((_, shape)) => invalid!("`{name}` has shape {shape:?}; expected rank 1"),
+            None => Ok(None),
+        }
+    };
+    let cu_seqlens_q = vector("cu_seqlens_q")?;
+    let cu_seqlens_k = vector("cu_seqlens_k")?;
+    let seqused_k = match (vector("seqused_k")?, vector("cache_seqlens")?) {
+        (Some(_), Some(_)) => {
+            invalid!("the file holds both `seqused_k` and `cache_seqlens`; they are one thing, keep one")
+        }
+        (a, b) => a.or(b),
+    };
+    let block_table = match ints("block_table")? {
+        Some((v, shape)) => match shape[..] {
+            [_, width] => Some((v, width)),
+            _ => invalid!("`block_table` has shape {shape:?}; expected [batch, max_pages]"),
+        },
+        None => None,
+    };
+    let read = |name: &str, packed: bool, paged: bool| -> Result<HostTensor16> {
+        let t = st.tensor(name).map_err(|_| {
+            Error::Invalid(format!("no tensor named `{name}`; the file holds {:?}; save q, k and v", st.names()))
+        })?;
+        let dtype = match t.dtype() {
+            StDtype::F16 => Dtype::F16,
+            StDtype::BF16 => Dtype::Bf16,
+            other => invalid!("`{name}` is {other:?}; the kernels take F16 or BF16 (use .half() or .bfloat16())"),
+        };
+        let shape = t.shape();
+        let desc = match (packed, paged, shape) {
+            (true, _, &[total, h, d]) => Desc::new([1, h, total, d], Layout::Bshd),
+            (true, ..) => {
+                invalid!("`{name}` has shape {shape:?}; packed with cu_seqlens it is (total, heads, head_dim)")
+            }
+            (_, true, &[pages, page_size, h, d]) => Desc::new([pages, h, page_size, d], Layout::Bshd),
+            (_, true, _) => invalid!(
+                "`{name}` has shape {shape:?}; paged with a block_table it is (pages, page_size, heads, head_dim)"
+            ),
+            (_, _, &[b, x, y, d]) => match layout {
+                Layout::Bhsd => Desc::new([b, x, y, d], layout),
+                Layout::Bshd => Desc::new([b, y, x, d], layout),
+            },
+            _ => invalid!("`{name}` has shape {shape:?}; expected rank 4 ({})", layout_dims(layout)),
+        };
+        let bits = t.data().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        Ok(HostTensor16 { dtype, desc, bits })
+    };
+    let (packed_q, packed_k, paged) = (cu_seqlens_q.is_some(), cu_seqlens_k.is_some(), block_table.is_some());
+    let qkv = [read("q", packed_q, false)?, read("k", packed_k, paged)?, read("v", packed_k, paged)?];
+    let seqs = match (&cu_seqlens_q, &cu_seqlens_k, &block_table) {
+        (Some(cu), ..) | (None, Some(cu), _) => cu.len().saturating_sub(1),
+        (None, None, Some((table, width))) => table.len() / (*width).max(1),
+        (None, None, None) => qkv[0].desc.dims[0],
+    };
+    Ok(Some(ServingInput { qkv, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, seqs }))
+}
+
 fn layout_dims(layout: Layout) -> &'static str {
     match layout {
         Layout::Bhsd => "[batch, heads, seq, head_dim]",
@@ -155,16 +253,27 @@ pub fn write_outputs(out: &HostTensor16, layout: Layout, lse: Option<&[f32]>) ->
         Layout::Bhsd => vec![b, h, s, d],
         Layout::Bshd => vec![b, s, h, d],
     };
+    write_shaped(out, shape, lse.map(|l| (l, vec![b, h, s])))
+}
+
+/// Serialises packed `out` ([1, H, total, D], Bshd) as (total, H, D) and, if
+/// given, `lse` as F32 (H, total): FlashAttention's varlen layouts.
+pub fn write_packed_outputs(out: &HostTensor16, lse: Option<&[f32]>) -> Result<Vec<u8>> {
+    let [_, h, total, d] = out.desc.dims;
+    write_shaped(out, vec![total, h, d], lse.map(|l| (l, vec![h, total])))
+}
+
+fn write_shaped(out: &HostTensor16, shape: Vec<usize>, lse: Option<(&[f32], Vec<usize>)>) -> Result<Vec<u8>> {
     let dtype = match out.dtype {
         Dtype::F16 => StDtype::F16,
         Dtype::Bf16 => StDtype::BF16,
     };
     let out_bytes: Vec<u8> = out.bits.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let lse_bytes: Vec<u8> = lse.unwrap_or_default().iter().flat_map(|x| x.to_le_bytes()).collect();
+    let lse_bytes: Vec<u8> = lse.as_ref().map_or(&[][..], |l| l.0).iter().flat_map(|x| x.to_le_bytes()).collect();
     let err = |e: safetensors::SafeTensorError| Error::Invalid(format!("serialising outputs: {e}"));
     let mut views = vec![("out", TensorView::new(dtype, shape, &out_bytes).map_err(err)?)];
-    if lse.is_some() {
-        views.push(("lse", TensorView::new(StDtype::F32, vec![b, h, s], &lse_bytes).map_err(err)?));
+    if let Some((_, lse_shape)) = lse {
+        views.push(("lse", TensorView::new(StDtype::F32, lse_shape, &lse_bytes).map_err(err)?));
     }
     safetensors::serialize(views, None).map_err(err)
 }
@@ -244,6 +353,40 @@ mod tests {
         let e = check_header(br#"{"q":{"dtype":"F16"}}"#, 10).unwrap_err().to_string();
         assert!(e.contains("tensor `q` in the header") && e.contains("data_offsets"), "{e}");
         assert!(check_header(b"[1, 2]", 10).unwrap_err().to_string().contains("not a JSON object"));
+    }
+
+    fn ints(v: &[i32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn serving_files_read_in_flash_attentions_layouts() {
+        let (cu, table) = (ints(&[0, 3, 10]), ints(&[2, 0, 1, 1, 2, 0]));
+        let half = |shape: &[usize]| vec![0u8; shape.iter().product::<usize>() * 2];
+        let (qs, ks) = ([10, 4, 64], [3, 16, 2, 64]);
+        let (qb, kb) = (half(&qs), half(&ks));
+        let lens = ints(&[30, 40]);
+        let views = vec![
+            ("q", TensorView::new(StDtype::BF16, qs.to_vec(), &qb).unwrap()),
+            ("k", TensorView::new(StDtype::BF16, ks.to_vec(), &kb).unwrap()),
+            ("v", TensorView::new(StDtype::BF16, ks.to_vec(), &kb).unwrap()),
+            ("cu_seqlens_q", TensorView::new(StDtype::I32, vec![3], &cu).unwrap()),
+            ("cache_seqlens", TensorView::new(StDtype::I32, vec![2], &lens).unwrap()),
+            ("block_table", TensorView::new(StDtype::I32, vec![2, 3], &table).unwrap()),
+        ];
+        let f = safetensors::serialize(views, None).unwrap();
+        let s = read_serving(&f, Layout::Bshd).unwrap().unwrap();
+        assert_eq!((s.qkv[0].desc.dims, s.qkv[1].desc.dims, s.seqs), ([1, 4, 10, 64], [3, 2, 16, 64], 2));
+        assert_eq!((s.seqused_k, s.block_table.map(|t| t.1)), (Some(vec![30, 40]), Some(3)));
+        // A dense file is not a serving one.
+        let dense = file(&[("q", StDtype::F16, vec![1, 1, 2, 64])]);
+        assert_eq!(read_serving(&dense, Layout::Bhsd).unwrap(), None);
+        // Offsets must be I32, and packed q rank 3.
+        let bad = file(&[("q", StDtype::F16, vec![1, 1, 2, 64]), ("cu_seqlens_q", StDtype::I64, vec![2])]);
+        assert!(read_serving(&bad, Layout::Bhsd).unwrap_err().to_string().contains("are I32"));
+        let bad = file(&[("q", StDtype::F16, vec![1, 1, 2, 64]), ("cu_seqlens_q", StDtype::I32, vec![2])]);
+        let e = read_serving(&bad, Layout::Bhsd).unwrap_err().to_string();
+        assert!(e.contains("(total, heads, head_dim)"), "{e}");
     }
 
     #[test]

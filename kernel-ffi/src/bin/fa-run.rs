@@ -3,15 +3,23 @@
 //!
 //!   fa-run --input qkv.safetensors --output out.safetensors [--layout bhsd|bshd]
 //!          [--causal] [--scale S] [--splits auto|N] [--lse]
+//!
+//! A file that also holds int32 `cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`
+//! (or `cache_seqlens`) or `block_table` is a serving call in FlashAttention's
+//! layouts (`io::read_serving`), run by `forward_varlen` with its index arrays
+//! checked on the host first.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use kernel_ffi::io::{self, HostTensor16, read_qkv, write_outputs};
+use kernel_ffi::io::{self, HostTensor16, ServingInput, read_qkv, read_serving, write_outputs, write_packed_outputs};
 use kernel_ffi::manifest::Manifest;
-use kernel_ffi::{Attention, KernelChoice, Layout, Options, Splits, cli, kernel_dir, tensor};
+use kernel_ffi::{
+    Attention, BlockTable, CudaSlice, KernelChoice, Launched, Layout, Options, Sequences, Splits, Tensor, cli,
+    kernel_dir, sequences, tensor,
+};
 
 #[derive(Parser)]
 #[command(about = "Run the FlashAttention forward kernel on tensors from a safetensors file", version = kernel_ffi::cli::VERSION)]
@@ -89,6 +97,9 @@ fn run() -> Result<()> {
     // Everything that can be wrong with the input and flags is refused here,
     // before the first CUDA call (`Attention::with_kernel_dir`).
     let bytes = read_input(&args.input)?;
+    if let Some(serving) = read_serving(&bytes, args.layout).with_context(|| format!("in {}", args.input.display()))? {
+        return run_serving(&args, serving);
+    }
     let [q, k, v] = read_qkv(&bytes, args.layout).with_context(|| format!("in {}", args.input.display()))?;
     let out_arg = tensor::Arg { name: "out", dtype: q.dtype, desc: q.desc, len: q.desc.span() };
     let problem = tensor::validate(q.arg("q"), k.arg("k"), v.arg("v"), out_arg, args.scale)
@@ -121,16 +132,86 @@ fn run() -> Result<()> {
     };
     let bytes = write_outputs(&out, args.layout, lse.as_deref())?;
     cli::write_atomic(&args.output, &bytes)?;
+    report(q.dtype.name(), &format!("{:?}", q.desc.dims), &att, &launched, &args.output);
+    Ok(())
+}
+
+fn report(dtype: &str, what: &str, att: &Attention, launched: &Launched, output: &Path) {
     eprintln!(
-        "fa-run: {} {:?} on {}, {} kernel, {} split(s), {} CTAs → {}",
-        q.dtype.name(),
-        q.desc.dims,
+        "fa-run: {dtype} {what} on {}, {} kernel, {} split(s), {} CTAs → {}",
         att.device().name,
         launched.family.name(),
         launched.num_splits,
         launched.ctas,
-        args.output.display()
+        output.display()
     );
+}
+
+/// A serving call: its shapes checked against its sequences before any CUDA
+/// call, its index arrays on the host before the launch.
+fn run_serving(args: &Args, input: ServingInput) -> Result<()> {
+    let ServingInput { qkv: [q, k, v], cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, seqs } = input;
+    let lens = |cu: &Option<Vec<i32>>| {
+        cu.as_ref().map_or(0, |c| c.windows(2).map(|w| (w[1] - w[0]).max(0) as usize).max().unwrap_or(0))
+    };
+    let layout = sequences::SeqLayout {
+        seqs,
+        cu_seqlens_q: cu_seqlens_q.as_ref().map(Vec::len),
+        max_seqlen_q: lens(&cu_seqlens_q),
+        cu_seqlens_k: cu_seqlens_k.as_ref().map(Vec::len),
+        max_seqlen_k: lens(&cu_seqlens_k),
+        seqused_k: seqused_k.as_ref().map(Vec::len),
+        block_table: block_table.as_ref().map(|(t, width)| sequences::PageTable {
+            len: t.len(),
+            max_pages: *width,
+            stride: *width,
+        }),
+    };
+    let out_arg = tensor::Arg { name: "out", dtype: q.dtype, desc: q.desc, len: q.desc.span() };
+    let p = sequences::validate(q.arg("q"), k.arg("k"), v.arg("v"), out_arg, &layout, args.scale)
+        .with_context(|| format!("in {}", args.input.display()))?;
+    fa_schema::file::check_target(&args.output).context("--output")?;
+    let kernels = kernel_dir::find()?;
+    let att = Attention::with_kernel_dir(&args.device, &kernels).context("setting up the kernels")?;
+    let up = |t: &HostTensor16| att.upload(t.dtype, t.desc, &t.bits);
+    let (qd, kd, vd) = (up(&q)?, up(&k)?, up(&v)?);
+    let ints = |a: &Option<Vec<i32>>| -> Result<Option<CudaSlice<i32>>> {
+        a.as_ref().map(|a| att.stream().clone_htod(a).context("copying the sequence arrays to the GPU")).transpose()
+    };
+    let (cu_q, cu_k, used) = (ints(&cu_seqlens_q)?, ints(&cu_seqlens_k)?, ints(&seqused_k)?);
+    let table = ints(&block_table.as_ref().map(|t| t.0.clone()))?;
+    let sequences = Sequences {
+        seqs,
+        cu_seqlens_q: cu_q.as_ref(),
+        max_seqlen_q: layout.max_seqlen_q,
+        cu_seqlens_k: cu_k.as_ref(),
+        max_seqlen_k: layout.max_seqlen_k,
+        seqused_k: used.as_ref(),
+        block_table: table.as_ref().zip(block_table.as_ref()).map(|(pages, (_, width))| BlockTable {
+            pages,
+            max_pages: *width,
+            stride: *width,
+        }),
+        validate: true,
+    };
+    let mut out: Tensor = att.alloc_poisoned(q.dtype, q.desc)?;
+    let mut lse = if args.lse { Some(att.alloc_lse(p.rows())?) } else { None };
+    let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits, choice: args.choice };
+    let launched = att
+        .forward_varlen(&qd, &kd, &vd, &mut out, lse.as_mut(), &sequences, &opts)
+        .with_context(|| format!("in {}", args.input.display()))?;
+    att.synchronize()?;
+    let out = HostTensor16 { dtype: q.dtype, desc: q.desc, bits: att.download(&out)? };
+    let lse = match &lse {
+        Some(l) => Some(att.download_lse(l, p.rows())?),
+        None => None,
+    };
+    let bytes = match cu_seqlens_q {
+        Some(_) => write_packed_outputs(&out, lse.as_deref())?,
+        None => write_outputs(&out, args.layout, lse.as_deref())?,
+    };
+    cli::write_atomic(&args.output, &bytes)?;
+    report(q.dtype.name(), &format!("{seqs} sequences"), &att, &launched, &args.output);
     Ok(())
 }
 
