@@ -232,6 +232,19 @@ fn forward_checks_every_rule_before_it_allocates_or_launches() {
 }
 
 #[test]
+fn forward_varlen_checks_every_rule_before_it_allocates_or_launches() {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernel-ffi/src/attention/varlen.rs"))
+            .unwrap();
+    let body = text.split("pub fn forward_varlen_on(").nth(1).expect("forward_varlen_on in attention/varlen.rs");
+    let at = |what: &str| body.find(what).unwrap_or_else(|| panic!("forward_varlen no longer calls {what}"));
+    let first_cuda = at("self.alloc_partials(").min(at("launch_builder("));
+    for check in ["sequences::validate(", "validate::aligned(", "self.check_indices("] {
+        assert!(at(check) < first_cuda, "forward_varlen calls {check} after its first allocation or launch");
+    }
+}
+
+#[test]
 fn no_kernel_or_kernel_ffi_comment_cites_a_ledger_iteration() {
     let mut found = Vec::new();
     for (path, text) in
