@@ -11,6 +11,11 @@ Raises NotImplementedError for what is not supported yet (dropout_p != 0,
 window_size, softcap > 0, alibi_slopes, inputs that require grad) and
 ValueError for shapes, dtypes or devices the kernels cannot run.
 
+Serving calls: ``flash_attn_varlen_func`` (sequences packed with cu_seqlens,
+optionally a paged K/V cache) and ``flash_attn_with_kvcache`` (decode and
+chunked prefill against a dense or paged cache, new keys appended).
+``FLASH_PIPELINE_VALIDATE=1`` checks their index tensors on the host first.
+
 Importing needs torch but no GPU; the transformers backend lives in
 ``flash_pipeline.transformers`` (imported on demand).
 """
@@ -29,6 +34,8 @@ except PackageNotFoundError:  # a source checkout, not an installed wheel
 
 __all__ = [
     "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
     "supported",
@@ -145,3 +152,142 @@ def flash_attn_kvpacked_func(
     return flash_attn_func(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
     )
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    seqused_k=None,
+):
+    """Attention over each sequence of a packed batch, flash-attn 2's ``flash_attn_varlen_func``.
+
+    Arguments:
+        q: (total_q, nheads, headdim), sequence i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1].
+        k, v: (total_k, nheads_k, headdim) likewise by cu_seqlens_k; or, with block_table,
+            a paged cache (num_blocks, page_block_size, nheads_k, headdim) of any page size.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) offsets on q's device.
+        max_seqlen_q: the most query rows of a sequence (rows past it are not computed).
+        max_seqlen_k: the most keys of a sequence (sizes the key splits).
+        causal: bottom-right aligned per sequence.
+        block_table: int32 (batch, max_num_blocks_per_seq): sequence i's keys lie on pages
+            block_table[i, 0], block_table[i, 1], … in order; its length is seqused_k[i], else
+            cu_seqlens_k[i + 1] - cu_seqlens_k[i].
+        seqused_k: int32 (batch,): keys each sequence uses, at most what it has.
+        dropout_p, window_size, softcap, alibi_slopes: as flash_attn_func (only their off values).
+        return_attn_probs: also return the log-sum-exp, float32 (nheads, total_q).
+    Return: out (total_q, nheads, headdim); with return_attn_probs, (out, softmax_lse, None).
+
+    Offsets, lengths and pages are read on the GPU: bad ones give wrong rows, never a
+    fault; FLASH_PIPELINE_VALIDATE=1 checks them on the host first (a synchronisation).
+    """
+    _check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    _check_no_grad(q, k, v)
+    if block_table is not None:
+        # Paged keys take their lengths from seqused_k, not from offsets into k.
+        if seqused_k is None:
+            seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+        cu_seqlens_k = None
+    out, softmax_lse = torch.ops.flash_pipeline.varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, softmax_scale,
+        causal, 0
+    )
+    return (out, softmax_lse, None) if return_attn_probs else out
+
+
+def _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table):
+    """Writes k and v (batch, seqlen_new, nheads_k, headdim) into the caches at each
+    sequence's positions cache_seqlens[b] …, through the block table when paged."""
+    b, n = k.shape[0], k.shape[1]
+    pos = cache_seqlens.long()[:, None] + torch.arange(n, device=k.device)[None, :]  # (batch, seqlen_new)
+    if block_table is None:
+        rows = torch.arange(b, device=k.device)[:, None].expand(b, n)
+        k_cache[rows, pos] = k
+        v_cache[rows, pos] = v
+    else:
+        page_size = k_cache.shape[1]
+        pages = torch.gather(block_table.long(), 1, pos // page_size)
+        k_cache[pages, pos % page_size] = k
+        v_cache[pages, pos % page_size] = v
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
+    """Attention against a KV cache, flash-attn 2's ``flash_attn_with_kvcache``.
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim): decode (seqlen_q 1) or a chunk of rows.
+        k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table
+            (num_blocks, page_block_size, nheads_k, headdim), any page size.
+        k, v: optional (batch, seqlen_new, nheads_k, headdim) appended to the cache at
+            cache_seqlens before attending (in place, by torch indexing ops: not fused).
+        cache_seqlens: int or int32 (batch,): keys in the cache per sequence (default: all).
+        block_table: int32 (batch, max_num_blocks_per_seq).
+        causal: bottom-right aligned: query row i of a sequence with L keys sees keys
+            j <= L - seqlen_q + i.
+        num_splits: key splits; 0 lets the planner choose.
+        return_softmax_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q).
+    Not supported yet (NotImplementedError): rotary_cos/rotary_sin, cache_batch_idx,
+    cache_leftpad, window_size, softcap, alibi_slopes.
+    """
+    _check_unsupported(0.0, window_size, softcap, alibi_slopes)
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                        ("cache_leftpad", cache_leftpad)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: not supported yet; pass {name}=None")
+    _check_no_grad(q, k_cache, v_cache, k, v)
+    if (k is None) != (v is None):
+        raise ValueError("k and v are appended together: pass both or neither")
+    batch = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 4 else 0
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if k is not None:
+        if cache_seqlens is None:
+            raise ValueError("appending k and v needs cache_seqlens: where each sequence's new keys go")
+        if cache_seqlens.dtype != torch.int32:
+            raise ValueError(f"cache_seqlens dtype is {cache_seqlens.dtype}; it must be int32 (use .int())")
+        _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        cache_seqlens = cache_seqlens + k.shape[1]
+    if block_table is not None:
+        max_seqlen_k = block_table.shape[1] * k_cache.shape[1]
+    else:
+        max_seqlen_k = k_cache.shape[1]
+    out, softmax_lse = torch.ops.flash_pipeline.varlen_fwd(
+        q, k_cache, v_cache, None, None, cache_seqlens, block_table, q.shape[1], max_seqlen_k, softmax_scale, causal,
+        int(num_splits)
+    )
+    return (out, softmax_lse) if return_softmax_lse else out
+

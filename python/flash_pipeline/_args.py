@@ -95,3 +95,62 @@ def forward_args(
     strides = tuple(bhs_strides(n, m) for n, m in (("q", q), ("k", k), ("v", v), ("out", out)))
     scale = None if softmax_scale is None else float(softmax_scale)
     return (*ptrs, dtype, dims, *strides, tuple(lens), bool(causal), scale, device, stream, kernel_dir)
+
+
+# ---------------------------------------------------------------- serving --
+# ``_C.forward_varlen`` takes each tensor as [batch, heads, seq, head_dim] with
+# element strides of (batch, head, seq). FlashAttention's serving layouts map
+# onto that view: packed (total, heads, head_dim) is one batch of total rows,
+# dense (batch, seqlen, heads, head_dim) is itself, and a paged cache
+# (num_pages, page_size, heads, head_dim) is a batch of pages.
+
+
+def serving_view(name: str, m: Meta, packed: bool) -> Tuple[Tuple[int, int, int, int], Tuple[int, int, int]]:
+    """(dims, strides) of a packed (rank 3) or dense/paged (rank 4) tensor."""
+    rank = 3 if packed else 4
+    if len(m.shape) != rank:
+        want = "(total, nheads, headdim)" if packed else "(batch, seqlen, nheads, headdim)"
+        raise ValueError(f"{name} has {len(m.shape)} dims {tuple(m.shape)}; it must be {rank}-D {want}")
+    if not m.device.startswith("cuda"):
+        raise ValueError(f"{name} is on {m.device}; the kernels need CUDA tensors")
+    if m.dtype not in DTYPES:
+        raise ValueError(f"{name} dtype is {m.dtype}; the kernels support float16 and bfloat16")
+    if m.stride[-1] != 1:
+        raise ValueError(f"{name} head-dim stride is {m.stride[-1]}; it must be 1 (make it .contiguous())")
+    if packed:
+        total, h, d = m.shape
+        return (1, h, total, d), (0, m.stride[1], m.stride[0])
+    b, s, h, d = m.shape
+    return (b, h, s, d), (m.stride[0], m.stride[2], m.stride[1])
+
+
+def check_index(name: str, m: Optional[Meta], device: str, rank: int = 1) -> None:
+    """An int32 index tensor (offsets, lengths, block table) on the tensors' device."""
+    if m is None:
+        return
+    if m.dtype != "int32":
+        raise ValueError(f"{name} dtype is {m.dtype}; it must be int32 (use .int())")
+    if m.device != device:
+        raise ValueError(f"{name} is on {m.device} but q is on {device}; they must be on one CUDA device")
+    if len(m.shape) != rank:
+        raise ValueError(f"{name} has shape {tuple(m.shape)}; it must be {rank}-D")
+    if rank == 1 and m.stride[0] != 1:
+        raise ValueError(f"{name} has stride {m.stride[0]}; it must be contiguous (use .contiguous())")
+    if rank == 2 and m.stride[1] != 1:
+        raise ValueError(f"{name} rows are not contiguous (stride {m.stride[1]}); use .contiguous()")
+
+
+def check_serving(q: Meta, k: Meta, v: Meta, packed_q: bool, packed_k: bool) -> None:
+    """The rules the tensors of a serving call share: one device and dtype, k and v alike."""
+    for name, m in (("k", k), ("v", v)):
+        if m.device != q.device:
+            raise ValueError(f"{name} is on {m.device} but q is on {q.device}; they must be on one CUDA device")
+        if m.dtype != q.dtype:
+            raise ValueError(f"q, k, v dtypes are {q.dtype}, {k.dtype}, {v.dtype}; they must be equal")
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k shape {tuple(k.shape)} differs from v shape {tuple(v.shape)}; they must be equal")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k head dim is {k.shape[-1]} but q head dim is {q.shape[-1]}; they must be equal")
+    h, hk = q.shape[-2], k.shape[-2]
+    if hk < 1 or h % hk != 0:
+        raise ValueError(f"q has {h} heads and k has {hk}; q heads must be a multiple of kv heads (GQA/MQA)")

@@ -148,3 +148,117 @@ def _backward(ctx, grad_out, grad_lse):
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- serving --
+
+
+def _validate_indices() -> bool:
+    """``FLASH_PIPELINE_VALIDATE=1`` checks every offset, length and page on the host first."""
+    return os.environ.get("FLASH_PIPELINE_VALIDATE", "") not in ("", "0")
+
+
+def _serving_outputs(q: torch.Tensor, packed_q: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """out in q's shape; lse (nheads, total_q) packed, else (batch, nheads, seqlen_q), float32."""
+    out = q.new_empty(q.shape)
+    if packed_q:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return out, lse
+
+
+def _serving_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    packed_q, packed_k = cu_seqlens_q is not None, cu_seqlens_k is not None
+    q, k, v = (t.contiguous() if t.dim() >= 3 and t.stride(-1) != 1 else t for t in (q, k, v))
+    mq, mk, mv = _meta(q), _meta(k), _meta(v)
+    views = (_args.serving_view("q", mq, packed_q), _args.serving_view("k", mk, packed_k),
+             _args.serving_view("v", mv, packed_k))
+    _args.check_serving(mq, mk, mv, packed_q, packed_k)
+    if q.shape[-1] not in head_dims():
+        raise ValueError(f"q head dim is {q.shape[-1]}; the kernels support head dims {sorted(head_dims())}")
+    for name, t, rank in (("cu_seqlens_q", cu_seqlens_q, 1), ("cu_seqlens_k", cu_seqlens_k, 1),
+                          ("seqused_k", seqused_k, 1), ("block_table", block_table, 2)):
+        _args.check_index(name, None if t is None else _meta(t), mq.device, rank)
+    return q, k, v, views
+
+
+@torch.library.custom_op("flash_pipeline::varlen_fwd", mutates_args=())
+def varlen_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    seqused_k: Optional[torch.Tensor],
+    block_table: Optional[torch.Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float],
+    causal: bool,
+    num_splits: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A serving call: q packed (total_q, nheads, headdim) with cu_seqlens_q or
+    dense (batch, seqlen_q, nheads, headdim); k and v packed with cu_seqlens_k,
+    paged (num_pages, page_size, nheads_k, headdim) with block_table, or dense;
+    seqused_k the keys each sequence uses. Returns (out in q's shape, lse)."""
+    q, k, v, (qv, kv, vv) = _serving_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
+    packed_q = cu_seqlens_q is not None
+    out, lse = _serving_outputs(q, packed_q)
+    if packed_q:
+        seqs = cu_seqlens_q.shape[0] - 1
+    elif block_table is not None:
+        seqs = block_table.shape[0]
+    else:
+        seqs = q.shape[0]
+    if out.numel() == 0 or seqs <= 0:
+        return out, lse
+    device = q.device
+    arr = lambda t: (0, 0) if t is None else (t.data_ptr(), t.numel())
+    ov = _args.serving_view("out", _meta(out), packed_q)
+    table = (0, 0, 0, 0) if block_table is None else (
+        block_table.data_ptr(), _extent(block_table), block_table.shape[1], block_table.stride(0))
+    with torch.cuda.device(device):
+        _ext().forward_varlen(
+            (q.data_ptr(), *qv, _extent(q)),
+            (k.data_ptr(), *kv, _extent(k)),
+            (v.data_ptr(), *vv, _extent(v)),
+            (out.data_ptr(), *ov, _extent(out)),
+            (lse.data_ptr(), lse.numel()),
+            _args.DTYPES[str(q.dtype).replace("torch.", "")],
+            arr(cu_seqlens_q),
+            arr(cu_seqlens_k),
+            arr(seqused_k),
+            table,
+            seqs,
+            int(max_seqlen_q),
+            int(max_seqlen_k),
+            bool(causal),
+            None if softmax_scale is None else float(softmax_scale),
+            int(num_splits),
+            _validate_indices(),
+            device.index,
+            torch.cuda.current_stream(device).cuda_stream,
+            kernel_dir(),
+        )
+    return out, lse
+
+
+@varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      num_splits):
+    q, k, v, _ = _serving_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
+    return _serving_outputs(q, cu_seqlens_q is not None)
+
+
+def _varlen_backward(ctx, grad_out, grad_lse):
+    raise NotImplementedError(
+        "flash_pipeline::varlen_fwd is forward-only: it has no backward. Run it under torch.no_grad() or "
+        "torch.inference_mode(), or detach q, k, v."
+    )
+
+
+varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_context)

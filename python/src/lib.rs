@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use kernel_ffi::tensor::{Desc, Dtype, HEAD_DIMS};
-use kernel_ffi::{Attention, Error, Gpu, KernelChoice, Options, Splits};
+use kernel_ffi::{Attention, BlockTable, Error, Gpu, KernelChoice, Options, Sequences, Splits};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -98,6 +98,82 @@ fn forward(
     Ok(())
 }
 
+/// One tensor as the extension takes it: device address, dims [batch, heads,
+/// seq, head_dim], element strides of (batch, head, seq), and the elements
+/// reachable from the address.
+type TensorArg = (u64, [usize; 4], [usize; 3], usize);
+
+/// One int32 array: device address (0: absent) and length.
+type IntArg = (u64, usize);
+
+/// A serving call (`Attention::forward_varlen_on`) on `stream`: q and out
+/// dense [seqs, H, Sq, D] or packed [1, H, total_q, D] (with `cu_seqlens_q`),
+/// k and v dense, packed (with `cu_seqlens_k`) or paged [pages, Hkv,
+/// page_size, D] (with `block_table` = (address, length, max_pages, stride)).
+/// `num_splits` 0 lets the planner choose; `validate` checks the arrays on the
+/// host first (a synchronising copy).
+#[pyfunction]
+#[pyo3(signature = (q, k, v, out, lse, dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, seqs, max_seqlen_q, max_seqlen_k, causal, scale, num_splits, validate, device, stream, kernel_dir))]
+#[allow(clippy::too_many_arguments)]
+fn forward_varlen(
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    out: TensorArg,
+    lse: IntArg,
+    dtype: &str,
+    cu_seqlens_q: IntArg,
+    cu_seqlens_k: IntArg,
+    seqused_k: IntArg,
+    block_table: (u64, usize, usize, usize),
+    seqs: usize,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    causal: bool,
+    scale: Option<f32>,
+    num_splits: u32,
+    validate: bool,
+    device: usize,
+    stream: u64,
+    kernel_dir: PathBuf,
+) -> PyResult<()> {
+    let dtype = Dtype::parse(dtype).map_err(PyValueError::new_err)?;
+    if [q.0, k.0, v.0, out.0].contains(&0) {
+        return Err(PyValueError::new_err("a tensor's device address is 0 (an empty or freed tensor)"));
+    }
+    let att = attention(device, &kernel_dir).map_err(py_err)?;
+    let splits = if num_splits == 0 { Splits::Auto } else { Splits::Fixed(num_splits) };
+    let opts = Options { causal, scale, splits, choice: KernelChoice::default() };
+    let (table, table_len, max_pages, table_stride) = block_table;
+    // SAFETY: as in `forward`: the caller (flash_pipeline.ops) passes PyTorch's current
+    // stream of `device` and tensors and int32 arrays of that device whose storage holds
+    // the given elements from each address, alive while the stream runs this work.
+    // forward_varlen_on checks every shape against those lengths before launching; the
+    // kernels clamp every index they read from the arrays into the tensors.
+    unsafe {
+        let s = att.borrow_stream(stream);
+        let tensor =
+            |(ptr, dims, strides, len): TensorArg| att.borrow_tensor(&s, ptr, len, dtype, Desc { dims, strides });
+        let ints = |(ptr, len): IntArg| (ptr != 0).then(|| att.borrow_i32(&s, ptr, len));
+        let (q, k, v, mut o) = (tensor(q), tensor(k), tensor(v), tensor(out));
+        let mut l = (lse.0 != 0).then(|| att.borrow_f32(&s, lse.0, lse.1));
+        let (cu_q, cu_k, used) = (ints(cu_seqlens_q), ints(cu_seqlens_k), ints(seqused_k));
+        let pages = ints((table, table_len));
+        let sequences = Sequences {
+            seqs,
+            cu_seqlens_q: cu_q.as_deref(),
+            max_seqlen_q,
+            cu_seqlens_k: cu_k.as_deref(),
+            max_seqlen_k,
+            seqused_k: used.as_deref(),
+            block_table: pages.as_deref().map(|pages| BlockTable { pages, max_pages, stride: table_stride }),
+            validate,
+        };
+        att.forward_varlen_on(&s, &q, &k, &v, &mut o, l.as_deref_mut(), &sequences, &opts).map_err(py_err)?;
+    }
+    Ok(())
+}
+
 /// What the kernels run: head dims and dtypes.
 #[pyfunction]
 fn supported(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -110,6 +186,7 @@ fn supported(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pymodule]
 fn _C(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
+    m.add_function(wrap_pyfunction!(forward_varlen, m)?)?;
     m.add_function(wrap_pyfunction!(supported, m)?)?;
     Ok(())
 }

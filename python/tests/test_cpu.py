@@ -114,6 +114,64 @@ def test_forward_args_rejects_head_dim_stride_and_bad_out():
 # ---------------------------------------------------------------- with torch, no GPU
 
 
+def test_serving_views_map_flash_attention_layouts():
+    # Packed (total, heads, head_dim): one batch of total rows.
+    assert A.serving_view("q", meta((10, 4, 64)), True) == ((1, 4, 10, 64), (0, 64, 256))
+    # Paged (pages, page_size, heads, head_dim): a batch of pages.
+    assert A.serving_view("k", meta((7, 16, 2, 128)), False) == ((7, 2, 16, 128), (4096, 128, 256))
+    with pytest.raises(ValueError, match="must be 3-D"):
+        A.serving_view("q", meta((1, 10, 4, 64)), True)
+    with pytest.raises(ValueError, match="head-dim stride is 2"):
+        A.serving_view("k", meta((7, 16, 2, 64), stride=(4096, 256, 128, 2)), False)
+
+
+def test_serving_index_rules():
+    A.check_index("cu_seqlens_q", meta((5,), "int32"), "cuda:0")
+    for m, match in [
+        (meta((5,), "int64"), "must be int32"),
+        (meta((5,), "int32", "cuda:1"), "one CUDA device"),
+        (meta((5, 1), "int32"), "must be 1-D"),
+        (meta((5,), "int32", stride=(2,)), "contiguous"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            A.check_index("cu_seqlens_q", m, "cuda:0")
+    A.check_index("block_table", meta((3, 8), "int32"), "cuda:0", rank=2)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        A.check_serving(meta((9, 6, 64)), meta((9, 4, 64)), meta((9, 4, 64)), True, True)
+
+
+def test_serving_fake_shapes_and_unsupported_arguments():
+    fa = fp()
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    schema = str(torch.ops.flash_pipeline.varlen_fwd.default._schema)
+    assert schema.startswith("flash_pipeline::varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q")
+    with pytest.raises(NotImplementedError, match="cache_leftpad"):
+        fa.flash_attn_with_kvcache(torch.empty(1, 1, 4, 64), torch.empty(1, 8, 4, 64), torch.empty(1, 8, 4, 64),
+                                   cache_leftpad=torch.zeros(1))
+    with pytest.raises(NotImplementedError, match="window_size"):
+        fa.flash_attn_varlen_func(*([torch.empty(4, 2, 64)] * 3), None, None, 4, 4, window_size=(8, 0))
+    try:
+        with FakeTensorMode():
+            q = torch.empty(11, 8, 128, dtype=torch.bfloat16, device="cuda")
+            k = torch.empty(30, 2, 128, dtype=torch.bfloat16, device="cuda")
+            cu = torch.empty(4, dtype=torch.int32, device="cuda")
+            out, lse = torch.ops.flash_pipeline.varlen_fwd(q, k, k, cu, cu, None, None, 5, 20, None, True, 0)
+            qd = torch.empty(3, 1, 8, 64, dtype=torch.float16, device="cuda")
+            pages = torch.empty(9, 16, 2, 64, dtype=torch.float16, device="cuda")
+            table = torch.empty(3, 3, dtype=torch.int32, device="cuda")
+            lens = torch.empty(3, dtype=torch.int32, device="cuda")
+            out2, lse2 = torch.ops.flash_pipeline.varlen_fwd(qd, pages, pages, None, None, lens, table, 1, 48, None,
+                                                             False, 0)
+    except (RuntimeError, AssertionError) as e:  # torch builds that cannot make fake CUDA tensors
+        if "CUDA" not in str(e) and "cuda" not in str(e):
+            raise
+        pytest.skip(f"fake CUDA tensors unavailable: {e}")
+    assert out.shape == (11, 8, 128) and lse.shape == (8, 11) and lse.dtype == torch.float32
+    assert out2.shape == (3, 1, 8, 64) and lse2.shape == (3, 8, 1)
+
+
 def test_op_schema():
     fp()
     import torch
