@@ -27,9 +27,15 @@ How each call runs:
   sdpa does; otherwise the kernel's bottom-right causal mask is the KV-cache one.
 * mask given: it is compared (on the GPU, one synchronisation) with the
   bottom-right causal mask and with all-True; if it is one of them (e.g. a
-  chunked prefill after a KV cache) our kernel runs, otherwise (left/right
-  padding, packed sequences, a sliding window that cuts, static-cache slots)
-  the call falls back to transformers' ``sdpa_attention_forward`` with the mask.
+  chunked prefill after a KV cache) our kernel runs. A padded batch (left or
+  right padding, in prefill and in every generation step after it) is one
+  whose mask equals, per sequence, bottom-right causal attention of its
+  unpadded queries to its unpadded keys: its queries, keys and values are
+  gathered into packed rows (a copy per call, as FlashAttention's transformers
+  integration does) and run by the serving kernel
+  (``flash_attn_varlen_func``), the padded query rows getting zeros. Any other
+  mask (packed sequences, a sliding window that cuts, static-cache slots)
+  falls back to transformers' ``sdpa_attention_forward`` with the mask.
   While compiling (``torch.compile``) or capturing a CUDA graph a given mask is
   not inspected: those calls fall back to SDPA.
 * also falling back to SDPA, with a one-time warning: non-CUDA inputs, dtypes
@@ -44,10 +50,12 @@ How each call runs:
 GQA runs natively (no ``repeat_kv``); ``scaling`` is the kernel's softmax scale.
 The output is (batch, seqlen_q, heads, head_dim) contiguous and the weights
 ``None``, like ``sdpa_attention_forward``. :data:`stats` counts the calls
-(``"kernel"`` and ``"sdpa: <reason>"``) when not compiling.
+(``"kernel"``, ``"varlen"`` for padded batches and ``"sdpa: <reason>"``) when
+not compiling.
 """
 
 import warnings
+from typing import NamedTuple
 
 import torch
 from transformers import AttentionInterface
@@ -104,7 +112,8 @@ def _unusable(query, key, value, kwargs):
 
 
 def _pattern(query, key, value, attention_mask, is_causal):
-    """Map the call onto the kernel: (causal, key, value), or a reason (str) to fall back to SDPA."""
+    """Map the call onto the kernel: (causal, key, value), a padded batch (_Padded) for the
+    serving kernel, or a reason (str) to fall back to SDPA."""
     sq, sk = query.shape[2], key.shape[2]
     if attention_mask is None:
         if is_causal and sq > 1 and sk > sq:
@@ -122,7 +131,49 @@ def _pattern(query, key, value, attention_mask, is_causal):
         return True, key, value
     if bool(attention_mask.all()):
         return False, key, value
+    padded = _padded_batch(attention_mask, is_causal)
+    if padded is not None:
+        return padded
     return "the mask has padding or a pattern other than causal"
+
+
+class _Padded(NamedTuple):
+    """A padded batch: which query rows and keys of each sequence are kept, boolean (batch, seqlen)."""
+
+    q_keep: torch.Tensor
+    k_keep: torch.Tensor
+
+
+def _padded_batch(mask, is_causal):
+    """The kept rows where the mask is exactly each sequence's bottom-right causal
+    (or full) attention of its kept query rows to its kept keys; else None."""
+    if mask.shape[1] != 1:
+        return None
+    m = mask[:, 0]  # (batch, sq, sk)
+    q_keep, k_keep = m.any(dim=2), m.any(dim=1)
+    n_q, n_k = q_keep.sum(1, keepdim=True), k_keep.sum(1, keepdim=True)
+    q_rank = q_keep.cumsum(1) - 1  # a kept row's index among its sequence's kept rows
+    k_rank = k_keep.cumsum(1) - 1
+    implied = q_keep[:, :, None] & k_keep[:, None, :]
+    if is_causal and m.shape[1] > 1:
+        implied &= k_rank[:, None, :] <= q_rank[:, :, None] + (n_k - n_q)[:, :, None]
+    return _Padded(q_keep, k_keep) if torch.equal(implied, m) else None
+
+
+def _varlen(query, key, value, q_keep, k_keep, causal, scaling):
+    """The padded batch's kept rows, packed, through the serving kernel; padded query rows get zeros."""
+    b, h, sq, d = query.shape
+    q_rows, k_rows = q_keep.reshape(-1).nonzero().squeeze(1), k_keep.reshape(-1).nonzero().squeeze(1)
+    cu = lambda keep: torch.nn.functional.pad(keep.sum(1).cumsum(0), (1, 0)).to(torch.int32)
+    packed = lambda t, rows: t.transpose(1, 2).reshape(-1, t.shape[1], d)[rows]
+    cu_q, cu_k = cu(q_keep), cu(k_keep)
+    out, _ = torch.ops.flash_pipeline.varlen_fwd(
+        packed(query, q_rows), packed(key, k_rows), packed(value, k_rows), cu_q, cu_k, None, None,
+        query.shape[2], key.shape[2], scaling, causal, 0,
+    )
+    full = query.new_zeros((b * sq, h, d))
+    full[q_rows] = out
+    return full.view(b, sq, h, d)
 
 
 def attention_forward(
@@ -156,6 +207,10 @@ def attention_forward(
     bad = _unusable(query, key, value, kwargs)
     if bad is None:
         plan = _pattern(query, key, value, attention_mask, is_causal)
+        if isinstance(plan, _Padded):
+            out = _varlen(query, key, value, *plan, bool(is_causal and query.shape[2] > 1), scaling)
+            _note("varlen")
+            return out, None
         if not isinstance(plan, str):
             causal, k, v = plan
             out, _ = torch.ops.flash_pipeline.fwd(

@@ -302,8 +302,13 @@ def test_transformers_mask_patterns():
     assert fpt._pattern(q, kv, kv, causal, True)[0] is True  # chunked prefill after a cache
     assert fpt._pattern(q, kv, kv, torch.ones(2, 1, 3, 5, dtype=torch.bool), True)[0] is False
     padded = causal.clone()
-    padded[0, :, :, 0] = False  # left padding in sequence 0
-    assert isinstance(fpt._pattern(q, kv, kv, padded, True), str)
+    padded[0, :, :, 0] = False  # left padding in sequence 0: its kept rows, for the serving kernel
+    plan = fpt._pattern(q, kv, kv, padded, True)
+    assert isinstance(plan, fpt._Padded)
+    assert plan.q_keep.tolist() == [[True] * 3] * 2 and plan.k_keep[0].tolist() == [False] + [True] * 4
+    holed = causal.clone()
+    holed[0, :, 2, 1] = False  # one key hidden from one row: no padding explains it
+    assert isinstance(fpt._pattern(q, kv, kv, holed, True), str)
     assert isinstance(fpt._pattern(q, kv, kv, torch.zeros(2, 1, 3, 5), True), str)  # float mask
     # mask None with seqlen_k > seqlen_q > 1: transformers' empty-static-cache prefill, first seqlen_q keys
     causal_flag, k, v = fpt._pattern(q, kv, kv, None, True)

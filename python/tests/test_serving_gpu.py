@@ -44,12 +44,14 @@ def paged(seqs_k, seqs_v, page_size, gen):
     return k_cache, v_cache, table.to(DEV)
 
 
-def check_sequences(out, lse, qs, ks, vs, causal, lse_of):
+def check_sequences(out_of, lse_of, qs, ks, vs, causal):
+    """Sequence i's rows of out (seqlen, nheads, headdim) and of the LSE (nheads, seqlen)
+    against the reference on its own q, k, v."""
     for i, (q, k, v) in enumerate(zip(qs, ks, vs)):
         if q.shape[0] == 0:
             continue
         ref_out, ref_lse = reference(q[None], k[None], v[None], causal)
-        got_out, got_lse = out(i), lse_of(i)
+        got_out, got_lse = out_of(i), lse_of(i)
         torch.testing.assert_close(got_out.double(), ref_out[0], **TOL[q.dtype])
         torch.testing.assert_close(got_lse.double(), ref_lse[0], **LSE_TOL)
 
@@ -69,7 +71,7 @@ def test_varlen_packed(dtype, d, causal, heads):
                                             max(lens_k), causal=causal, return_attn_probs=True)
     assert out.shape == (sum(lens_q), h, d) and lse.shape == (h, sum(lens_q))
     c = cq.tolist()
-    check_sequences(out, lse, qs, ks, vs, causal, lambda i: lse[:, c[i]:c[i + 1]])
+    check_sequences(lambda i: out[c[i]:c[i + 1]], lambda i: lse[:, c[i]:c[i + 1]], qs, ks, vs, causal)
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 100])
@@ -85,7 +87,7 @@ def test_varlen_paged(page_size):
     out, lse, _ = fa.flash_attn_varlen_func(torch.cat(qs), k_cache, v_cache, cq, ck, max(lens_q), max(lens_k),
                                             causal=True, return_attn_probs=True, block_table=table)
     c = cq.tolist()
-    check_sequences(out, lse, qs, ks, vs, True, lambda i: lse[:, c[i]:c[i + 1]])
+    check_sequences(lambda i: out[c[i]:c[i + 1]], lambda i: lse[:, c[i]:c[i + 1]], qs, ks, vs, True)
 
 
 @pytest.mark.parametrize("page_size", [None, 16, 256])
@@ -115,7 +117,7 @@ def test_kvcache_appends_then_attends(page_size, seqlen_q):
     out, lse = fa.flash_attn_with_kvcache(q, k_cache, v_cache, new_k, new_v, cache_seqlens=seqlens,
                                           block_table=table, causal=True, num_splits=3, return_softmax_lse=True)
     assert out.shape == q.shape and lse.shape == (b, h, seqlen_q)
-    check_sequences(out, lse, list(q), ks, vs, True, lambda i: lse[i].transpose(0, 1))
+    check_sequences(lambda i: out[i], lambda i: lse[i], list(q), ks, vs, True)
     # The appended keys are in the cache.
     for i, n in enumerate(cached):
         for j in range(seqlen_q):
