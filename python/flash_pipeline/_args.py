@@ -134,14 +134,15 @@ def check_index(name: str, m: Optional[Meta], device: str, rank: int = 1) -> Non
         raise ValueError(f"{name} is on {m.device} but q is on {device}; they must be on one CUDA device")
     if len(m.shape) != rank:
         raise ValueError(f"{name} has shape {tuple(m.shape)}; it must be {rank}-D")
-    if rank == 1 and m.stride[0] != 1:
+    if rank == 1 and m.stride[0] != 1 and m.shape[0] > 1:
         raise ValueError(f"{name} has stride {m.stride[0]}; it must be contiguous (use .contiguous())")
-    if rank == 2 and m.stride[1] != 1:
+    if rank == 2 and m.stride[1] != 1 and m.shape[1] > 1:
         raise ValueError(f"{name} rows are not contiguous (stride {m.stride[1]}); use .contiguous()")
 
 
-def check_serving(q: Meta, k: Meta, v: Meta, packed_q: bool, packed_k: bool) -> None:
-    """The rules the tensors of a serving call share: one device and dtype, k and v alike."""
+def check_serving(q: Meta, k: Meta, v: Meta, head_dims: Sequence[int] = DEFAULT_HEAD_DIMS) -> None:
+    """The rules the tensors of a serving call share: one device and dtype, k and v alike,
+    a supported head dim, q heads a multiple of k heads."""
     for name, m in (("k", k), ("v", v)):
         if m.device != q.device:
             raise ValueError(f"{name} is on {m.device} but q is on {q.device}; they must be on one CUDA device")
@@ -151,6 +152,108 @@ def check_serving(q: Meta, k: Meta, v: Meta, packed_q: bool, packed_k: bool) -> 
         raise ValueError(f"k shape {tuple(k.shape)} differs from v shape {tuple(v.shape)}; they must be equal")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"k head dim is {k.shape[-1]} but q head dim is {q.shape[-1]}; they must be equal")
+    if q.shape[-1] not in tuple(head_dims):
+        raise ValueError(f"q head dim is {q.shape[-1]}; the kernels support head dims {sorted(head_dims)}")
     h, hk = q.shape[-2], k.shape[-2]
     if hk < 1 or h % hk != 0:
         raise ValueError(f"q has {h} heads and k has {hk}; q heads must be a multiple of kv heads (GQA/MQA)")
+
+
+def serving_seqs(
+    q: Meta,
+    k: Meta,
+    cu_seqlens_q: Optional[Meta],
+    cu_seqlens_k: Optional[Meta],
+    seqused_k: Optional[Meta],
+    block_table: Optional[Meta],
+) -> int:
+    """The sequences of a serving call (cu_seqlens_q's length - 1 when q is packed, else q's
+    batch), checked against every array with an entry per sequence and against k's layout.
+    The index tensors' ranks are checked first (:func:`check_index`)."""
+    if cu_seqlens_q is not None:
+        if cu_seqlens_q.shape[0] < 1:
+            raise ValueError("cu_seqlens_q is empty; it holds batch + 1 offsets into q's rows, from 0")
+        seqs = cu_seqlens_q.shape[0] - 1
+        what = f"cu_seqlens_q holds {seqs + 1} offsets ({seqs} sequences)"
+    else:
+        seqs = q.shape[0]
+        what = f"q has batch {seqs}"
+    if cu_seqlens_k is not None and cu_seqlens_k.shape[0] != seqs + 1:
+        raise ValueError(f"cu_seqlens_k holds {cu_seqlens_k.shape[0]} offsets but {what}; it must hold {seqs + 1}")
+    if seqused_k is not None and seqused_k.shape[0] != seqs:
+        raise ValueError(f"seqused_k holds {seqused_k.shape[0]} lengths but {what}; it must hold {seqs}")
+    if block_table is not None:
+        if cu_seqlens_k is not None:
+            raise ValueError(
+                "block_table and cu_seqlens_k are both given: paged k and v take each sequence's length from "
+                "seqused_k; pass cu_seqlens_k=None"
+            )
+        if block_table.shape[0] != seqs:
+            raise ValueError(f"block_table has {block_table.shape[0]} rows but {what}; it needs one per sequence")
+        if block_table.shape[1] < 1 or k.shape[0] < 1 or k.shape[1] < 1:
+            raise ValueError(
+                f"paged k has shape {tuple(k.shape)} and block_table {tuple(block_table.shape)}: pages, "
+                "page size and page slots must all be at least 1"
+            )
+    elif cu_seqlens_k is None and k.shape[0] != seqs:
+        raise ValueError(
+            f"k has batch {k.shape[0]} but {what}; without cu_seqlens_k or block_table, k holds one sequence "
+            "per batch entry"
+        )
+    return seqs
+
+
+def check_counts(**counts: int) -> None:
+    """max_seqlen_q, max_seqlen_k, num_splits: whole numbers from 0 (num_splits 0: the planner's)."""
+    for name, n in counts.items():
+        if n < 0:
+            raise ValueError(f"{name}={n}; it must be 0 or more")
+
+
+def check_new_keys(q: Meta, k_cache: Meta, k: Meta, v: Meta) -> None:
+    """k and v that flash_attn_with_kvcache appends: (batch, seqlen_new, nheads_k, headdim)
+    with q's batch and the cache's heads, head dim, dtype and device."""
+    for name, m in (("k", k), ("v", v)):
+        if len(m.shape) != 4:
+            raise ValueError(
+                f"{name} has {len(m.shape)} dims {tuple(m.shape)}; it must be 4-D (batch, seqlen_new, nheads_k, headdim)"
+            )
+        if m.dtype != k_cache.dtype or m.device != k_cache.device:
+            raise ValueError(
+                f"{name} is {m.dtype} on {m.device} but k_cache is {k_cache.dtype} on {k_cache.device}; they must match"
+            )
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k shape {tuple(k.shape)} differs from v shape {tuple(v.shape)}; they must be equal")
+    if len(k_cache.shape) != 4 or k.shape[0] != q.shape[0] or tuple(k.shape[2:]) != tuple(k_cache.shape[2:]):
+        raise ValueError(
+            f"k has shape {tuple(k.shape)}; the appended keys must be (batch {q.shape[0]}, seqlen_new, "
+            f"{', '.join(map(str, k_cache.shape[2:]))}): q's batch, k_cache's heads and head dim"
+        )
+
+
+def check_append(
+    cache_seqlens: Sequence[int],
+    seqlen_new: int,
+    capacity: int,
+    block_table: Optional[Sequence[Sequence[int]]] = None,
+    page_size: int = 1,
+    num_pages: int = 0,
+) -> None:
+    """The host check (FLASH_PIPELINE_VALIDATE=1) of where flash_attn_with_kvcache appends:
+    each sequence's positions cache_seqlens[b] .. + seqlen_new - 1 lie in its `capacity` slots
+    and, when paged, on pages 0..num_pages - 1 of the cache."""
+    for b, start in enumerate(cache_seqlens):
+        if start < 0 or start + seqlen_new > capacity:
+            raise ValueError(
+                f"cache_seqlens[{b}] = {start}: appending {seqlen_new} keys writes positions {start}.."
+                f"{start + seqlen_new - 1}, and a sequence's cache holds positions 0..{capacity - 1}"
+            )
+        if block_table is None or seqlen_new == 0:
+            continue
+        for slot in range(start // page_size, (start + seqlen_new - 1) // page_size + 1):
+            page = block_table[b][slot]
+            if not 0 <= page < num_pages:
+                raise ValueError(
+                    f"block_table[{b}][{slot}] = {page}: sequence {b}'s appended keys go on it, and the cache "
+                    f"has pages 0..{num_pages - 1}"
+                )

@@ -151,15 +151,60 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------- serving --
+#
+# ``torch.ops.flash_pipeline.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+# block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, num_splits) -> (out, lse)``
+# is the one op under flash_attn_varlen_func and flash_attn_with_kvcache: the
+# kernel-ffi serving call (``Attention::forward_varlen_on``) on the current
+# stream, as opaque to Dynamo as ``fwd`` and with a fake implementation.
 
 
-def _validate_indices() -> bool:
-    """``FLASH_PIPELINE_VALIDATE=1`` checks every offset, length and page on the host first."""
+def validate_indices() -> bool:
+    """``FLASH_PIPELINE_VALIDATE=1``: check every offset, length and page on the host first
+    (a synchronising copy; not while capturing a CUDA graph)."""
     return os.environ.get("FLASH_PIPELINE_VALIDATE", "") not in ("", "0")
 
 
+def _index_meta(name: str, t) -> Optional[_args.Meta]:
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be an int32 torch.Tensor or None, not {type(t).__name__}")
+    return _meta(t)
+
+
+def check_index(name: str, t, q: torch.Tensor, rank: int = 1) -> None:
+    """An int32 index tensor of the call: on q's device, `rank`-D, its last dim contiguous."""
+    _args.check_index(name, _index_meta(name, t), str(q.device), rank)
+
+
+def _serving_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k,
+                    num_splits):
+    """Checks a serving call before anything runs; returns q, k, v (head-dim stride 1), their
+    [batch, heads, seq, head_dim] views and the number of sequences."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    # As fwd: only the head-dim stride must be 1.
+    q, k, v = (t.contiguous() if t.dim() >= 3 and t.stride(-1) != 1 else t for t in (q, k, v))
+    mq, mk, mv = _meta(q), _meta(k), _meta(v)
+    views = (_args.serving_view("q", mq, cu_seqlens_q is not None),
+             _args.serving_view("k", mk, cu_seqlens_k is not None),
+             _args.serving_view("v", mv, cu_seqlens_k is not None))
+    _args.check_serving(mq, mk, mv, head_dims())
+    index = {}
+    for name, t, rank in (("cu_seqlens_q", cu_seqlens_q, 1), ("cu_seqlens_k", cu_seqlens_k, 1),
+                          ("seqused_k", seqused_k, 1), ("block_table", block_table, 2)):
+        index[name] = _index_meta(name, t)
+        _args.check_index(name, index[name], mq.device, rank)
+    seqs = _args.serving_seqs(mq, mk, **index)
+    _args.check_counts(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, num_splits=num_splits)
+    return q, k, v, views, seqs
+
+
 def _serving_outputs(q: torch.Tensor, packed_q: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """out in q's shape; lse (nheads, total_q) packed, else (batch, nheads, seqlen_q), float32."""
+    """out in q's shape; lse (nheads, total_q) packed, else (batch, nheads, seqlen_q), float32:
+    the kernel's [batch, heads, rows], and FlashAttention's layouts."""
     out = q.new_empty(q.shape)
     if packed_q:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
@@ -168,22 +213,9 @@ def _serving_outputs(q: torch.Tensor, packed_q: bool) -> Tuple[torch.Tensor, tor
     return out, lse
 
 
-def _serving_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
-    packed_q, packed_k = cu_seqlens_q is not None, cu_seqlens_k is not None
-    q, k, v = (t.contiguous() if t.dim() >= 3 and t.stride(-1) != 1 else t for t in (q, k, v))
-    mq, mk, mv = _meta(q), _meta(k), _meta(v)
-    views = (_args.serving_view("q", mq, packed_q), _args.serving_view("k", mk, packed_k),
-             _args.serving_view("v", mv, packed_k))
-    _args.check_serving(mq, mk, mv, packed_q, packed_k)
-    if q.shape[-1] not in head_dims():
-        raise ValueError(f"q head dim is {q.shape[-1]}; the kernels support head dims {sorted(head_dims())}")
-    for name, t, rank in (("cu_seqlens_q", cu_seqlens_q, 1), ("cu_seqlens_k", cu_seqlens_k, 1),
-                          ("seqused_k", seqused_k, 1), ("block_table", block_table, 2)):
-        _args.check_index(name, None if t is None else _meta(t), mq.device, rank)
-    return q, k, v, views
+def _array(t: Optional[torch.Tensor]) -> Tuple[int, int]:
+    """(device address, elements) of an index tensor; (0, 0) for none."""
+    return (0, 0) if t is None else (t.data_ptr(), t.numel() if t.dim() == 1 else _extent(t))
 
 
 @torch.library.custom_op("flash_pipeline::varlen_fwd", mutates_args=())
@@ -201,26 +233,27 @@ def varlen_fwd(
     causal: bool,
     num_splits: int,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """A serving call: q packed (total_q, nheads, headdim) with cu_seqlens_q or
-    dense (batch, seqlen_q, nheads, headdim); k and v packed with cu_seqlens_k,
-    paged (num_pages, page_size, nheads_k, headdim) with block_table, or dense;
-    seqused_k the keys each sequence uses. Returns (out in q's shape, lse)."""
-    q, k, v, (qv, kv, vv) = _serving_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
+    """A serving call: q packed (total_q, nheads, headdim) with cu_seqlens_q or dense
+    (batch, seqlen_q, nheads, headdim); k and v packed with cu_seqlens_k, paged
+    (num_pages, page_size, nheads_k, headdim) with block_table, or dense; seqused_k the keys
+    each sequence uses; num_splits 0 lets the planner choose. Returns (out in q's shape, lse).
+    Packed rows that no sequence covers are left unwritten (as FlashAttention's)."""
+    q, k, v, (qv, kv, vv), seqs = _serving_inputs(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, num_splits
+    )
     packed_q = cu_seqlens_q is not None
     out, lse = _serving_outputs(q, packed_q)
-    if packed_q:
-        seqs = cu_seqlens_q.shape[0] - 1
-    elif block_table is not None:
-        seqs = block_table.shape[0]
-    else:
-        seqs = q.shape[0]
-    if out.numel() == 0 or seqs <= 0:
+    if out.numel() == 0 or seqs == 0:  # nothing to compute
         return out, lse
+    if k.numel() == 0:  # no keys at all (paged k has pages, checked above): every row sees nothing
+        return out.zero_(), lse.fill_(float("-inf"))
     device = q.device
-    arr = lambda t: (0, 0) if t is None else (t.data_ptr(), t.numel())
     ov = _args.serving_view("out", _meta(out), packed_q)
-    table = (0, 0, 0, 0) if block_table is None else (
-        block_table.data_ptr(), _extent(block_table), block_table.shape[1], block_table.stride(0))
+    table = (0, 0, 0, 0)
+    if block_table is not None:
+        # A size-1 dim's stride is arbitrary in torch: one row's stride is its width.
+        stride = block_table.stride(0) if block_table.shape[0] > 1 else block_table.shape[1]
+        table = (*_array(block_table), block_table.shape[1], stride)
     with torch.cuda.device(device):
         _ext().forward_varlen(
             (q.data_ptr(), *qv, _extent(q)),
@@ -228,10 +261,10 @@ def varlen_fwd(
             (v.data_ptr(), *vv, _extent(v)),
             (out.data_ptr(), *ov, _extent(out)),
             (lse.data_ptr(), lse.numel()),
-            _args.DTYPES[str(q.dtype).replace("torch.", "")],
-            arr(cu_seqlens_q),
-            arr(cu_seqlens_k),
-            arr(seqused_k),
+            _args.DTYPES[_meta(q).dtype],
+            _array(cu_seqlens_q),
+            _array(cu_seqlens_k),
+            _array(seqused_k),
             table,
             seqs,
             int(max_seqlen_q),
@@ -239,7 +272,7 @@ def varlen_fwd(
             bool(causal),
             None if softmax_scale is None else float(softmax_scale),
             int(num_splits),
-            _validate_indices(),
+            validate_indices(),
             device.index,
             torch.cuda.current_stream(device).cuda_stream,
             kernel_dir(),
@@ -250,7 +283,9 @@ def varlen_fwd(
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
       num_splits):
-    q, k, v, _ = _serving_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
+    q, *_ = _serving_inputs(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, num_splits
+    )
     return _serving_outputs(q, cu_seqlens_q is not None)
 
 

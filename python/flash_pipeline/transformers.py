@@ -27,14 +27,15 @@ How each call runs:
   sdpa does; otherwise the kernel's bottom-right causal mask is the KV-cache one.
 * mask given: it is compared (on the GPU, one synchronisation) with the
   bottom-right causal mask and with all-True; if it is one of them (e.g. a
-  chunked prefill after a KV cache) our kernel runs. A padded batch (left or
-  right padding, in prefill and in every generation step after it) is one
+  chunked prefill after a KV cache) our kernel runs. A left-padded batch (in
+  prefill and in every generation step after it) is one
   whose mask equals, per sequence, bottom-right causal attention of its
   unpadded queries to its unpadded keys: its queries, keys and values are
   gathered into packed rows (a copy per call, as FlashAttention's transformers
   integration does) and run by the serving kernel
   (``flash_attn_varlen_func``), the padded query rows getting zeros. Any other
-  mask (packed sequences, a sliding window that cuts, static-cache slots)
+  mask (right padding, whose padded queries still see keys; packed
+  sequences, a sliding window that cuts, static-cache slots)
   falls back to transformers' ``sdpa_attention_forward`` with the mask.
   While compiling (``torch.compile``) or capturing a CUDA graph a given mask is
   not inspected: those calls fall back to SDPA.
