@@ -150,15 +150,14 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
     fa::flash_fwd<T, D, CAUSAL, MT, KG>(p);                                                                           \
   }
 // The serving entries: flash_fwd_varlen_<dtype>_d<D>[_causal].
-#define FA_VARLEN_ENTRY(T, D, CAUSAL, NAME)                                                       \
-  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, 1, 1>::kThreads, 1)               \
-      NAME(const fa::VarlenParams p) {                                                            \
-    fa::flash_fwd_varlen<T, D, CAUSAL>(p);                                                        \
+#define FA_VARLEN_ENTRY(T, D, CAUSAL, NAME)                                                                          \
+  extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, 1, 1>::kThreads, 1) NAME(const fa::VarlenParams p) { \
+    fa::flash_fwd_varlen<T, D, CAUSAL>(p);                                                                           \
   }
-#define FA_VARLEN_ENTRIES(T, DT)                                     \
-  FA_VARLEN_ENTRY(T, 64, false, flash_fwd_varlen_##DT##_d64)         \
-  FA_VARLEN_ENTRY(T, 64, true, flash_fwd_varlen_##DT##_d64_causal)   \
-  FA_VARLEN_ENTRY(T, 128, false, flash_fwd_varlen_##DT##_d128)       \
+#define FA_VARLEN_ENTRIES(T, DT)                                   \
+  FA_VARLEN_ENTRY(T, 64, false, flash_fwd_varlen_##DT##_d64)       \
+  FA_VARLEN_ENTRY(T, 64, true, flash_fwd_varlen_##DT##_d64_causal) \
+  FA_VARLEN_ENTRY(T, 128, false, flash_fwd_varlen_##DT##_d128)     \
   FA_VARLEN_ENTRY(T, 128, true, flash_fwd_varlen_##DT##_d128_causal)
 // Every forward entry of one dtype: two 16-row tiles per warp, or one (`_m64`,
 // for problems that would not fill the GPU), or one with two key groups (`_kg2`,

@@ -71,9 +71,7 @@ struct VarlenKeyRange {
 
   __device__ __forceinline__ VarlenKeyRange(const FlashParams& p, const SeqParams& sp,
                                             const VarlenBlock<BM, CAUSAL>& blk)
-      : diag(blk.info.diag()),
-        begin(blk.split * p.keys_per_split),
-        end(min(blk.info.k_len, begin + p.keys_per_split)) {
+      : diag(blk.info.diag()), begin(blk.split * p.keys_per_split), end(min(blk.info.k_len, begin + p.keys_per_split)) {
     if (CAUSAL && blk.m0 < blk.rows) end = min(end, blk.token(min(blk.m0 + BM, blk.rows) - 1, sp) + diag + 1);
   }
 };

@@ -14,12 +14,12 @@ namespace fa {
 __device__ __forceinline__ int clamp_to(int x, int lo, int hi) { return min(max(x, lo), hi); }
 
 struct SeqInfo {
-  int q_batch;  // q and out's batch index
-  int q_row0;   // the sequence's first row in it
-  int q_len;    // its rows, at most max_seqlen_q
-  int k_batch;  // k and v's batch index (not paged)
-  int k_row0;   // the sequence's first key in it (not paged)
-  int k_len;    // keys it uses
+  int q_batch;           // q and out's batch index
+  int q_row0;            // the sequence's first row in it
+  int q_len;             // its rows, at most max_seqlen_q
+  int k_batch;           // k and v's batch index (not paged)
+  int k_row0;            // the sequence's first key in it (not paged)
+  int k_len;             // keys it uses
   const int32_t* pages;  // its block_table row, or null: not paged
 
   __device__ __forceinline__ SeqInfo(const FlashParams& p, const SeqParams& sp, int s) {
