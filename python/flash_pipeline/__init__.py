@@ -177,30 +177,46 @@ def flash_attn_varlen_func(
     """Attention over each sequence of a packed batch, flash-attn 2's ``flash_attn_varlen_func``.
 
     Arguments:
-        q: (total_q, nheads, headdim), sequence i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1].
-        k, v: (total_k, nheads_k, headdim) likewise by cu_seqlens_k; or, with block_table,
+        q: (total_q, nheads, headdim); sequence i's rows are cu_seqlens_q[i]:cu_seqlens_q[i + 1].
+        k, v: (total_k, nheads_k, headdim), split likewise by cu_seqlens_k; or, with block_table,
             a paged cache (num_blocks, page_block_size, nheads_k, headdim) of any page size.
-        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) offsets on q's device.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) offsets on q's device. With block_table
+            cu_seqlens_k only gives the lengths (cu_seqlens_k[i + 1] - cu_seqlens_k[i]), unless
+            seqused_k does; it may then be None.
         max_seqlen_q: the most query rows of a sequence (rows past it are not computed).
         max_seqlen_k: the most keys of a sequence (sizes the key splits).
-        causal: bottom-right aligned per sequence.
+        softmax_scale: scaling of q·kᵀ; default 1 / sqrt(headdim).
+        causal: bottom-right aligned per sequence: with L_q rows and L_k keys, row i sees
+            keys j <= i + L_k - L_q; a row that sees no key gives 0 (lse -inf).
         block_table: int32 (batch, max_num_blocks_per_seq): sequence i's keys lie on pages
-            block_table[i, 0], block_table[i, 1], … in order; its length is seqused_k[i], else
-            cu_seqlens_k[i + 1] - cu_seqlens_k[i].
-        seqused_k: int32 (batch,): keys each sequence uses, at most what it has.
+            block_table[i, 0], block_table[i, 1], … in order (pages may be shared).
+        seqused_k: int32 (batch,), keyword-only: keys each sequence uses, at most what it has.
         dropout_p, window_size, softcap, alibi_slopes: as flash_attn_func (only their off values).
+        deterministic: accepted and ignored (the forward is deterministic).
         return_attn_probs: also return the log-sum-exp, float32 (nheads, total_q).
     Return: out (total_q, nheads, headdim); with return_attn_probs, (out, softmax_lse, None).
+    Rows of q that no sequence covers are left unwritten, as flash-attn's.
 
     Offsets, lengths and pages are read on the GPU: bad ones give wrong rows, never a
     fault; FLASH_PIPELINE_VALIDATE=1 checks them on the host first (a synchronisation).
     """
     _check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     _check_no_grad(q, k, v)
+    ops.check_index_types(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, block_table=block_table,
+                          seqused_k=seqused_k)
+    if cu_seqlens_q is None:
+        raise ValueError("cu_seqlens_q is None; q is packed (total_q, nheads, headdim) and needs its offsets")
+    if block_table is None:
+        if cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_k is None; without block_table, k and v are packed and need their offsets")
+    elif seqused_k is None:
+        if cu_seqlens_k is None:
+            raise ValueError("block_table needs each sequence's key count: pass cu_seqlens_k or seqused_k")
+        # kernel-ffi takes paged lengths from seqused_k, never offsets: derive them on the GPU.
+        if not torch.compiler.is_compiling():  # while tracing, the op's fake implementation checks
+            ops.check_index("cu_seqlens_k", cu_seqlens_k, q)
+        seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     if block_table is not None:
-        # Paged keys take their lengths from seqused_k, not from offsets into k.
-        if seqused_k is None:
-            seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
         cu_seqlens_k = None
     out, softmax_lse = torch.ops.flash_pipeline.varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, softmax_scale,
@@ -210,19 +226,23 @@ def flash_attn_varlen_func(
 
 
 def _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table):
-    """Writes k and v (batch, seqlen_new, nheads_k, headdim) into the caches at each
-    sequence's positions cache_seqlens[b] …, through the block table when paged."""
+    """Writes k and v (batch, seqlen_new, nheads_k, headdim) into the caches in place at each
+    sequence's positions cache_seqlens[b] … (through block_table when paged), by torch
+    indexing ops. A position outside the cache becomes an index past its end, so that torch's
+    bounds check fails on it (a device-side assert) rather than a negative index wrapping."""
     b, n = k.shape[0], k.shape[1]
     pos = cache_seqlens.long()[:, None] + torch.arange(n, device=k.device)[None, :]  # (batch, seqlen_new)
     if block_table is None:
         rows = torch.arange(b, device=k.device)[:, None].expand(b, n)
-        k_cache[rows, pos] = k
-        v_cache[rows, pos] = v
+        index = (rows, pos.masked_fill(pos < 0, k_cache.shape[1]))
     else:
-        page_size = k_cache.shape[1]
-        pages = torch.gather(block_table.long(), 1, pos // page_size)
-        k_cache[pages, pos % page_size] = k
-        v_cache[pages, pos % page_size] = v
+        page_size, slots = k_cache.shape[1], block_table.shape[1]
+        slot = pos.div(page_size, rounding_mode="floor")
+        page = block_table.long().gather(1, slot.clamp(0, slots - 1))
+        outside = (slot < 0) | (slot >= slots) | (page < 0)
+        index = (page.masked_fill(outside, k_cache.shape[0]), pos.remainder(page_size))
+    k_cache.index_put_(index, k)
+    v_cache.index_put_(index, v)
 
 
 def flash_attn_with_kvcache(
@@ -250,18 +270,27 @@ def flash_attn_with_kvcache(
 
     Arguments:
         q: (batch, seqlen_q, nheads, headdim): decode (seqlen_q 1) or a chunk of rows.
-        k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table
-            (num_blocks, page_block_size, nheads_k, headdim), any page size.
-        k, v: optional (batch, seqlen_new, nheads_k, headdim) appended to the cache at
-            cache_seqlens before attending (in place, by torch indexing ops: not fused).
-        cache_seqlens: int or int32 (batch,): keys in the cache per sequence (default: all).
-        block_table: int32 (batch, max_num_blocks_per_seq).
+        k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim) with batch_cache >= batch
+            (the first batch entries are used), or with block_table a paged cache
+            (num_blocks, page_block_size, nheads_k, headdim) of any page size.
+        k, v: optional (batch, seqlen_new, nheads_k, headdim), written into the caches in place
+            at positions cache_seqlens[b] … before attending, which then sees
+            cache_seqlens + seqlen_new keys. The append runs as torch indexing ops (not fused
+            into the kernel); every position must lie in the cache (FLASH_PIPELINE_VALIDATE=1
+            checks that on the host, else torch's bounds check fails on the device).
+        cache_seqlens: int, or int32 (batch,): keys in the cache per sequence (default: all
+            seqlen_cache, or every slot of the sequence's block_table row when paged).
+        block_table: int32 (batch, max_num_blocks_per_seq): sequence b's keys lie on pages
+            block_table[b, 0], block_table[b, 1], … in order.
+        softmax_scale: scaling of q·kᵀ; default 1 / sqrt(headdim).
         causal: bottom-right aligned: query row i of a sequence with L keys sees keys
             j <= L - seqlen_q + i.
         num_splits: key splits; 0 lets the planner choose.
         return_softmax_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q).
-    Not supported yet (NotImplementedError): rotary_cos/rotary_sin, cache_batch_idx,
-    cache_leftpad, window_size, softcap, alibi_slopes.
+    Return: out (batch, seqlen_q, nheads, headdim); with return_softmax_lse, (out, softmax_lse).
+
+    Not supported yet (NotImplementedError): rotary_cos/rotary_sin (rotary_interleaved is
+    then unused), cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes.
     """
     _check_unsupported(0.0, window_size, softcap, alibi_slopes)
     for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
@@ -269,25 +298,41 @@ def flash_attn_with_kvcache(
         if value is not None:
             raise NotImplementedError(f"{name}: not supported yet; pass {name}=None")
     _check_no_grad(q, k_cache, v_cache, k, v)
+    if not isinstance(cache_seqlens, int):
+        ops.check_index_types(cache_seqlens=cache_seqlens, block_table=block_table)
     if (k is None) != (v is None):
         raise ValueError("k and v are appended together: pass both or neither")
-    batch = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 4 else 0
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} has {t.dim()} dims {tuple(t.shape)}; it must be 4-D (batch, seqlen, nheads, headdim)"
+            )
+    batch = q.shape[0]
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if not torch.compiler.is_compiling():  # while tracing, the op's fake implementation checks
+        # The op would name cache_seqlens seqused_k.
+        ops.check_index("cache_seqlens", cache_seqlens, q)
+        if cache_seqlens is not None and cache_seqlens.shape[0] != batch:
+            raise ValueError(f"cache_seqlens holds {cache_seqlens.shape[0]} lengths but q has batch {batch}; "
+                             f"it must hold {batch}")
+        ops.check_index("block_table", block_table, q, rank=2)
+    if block_table is None:
+        k_cache, v_cache = k_cache[:batch], v_cache[:batch]  # views: the append still lands in the caches
+        max_seqlen_k = k_cache.shape[1]
+    else:
+        max_seqlen_k = block_table.shape[1] * k_cache.shape[1]
     if k is not None:
         if cache_seqlens is None:
-            raise ValueError("appending k and v needs cache_seqlens: where each sequence's new keys go")
-        if cache_seqlens.dtype != torch.int32:
-            raise ValueError(f"cache_seqlens dtype is {cache_seqlens.dtype}; it must be int32 (use .int())")
+            raise ValueError("k and v are appended at cache_seqlens: pass cache_seqlens (where each sequence ends)")
+        if not torch.compiler.is_compiling():  # while tracing, the op's fake implementation checks
+            ops.check_append(q, k_cache, v_cache, k, v, cache_seqlens, block_table, max_seqlen_k, num_splits)
         _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
         cache_seqlens = cache_seqlens + k.shape[1]
-    if block_table is not None:
-        max_seqlen_k = block_table.shape[1] * k_cache.shape[1]
-    else:
-        max_seqlen_k = k_cache.shape[1]
     out, softmax_lse = torch.ops.flash_pipeline.varlen_fwd(
         q, k_cache, v_cache, None, None, cache_seqlens, block_table, q.shape[1], max_seqlen_k, softmax_scale, causal,
-        int(num_splits)
+        num_splits
     )
     return (out, softmax_lse) if return_softmax_lse else out
-

@@ -1,4 +1,4 @@
-"""The rules for calling ``flash_pipeline._C.forward``, written without torch.
+"""The rules for calling ``flash_pipeline._C.forward`` and ``forward_varlen``, written without torch.
 
 Tensors are described by :class:`Meta` (shape, element strides, dtype name,
 device string), so the checks and the argument tuple can be tested where
@@ -216,7 +216,8 @@ def check_new_keys(q: Meta, k_cache: Meta, k: Meta, v: Meta) -> None:
     for name, m in (("k", k), ("v", v)):
         if len(m.shape) != 4:
             raise ValueError(
-                f"{name} has {len(m.shape)} dims {tuple(m.shape)}; it must be 4-D (batch, seqlen_new, nheads_k, headdim)"
+                f"{name} has {len(m.shape)} dims {tuple(m.shape)}; "
+                "it must be 4-D (batch, seqlen_new, nheads_k, headdim)"
             )
         if m.dtype != k_cache.dtype or m.device != k_cache.device:
             raise ValueError(

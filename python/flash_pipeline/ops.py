@@ -165,12 +165,16 @@ def validate_indices() -> bool:
     return os.environ.get("FLASH_PIPELINE_VALIDATE", "") not in ("", "0")
 
 
+def check_index_types(**tensors) -> None:
+    """Index arguments are int32 tensors or None: a TypeError naming the one that is not."""
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be an int32 torch.Tensor, not {type(t).__name__}")
+
+
 def _index_meta(name: str, t) -> Optional[_args.Meta]:
-    if t is None:
-        return None
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be an int32 torch.Tensor or None, not {type(t).__name__}")
-    return _meta(t)
+    check_index_types(**{name: t})
+    return None if t is None else _meta(t)
 
 
 def check_index(name: str, t, q: torch.Tensor, rank: int = 1) -> None:
@@ -216,6 +220,19 @@ def _serving_outputs(q: torch.Tensor, packed_q: bool) -> Tuple[torch.Tensor, tor
 def _array(t: Optional[torch.Tensor]) -> Tuple[int, int]:
     """(device address, elements) of an index tensor; (0, 0) for none."""
     return (0, 0) if t is None else (t.data_ptr(), t.numel() if t.dim() == 1 else _extent(t))
+
+
+def check_append(q, k_cache, v_cache, k, v, cache_seqlens, block_table, max_seqlen_k, num_splits) -> None:
+    """Every rule of flash_attn_with_kvcache's call and of its append, checked before the caches
+    change; with FLASH_PIPELINE_VALIDATE=1 also where each appended key goes (host copies)."""
+    _serving_inputs(q, k_cache, v_cache, None, None, cache_seqlens, block_table, q.shape[1], max_seqlen_k, num_splits)
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    _args.check_new_keys(_meta(q), _meta(k_cache), _meta(k), _meta(v))
+    if validate_indices():
+        table = None if block_table is None else block_table.tolist()
+        _args.check_append(cache_seqlens.tolist(), k.shape[1], max_seqlen_k, table, k_cache.shape[1], k_cache.shape[0])
 
 
 @torch.library.custom_op("flash_pipeline::varlen_fwd", mutates_args=())

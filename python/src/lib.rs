@@ -110,8 +110,10 @@ type IntArg = (u64, usize);
 /// dense [seqs, H, Sq, D] or packed [1, H, total_q, D] (with `cu_seqlens_q`),
 /// k and v dense, packed (with `cu_seqlens_k`) or paged [pages, Hkv,
 /// page_size, D] (with `block_table` = (address, length, max_pages, stride)).
-/// `num_splits` 0 lets the planner choose; `validate` checks the arrays on the
-/// host first (a synchronising copy).
+/// `lse` (address 0: none) gets fp32 [batch, H, rows] of q's view. An int32
+/// array whose address is 0 is absent. `num_splits` 0 lets the planner
+/// choose; `validate` checks the arrays on the host first (a synchronising
+/// copy).
 #[pyfunction]
 #[pyo3(signature = (q, k, v, out, lse, dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, seqs, max_seqlen_q, max_seqlen_k, causal, scale, num_splits, validate, device, stream, kernel_dir))]
 #[allow(clippy::too_many_arguments)]

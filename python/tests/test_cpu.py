@@ -111,7 +111,7 @@ def test_forward_args_rejects_head_dim_stride_and_bad_out():
         A.forward_args(k, k, k, meta((1, 4, 2, 64), "bfloat16"), **common)
 
 
-# ---------------------------------------------------------------- with torch, no GPU
+# ---------------------------------------------------------------- serving rules, without torch
 
 
 def test_serving_views_map_flash_attention_layouts():
@@ -123,53 +123,100 @@ def test_serving_views_map_flash_attention_layouts():
         A.serving_view("q", meta((1, 10, 4, 64)), True)
     with pytest.raises(ValueError, match="head-dim stride is 2"):
         A.serving_view("k", meta((7, 16, 2, 64), stride=(4096, 256, 128, 2)), False)
+    with pytest.raises(ValueError, match="q is on cpu"):
+        A.serving_view("q", meta((10, 4, 64), device="cpu"), True)
+    with pytest.raises(ValueError, match="k dtype is float32"):
+        A.serving_view("k", meta((10, 4, 64), "float32"), True)
 
 
 def test_serving_index_rules():
     A.check_index("cu_seqlens_q", meta((5,), "int32"), "cuda:0")
+    A.check_index("seqused_k", meta((1,), "int32", stride=(7,)), "cuda:0")  # one entry: any stride
     for m, match in [
-        (meta((5,), "int64"), "must be int32"),
+        (meta((5,), "int64"), "cu_seqlens_q dtype is int64; it must be int32"),
         (meta((5,), "int32", "cuda:1"), "one CUDA device"),
         (meta((5, 1), "int32"), "must be 1-D"),
         (meta((5,), "int32", stride=(2,)), "contiguous"),
     ]:
         with pytest.raises(ValueError, match=match):
             A.check_index("cu_seqlens_q", m, "cuda:0")
-    A.check_index("block_table", meta((3, 8), "int32"), "cuda:0", rank=2)
-    with pytest.raises(ValueError, match="multiple of kv heads"):
-        A.check_serving(meta((9, 6, 64)), meta((9, 4, 64)), meta((9, 4, 64)), True, True)
+    A.check_index("block_table", meta((3, 8), "int32", stride=(16, 1)), "cuda:0", rank=2)  # a slice of a wider table
+    with pytest.raises(ValueError, match="block_table rows are not contiguous"):
+        A.check_index("block_table", meta((3, 8), "int32", stride=(1, 3)), "cuda:0", rank=2)
 
 
-def test_serving_fake_shapes_and_unsupported_arguments():
-    fa = fp()
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
+@pytest.mark.parametrize(
+    "q, k, match",
+    [
+        (meta((9, 6, 64)), meta((9, 4, 64)), "q has 6 heads and k has 4"),
+        (meta((9, 6, 96)), meta((9, 6, 96)), r"head dim is 96; the kernels support head dims \[64, 128\]"),
+        (meta((9, 6, 64)), meta((9, 6, 128)), "k head dim is 128 but q head dim is 64"),
+        (meta((9, 6, 64)), meta((9, 6, 64), "bfloat16"), "dtypes are float16, bfloat16"),
+        (meta((9, 6, 64)), meta((9, 6, 64), device="cuda:1"), "k is on cuda:1 but q is on cuda:0"),
+    ],
+)
+def test_serving_tensor_rules(q, k, match):
+    with pytest.raises(ValueError, match=match):
+        A.check_serving(q, k, k)
 
-    schema = str(torch.ops.flash_pipeline.varlen_fwd.default._schema)
-    assert schema.startswith("flash_pipeline::varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q")
-    with pytest.raises(NotImplementedError, match="cache_leftpad"):
-        fa.flash_attn_with_kvcache(torch.empty(1, 1, 4, 64), torch.empty(1, 8, 4, 64), torch.empty(1, 8, 4, 64),
-                                   cache_leftpad=torch.zeros(1))
-    with pytest.raises(NotImplementedError, match="window_size"):
-        fa.flash_attn_varlen_func(*([torch.empty(4, 2, 64)] * 3), None, None, 4, 4, window_size=(8, 0))
-    try:
-        with FakeTensorMode():
-            q = torch.empty(11, 8, 128, dtype=torch.bfloat16, device="cuda")
-            k = torch.empty(30, 2, 128, dtype=torch.bfloat16, device="cuda")
-            cu = torch.empty(4, dtype=torch.int32, device="cuda")
-            out, lse = torch.ops.flash_pipeline.varlen_fwd(q, k, k, cu, cu, None, None, 5, 20, None, True, 0)
-            qd = torch.empty(3, 1, 8, 64, dtype=torch.float16, device="cuda")
-            pages = torch.empty(9, 16, 2, 64, dtype=torch.float16, device="cuda")
-            table = torch.empty(3, 3, dtype=torch.int32, device="cuda")
-            lens = torch.empty(3, dtype=torch.int32, device="cuda")
-            out2, lse2 = torch.ops.flash_pipeline.varlen_fwd(qd, pages, pages, None, None, lens, table, 1, 48, None,
-                                                             False, 0)
-    except (RuntimeError, AssertionError) as e:  # torch builds that cannot make fake CUDA tensors
-        if "CUDA" not in str(e) and "cuda" not in str(e):
-            raise
-        pytest.skip(f"fake CUDA tensors unavailable: {e}")
-    assert out.shape == (11, 8, 128) and lse.shape == (8, 11) and lse.dtype == torch.float32
-    assert out2.shape == (3, 1, 8, 64) and lse2.shape == (3, 8, 1)
+
+def test_serving_sequence_count_rules():
+    q, k = meta((20, 8, 64)), meta((30, 2, 64))
+    cu = lambda n: meta((n,), "int32")  # noqa: E731
+    assert A.serving_seqs(q, k, cu(4), cu(4), None, None) == 3
+    assert A.serving_seqs(q, k, cu(1), cu(1), None, None) == 0  # no sequences
+    dense_q, cache = meta((3, 1, 8, 64)), meta((3, 512, 2, 64))
+    assert A.serving_seqs(dense_q, cache, None, None, cu(3), None) == 3
+    pages = meta((9, 16, 2, 64))
+    assert A.serving_seqs(q, pages, cu(4), None, cu(3), meta((3, 5), "int32")) == 3
+    for args, match in [
+        ((q, k, cu(0), cu(1), None, None), "cu_seqlens_q is empty"),
+        ((q, k, cu(4), cu(5), None, None), r"cu_seqlens_k holds 5 offsets but cu_seqlens_q holds 4 .*must hold 4"),
+        ((q, pages, cu(4), None, cu(2), meta((3, 5), "int32")), "seqused_k holds 2 lengths .* it must hold 3"),
+        ((q, pages, cu(4), None, None, meta((2, 5), "int32")), "block_table has 2 rows .* one per sequence"),
+        ((q, pages, cu(4), cu(4), None, meta((3, 5), "int32")), "block_table and cu_seqlens_k are both given"),
+        ((q, meta((9, 0, 2, 64)), cu(4), None, None, meta((3, 5), "int32")), "page size and page slots"),
+        ((q, pages, cu(4), None, None, meta((3, 0), "int32")), "page size and page slots"),
+        ((dense_q, meta((2, 512, 2, 64)), None, None, None, None), "k has batch 2 but q has batch 3"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            A.serving_seqs(*args)
+
+
+def test_serving_counts_and_new_keys():
+    A.check_counts(max_seqlen_q=0, max_seqlen_k=5, num_splits=0)
+    with pytest.raises(ValueError, match="num_splits=-1; it must be 0 or more"):
+        A.check_counts(max_seqlen_q=1, num_splits=-1)
+    q, cache = meta((3, 2, 8, 64)), meta((3, 100, 2, 64))
+    new = meta((3, 2, 2, 64))
+    A.check_new_keys(q, cache, new, new)
+    for k, v, match in [
+        (meta((3, 2, 2)), meta((3, 2, 2)), "k has 3 dims"),
+        (meta((3, 2, 2, 64), "bfloat16"), new, "k is bfloat16 on cuda:0 but k_cache is float16"),
+        (new, meta((3, 3, 2, 64)), "differs from v shape"),
+        (meta((2, 2, 2, 64)), meta((2, 2, 2, 64)), r"batch 3, seqlen_new, 2, 64"),
+        (meta((3, 2, 4, 64)), meta((3, 2, 4, 64)), "k_cache's heads and head dim"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            A.check_new_keys(q, cache, k, v)
+
+
+def test_append_positions_host_check():
+    A.check_append([0, 5, 98], 2, 100)
+    A.check_append([7], 0, 7)  # nothing appended
+    with pytest.raises(ValueError, match=r"cache_seqlens\[2\] = 99: appending 2 keys writes positions 99..100, .*0..99"):
+        A.check_append([0, 5, 99], 2, 100)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = -1"):
+        A.check_append([-1], 1, 100)
+    table = [[4, 2, -1], [0, 1, 3]]  # page size 16, 5 pages
+    A.check_append([31, 40], 1, 48, table, page_size=16, num_pages=5)
+    with pytest.raises(ValueError, match=r"block_table\[0\]\[2\] = -1: sequence 0's appended keys go on it"):
+        A.check_append([31, 40], 2, 48, table, page_size=16, num_pages=5)
+    with pytest.raises(ValueError, match=r"block_table\[1\]\[2\] = 3"):
+        A.check_append([31, 40], 1, 48, table, page_size=16, num_pages=3)
+
+
+# ---------------------------------------------------------------- with torch, no GPU
 
 
 def test_op_schema():
@@ -256,6 +303,170 @@ def test_op_errors_name_value_and_rule():
         torch.ops.flash_pipeline.fwd(x, x, x, None, False)
     with pytest.raises(ValueError, match="q has 3 dims"):
         torch.ops.flash_pipeline.fwd(x[0], x, x, None, False)
+
+
+def fake_cuda():
+    """FakeTensorMode for CUDA-shaped fake tensors (skips on torch builds that cannot make them)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    try:
+        with mode:
+            torch.empty(1, device="cuda")
+    except (RuntimeError, AssertionError) as e:
+        pytest.skip(f"fake CUDA tensors unavailable: {e}")
+    return mode
+
+
+def test_serving_op_schema():
+    fp()
+    import torch
+
+    schema = str(torch.ops.flash_pipeline.varlen_fwd.default._schema)
+    assert schema == (
+        "flash_pipeline::varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+        "Tensor? seqused_k, Tensor? block_table, SymInt max_seqlen_q, SymInt max_seqlen_k, float? softmax_scale, "
+        "bool causal, SymInt num_splits) -> (Tensor, Tensor)"
+    )
+
+
+def test_serving_fake_shapes():
+    fa = fp()
+    import torch
+
+    op = torch.ops.flash_pipeline.varlen_fwd
+    with fake_cuda():
+        q = torch.empty(11, 8, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(30, 2, 128, dtype=torch.bfloat16, device="cuda")
+        cu = torch.empty(4, dtype=torch.int32, device="cuda")
+        packed = op(q, k, k, cu, cu, None, None, 5, 20, None, True, 0)
+        qd = torch.empty(3, 5, 8, 64, dtype=torch.float16, device="cuda")
+        pages = torch.empty(9, 16, 2, 64, dtype=torch.float16, device="cuda")
+        table = torch.empty(3, 3, dtype=torch.int32, device="cuda")
+        lens = torch.empty(3, dtype=torch.int32, device="cuda")
+        paged = op(qd, pages, pages, None, None, lens, table, 5, 48, None, False, 4)
+        # the public functions, through their Python paths (lengths from cu_seqlens_k, appends)
+        out, lse, none = fa.flash_attn_varlen_func(q[:, :, :64].half(), pages, pages, cu, cu, 5, 48,
+                                                   block_table=table, return_attn_probs=True)
+        cache = torch.empty(4, 100, 2, 64, dtype=torch.float16, device="cuda")
+        new = torch.empty(3, 5, 2, 64, dtype=torch.float16, device="cuda")
+        dense = fa.flash_attn_with_kvcache(qd, cache, cache.clone(), new, new, cache_seqlens=7, causal=True,
+                                           return_softmax_lse=True)
+        paged_append = fa.flash_attn_with_kvcache(qd, pages, pages.clone(), new, new, cache_seqlens=lens,
+                                                  block_table=table, num_splits=2)
+        with pytest.raises(ValueError, match="seqused_k holds 2 lengths"):
+            op(qd, pages, pages, None, None, lens[:2], table, 5, 48, None, False, 0)
+        with pytest.raises(ValueError, match="cu_seqlens_k dtype is int64"):
+            fa.flash_attn_varlen_func(q.half(), pages, pages, cu, cu.long(), 5, 48, block_table=table)
+    assert packed[0].shape == (11, 8, 128) and packed[0].dtype == torch.bfloat16
+    assert packed[1].shape == (8, 11) and packed[1].dtype == torch.float32  # flash-attn's (nheads, total_q)
+    assert paged[0].shape == (3, 5, 8, 64) and paged[1].shape == (3, 8, 5)  # (batch, nheads, seqlen_q)
+    assert out.shape == (11, 8, 64) and lse.shape == (8, 11) and none is None
+    assert dense[0].shape == (3, 5, 8, 64) and dense[1].shape == (3, 8, 5) and dense[1].dtype == torch.float32
+    assert paged_append.shape == (3, 5, 8, 64)
+
+
+def test_serving_unsupported_arguments():
+    fa = fp()
+    import torch
+
+    q, cu = torch.zeros(4, 2, 64, dtype=torch.float16), torch.tensor([0, 4], dtype=torch.int32)
+    for kwargs, match in [
+        (dict(dropout_p=0.1), "dropout_p=0.1"),
+        (dict(window_size=(8, 0)), r"window_size=\(8, 0\).*not supported yet"),
+        (dict(softcap=30.0), "softcap=30.0.*not supported yet"),
+        (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes.*not supported yet"),
+    ]:
+        with pytest.raises(NotImplementedError, match=match):
+            fa.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, **kwargs)
+    qd, cache = torch.zeros(1, 1, 2, 64, dtype=torch.float16), torch.zeros(1, 8, 2, 64, dtype=torch.float16)
+    for kwargs, match in [
+        (dict(rotary_cos=torch.zeros(8, 32)), "rotary_cos: not supported yet"),
+        (dict(rotary_sin=torch.zeros(8, 32)), "rotary_sin: not supported yet"),
+        (dict(cache_batch_idx=torch.zeros(1, dtype=torch.int32)), "cache_batch_idx: not supported yet"),
+        (dict(cache_leftpad=torch.zeros(1, dtype=torch.int32)), "cache_leftpad: not supported yet"),
+        (dict(window_size=(-1, 0)), r"window_size=\(-1, 0\).*not supported yet"),
+        (dict(softcap=5.0), "softcap=5.0.*not supported yet"),
+        (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes.*not supported yet"),
+    ]:
+        with pytest.raises(NotImplementedError, match=match):
+            fa.flash_attn_with_kvcache(qd, cache, cache, **kwargs)
+    # the off values are accepted; these calls then meet the device rule
+    with pytest.raises(ValueError, match="q is on cpu"):
+        fa.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, softcap=-1.0, deterministic=True, return_attn_probs=True)
+    with pytest.raises(ValueError, match="q is on cpu"):
+        fa.flash_attn_with_kvcache(qd, cache, cache, cache_seqlens=3, rotary_interleaved=False)
+
+
+def test_serving_argument_errors():
+    fa = fp()
+    import torch
+
+    q, cu = torch.zeros(4, 2, 64, dtype=torch.float16), torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q is None"):
+        fa.flash_attn_varlen_func(q, q, q, None, cu, 4, 4)
+    with pytest.raises(ValueError, match="cu_seqlens_k is None; without block_table"):
+        fa.flash_attn_varlen_func(q, q, q, cu, None, 4, 4)
+    pages = torch.zeros(3, 16, 2, 64, dtype=torch.float16)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="pass cu_seqlens_k or seqused_k"):
+        fa.flash_attn_varlen_func(q, pages, pages, cu, None, 4, 32, block_table=table)
+    with pytest.raises(TypeError, match="cu_seqlens_q must be an int32 torch.Tensor, not list"):
+        fa.flash_attn_varlen_func(q, q, q, [0, 4], cu, 4, 4)
+    with pytest.raises(TypeError, match="cu_seqlens_k must be an int32 torch.Tensor, not list"):
+        fa.flash_attn_varlen_func(q, pages, pages, cu, [0, 4], 4, 32, block_table=table)
+    with pytest.raises(TypeError, match="seqused_k must be an int32 torch.Tensor, not tuple"):
+        fa.flash_attn_varlen_func(q, pages, pages, cu, None, 4, 32, block_table=table, seqused_k=(4,))
+    qd, cache = torch.zeros(1, 1, 2, 64, dtype=torch.float16), torch.zeros(1, 8, 2, 64, dtype=torch.float16)
+    new = torch.zeros(1, 1, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="pass both or neither"):
+        fa.flash_attn_with_kvcache(qd, cache, cache, k=new)
+    with pytest.raises(ValueError, match="pass cache_seqlens"):
+        fa.flash_attn_with_kvcache(qd, cache, cache, new, new)
+    with pytest.raises(ValueError, match="q has 3 dims"):
+        fa.flash_attn_with_kvcache(qd[0], cache, cache)
+    with pytest.raises(TypeError, match="k_cache must be a torch.Tensor"):
+        fa.flash_attn_with_kvcache(qd, None, cache)
+    before = cache.clone()
+    with pytest.raises(ValueError, match="q is on cpu"):  # every rule is checked before the append
+        fa.flash_attn_with_kvcache(qd, cache, cache, new + 1, new + 1, cache_seqlens=2)
+    assert torch.equal(cache, before)
+    grad = torch.zeros(4, 2, 64, dtype=torch.float16, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        fa.flash_attn_varlen_func(grad, q, q, cu, cu, 4, 4)
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        fa.flash_attn_with_kvcache(grad[None], cache, cache)
+
+
+@pytest.mark.parametrize("page_size", [None, 1, 16])
+def test_kvcache_append_lands_at_each_sequence_end(page_size):
+    """The append of flash_attn_with_kvcache (torch indexing, device-agnostic) on CPU tensors."""
+    fa = fp()
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    starts, n, hk, d = [0, 5, 17], 3, 2, 8
+    new_k, new_v = torch.randn(3, n, hk, d, generator=g), torch.randn(3, n, hk, d, generator=g)
+    if page_size is None:
+        k_cache, table = torch.zeros(4, 20, hk, d), None  # batch_cache 4 > batch 3: the first three are used
+        slot_of = lambda b, p: (b, p)  # noqa: E731
+    else:
+        slots = -(-20 // page_size)
+        perm = torch.randperm(3 * slots + 1, generator=g)
+        table = perm[: 3 * slots].view(3, slots).int()
+        k_cache = torch.zeros(3 * slots + 1, page_size, hk, d)
+        slot_of = lambda b, p: (int(table[b, p // page_size]), p % page_size)  # noqa: E731
+    v_cache = torch.zeros_like(k_cache)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    for b, start in enumerate(starts):
+        for j in range(n):
+            expected_k[slot_of(b, start + j)] = new_k[b, j]
+            expected_v[slot_of(b, start + j)] = new_v[b, j]
+    seqlens = torch.tensor(starts, dtype=torch.int32)
+    caches = (k_cache, v_cache) if table is not None else (k_cache[:3], v_cache[:3])
+    fa._append_to_cache(*caches, new_k, new_v, seqlens, table)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
 
 
 def test_kernel_dir_env(monkeypatch):
@@ -370,3 +581,11 @@ def test_the_installed_extension_loads_without_torch():
     with pytest.raises(ValueError, match="unknown dtype"):
         ext.forward(1, 1, 1, 1, 0, "f32", (1, 1, 1, 8, 8, 64), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0),
                     (8, 8, 8, 8), False, None, 0, 0, str(folder / "kernels"))
+    t = (1, [1, 1, 8, 64], [0, 0, 64], 512)
+    varlen = dict(cu_seqlens_q=(0, 0), cu_seqlens_k=(0, 0), seqused_k=(0, 0), block_table=(0, 0, 0, 0), seqs=1,
+                  max_seqlen_q=8, max_seqlen_k=8, causal=False, scale=None, num_splits=0, validate=False, device=0,
+                  stream=0, kernel_dir=str(folder / "kernels"))
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ext.forward_varlen(t, t, t, t, (0, 0), "f32", **varlen)
+    with pytest.raises(ValueError, match="device address is 0"):
+        ext.forward_varlen(t, t, t, (0, *t[1:]), (0, 0), "f16", **varlen)

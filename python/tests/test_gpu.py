@@ -1,4 +1,5 @@
-"""GPU tests: the kernels through flash_attn_func, torch.compile, CUDA graphs and transformers.
+"""GPU tests: the kernels through flash_attn_func, the serving calls (flash_attn_varlen_func,
+flash_attn_with_kvcache), torch.compile, CUDA graphs and transformers.
 
 Skipped without torch or without CUDA. Needs the installed wheel (the compiled
 extension and its kernels), or a source tree with them and FA_KERNEL_DIR.
@@ -14,6 +15,7 @@ from float32 scores (exp2 with the scale folded into log2 e): 2e-3 abs +
 1e-3 rel, and exactly -inf for rows that see no key.
 """
 
+import itertools
 import pathlib
 import sys
 
@@ -212,6 +214,312 @@ def test_cuda_graph_capture_and_replay(shape):
             eager_out, eager_lse, _ = fa.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
             assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)  # same kernels, same plan
             check(out, lse, q, k, v, True)
+
+
+# ------------------------------------------------------------------ serving: varlen and KV cache
+# Each sequence against `reference` on its own rows and keys (bottom-right causal per sequence,
+# GQA by repeat_interleave, LSE the logsumexp of its scores). Paged caches hold their keys on
+# shuffled pages, NaN everywhere else: a kernel that read past a sequence's keys would show it.
+
+
+def offsets(lens):
+    return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=DEV)
+
+
+def seqs_of(lens, heads, d, dtype, shift=0.0):
+    return [torch.randn(n, heads, d, device=DEV, dtype=dtype) + shift for n in lens]
+
+
+def paged(ks, vs, page_size, spare=0, seed=0):
+    """A paged cache with sequence i's keys and values on shuffled pages (room for `spare`
+    more keys each), and its block table; unused slots are -1, unused pages and rows NaN."""
+    hk, d, dtype = ks[0].shape[1], ks[0].shape[2], ks[0].dtype
+    counts = [-(-(k.shape[0] + spare) // page_size) for k in ks]
+    pages = sum(counts) + 2  # two pages no sequence uses
+    order = iter(torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).tolist())
+    k_cache = torch.full((pages, page_size, hk, d), float("nan"), dtype=dtype, device=DEV)
+    v_cache = k_cache.clone()
+    table = torch.full((len(ks), max(counts) + 1), -1, dtype=torch.int32)  # a slot no sequence uses
+    for i, (k, v) in enumerate(zip(ks, vs)):
+        for slot in range(counts[i]):
+            page = table[i, slot] = next(order)
+            rows = slice(slot * page_size, (slot + 1) * page_size)
+            k_cache[page, : k[rows].shape[0]] = k[rows]
+            v_cache[page, : v[rows].shape[0]] = v[rows]
+    return k_cache, v_cache, table.to(DEV)
+
+
+def check_sequences(out_of, lse_of, qs, ks, vs, causal, scale=None):
+    """Sequence i's rows of out (seqlen_q, nheads, headdim) and of the LSE (nheads, seqlen_q)."""
+    for i, (q, k, v) in enumerate(zip(qs, ks, vs)):
+        ref_out, ref_lse = reference(q[None], k[None], v[None], causal, scale)
+        torch.testing.assert_close(out_of(i).double(), ref_out[0], **TOL[q.dtype])
+        torch.testing.assert_close(lse_of(i).double(), ref_lse[0], **LSE_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4)], ids=["gqa4", "mha"])
+def test_varlen_matches_reference(heads, causal, d, dtype):
+    torch.manual_seed(20)
+    h, hk = heads
+    # ragged: no query rows, one row, no keys (rows give 0 and lse -inf), fewer keys than rows
+    lens_q, lens_k = [0, 1, 77, 130, 5, 9, 64], [3, 1, 200, 130, 0, 4, 64]
+    qs, ks, vs = seqs_of(lens_q, h, d, dtype), seqs_of(lens_k, hk, d, dtype), seqs_of(lens_k, hk, d, dtype, 0.5)
+    cq, ck = offsets(lens_q), offsets(lens_k)
+    with torch.no_grad():
+        out, lse, s_dmask = fa.flash_attn_varlen_func(torch.cat(qs), torch.cat(ks), torch.cat(vs), cq, ck,
+                                                      max(lens_q), max(lens_k), causal=causal, return_attn_probs=True)
+        plain = fa.flash_attn_varlen_func(torch.cat(qs), torch.cat(ks), torch.cat(vs), cq, ck, max(lens_q),
+                                          max(lens_k), causal=causal)
+    assert s_dmask is None and torch.equal(plain, out)
+    assert out.shape == (sum(lens_q), h, d) and out.dtype == dtype
+    assert lse.shape == (h, sum(lens_q)) and lse.dtype == torch.float32  # flash-attn's (nheads, total_q)
+    c = cq.tolist()
+    check_sequences(lambda i: out[c[i]:c[i + 1]], lambda i: lse[:, c[i]:c[i + 1]], qs, ks, vs, causal)
+    assert bool((lse[:, c[4]:c[5]] == float("-inf")).all())  # the sequence without keys
+
+
+def test_varlen_scale_and_strided_q():
+    torch.manual_seed(21)
+    lens = [17, 40]
+    big = torch.randn(sum(lens), 8, 3 * 64, device=DEV, dtype=torch.bfloat16)
+    q, k, v = big[..., :64], big[..., 64:128], big[..., 128:]  # head-dim stride 1, row stride 3·8·64
+    cu = offsets(lens)
+    with torch.no_grad():
+        out, lse, _ = fa.flash_attn_varlen_func(q, k, v, cu, cu, 40, 40, softmax_scale=0.2, causal=True,
+                                                return_attn_probs=True)
+    c = cu.tolist()
+    split = lambda t: [t[c[i]:c[i + 1]] for i in range(2)]  # noqa: E731
+    check_sequences(lambda i: out[c[i]:c[i + 1]], lambda i: lse[:, c[i]:c[i + 1]], split(q), split(k), split(v),
+                    True, scale=0.2)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 100])
+@pytest.mark.parametrize("lengths_from", ["cu_seqlens_k", "seqused_k"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_paged_matches_reference(causal, lengths_from, page_size):
+    torch.manual_seed(22)
+    dtype, h, hk, d = torch.bfloat16, 8, 2, 128
+    lens_q, lens_k = [5, 1, 40, 0, 3], [60, 1, 300, 7, 0]
+    qs, ks, vs = seqs_of(lens_q, h, d, dtype), seqs_of(lens_k, hk, d, dtype), seqs_of(lens_k, hk, d, dtype)
+    k_cache, v_cache, table = paged(ks, vs, page_size, seed=page_size)
+    cq = offsets(lens_q)
+    if lengths_from == "cu_seqlens_k":
+        lengths = dict(cu_seqlens_k=offsets(lens_k))
+    else:
+        lengths = dict(cu_seqlens_k=None, seqused_k=torch.tensor(lens_k, dtype=torch.int32, device=DEV))
+    with torch.no_grad():
+        out, lse, _ = fa.flash_attn_varlen_func(torch.cat(qs), k_cache, v_cache, cu_seqlens_q=cq,
+                                                max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), causal=causal,
+                                                return_attn_probs=True, block_table=table, **lengths)
+    c = cq.tolist()
+    check_sequences(lambda i: out[c[i]:c[i + 1]], lambda i: lse[:, c[i]:c[i + 1]], qs, ks, vs, causal)
+
+
+def test_varlen_no_keys_and_no_sequences():
+    q = torch.randn(6, 4, 64, device=DEV, dtype=torch.float16)
+    none = q[:0, :2]
+    cu_q, cu_k = offsets([2, 4]), offsets([0, 0])
+    with torch.no_grad():
+        out, lse, _ = fa.flash_attn_varlen_func(q, none, none, cu_q, cu_k, 4, 0, causal=True, return_attn_probs=True)
+        assert torch.equal(out, torch.zeros_like(out)) and bool((lse == float("-inf")).all())
+        out = fa.flash_attn_varlen_func(q[:0], q[:0], q[:0], offsets([]), offsets([]), 0, 0)
+        assert out.shape == (0, 4, 64)
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 256], ids=["dense", "page16", "page256"])
+@pytest.mark.parametrize("seqlen_q", [1, 5], ids=["decode", "chunk"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_kvcache_appends_then_attends(dtype, seqlen_q, page_size):
+    torch.manual_seed(23)
+    b, h, hk, d = 3, 8, 2, 64
+    cached = [7, 300, 0]  # keys already in the cache; seqlen_q new ones are appended to each
+    ks = seqs_of([n + seqlen_q for n in cached], hk, d, dtype)
+    vs = seqs_of([n + seqlen_q for n in cached], hk, d, dtype)
+    q = torch.randn(b, seqlen_q, h, d, device=DEV, dtype=dtype)
+    new_k = torch.stack([k[n:] for k, n in zip(ks, cached)])
+    new_v = torch.stack([v[n:] for v, n in zip(vs, cached)])
+    old_k, old_v = [k[:n] for k, n in zip(ks, cached)], [v[:n] for v, n in zip(vs, cached)]
+    if page_size is None:
+        k_cache = torch.full((b + 1, 512, hk, d), float("nan"), device=DEV, dtype=dtype)  # batch_cache > batch
+        v_cache = k_cache.clone()
+        for i, n in enumerate(cached):
+            k_cache[i, :n], v_cache[i, :n] = old_k[i], old_v[i]
+        table, at = None, lambda i, p: (i, p)
+    else:
+        k_cache, v_cache, table = paged(old_k, old_v, page_size, spare=seqlen_q, seed=seqlen_q)
+        at = lambda i, p: (int(table[i, p // page_size]), p % page_size)  # noqa: E731
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for i, n in enumerate(cached):
+        for j in range(seqlen_q):
+            want_k[at(i, n + j)], want_v[at(i, n + j)] = new_k[i, j], new_v[i, j]
+    seqlens = torch.tensor(cached, dtype=torch.int32, device=DEV)
+    with torch.no_grad():
+        out, lse = fa.flash_attn_with_kvcache(q, k_cache, v_cache, new_k, new_v, cache_seqlens=seqlens,
+                                              block_table=table, causal=True, num_splits=3, return_softmax_lse=True)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert lse.shape == (b, h, seqlen_q) and lse.dtype == torch.float32
+    check_sequences(lambda i: out[i], lambda i: lse[i], list(q), ks, vs, True)
+    assert torch.equal(seqlens, torch.tensor(cached, dtype=torch.int32, device=DEV))  # lengths are not updated
+    # the appended keys are in the caches, and nothing else changed
+    torch.testing.assert_close(k_cache, want_k, atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(v_cache, want_v, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 256], ids=["dense", "page16", "page256"])
+@pytest.mark.parametrize("seqlen_q", [1, 5], ids=["decode", "chunk"])
+def test_kvcache_attends_without_append(seqlen_q, page_size):
+    torch.manual_seed(24)
+    dtype, b, h, hk, d = torch.bfloat16, 4, 16, 4, 128
+    lens = [1000, 1, 0, 257]  # a sequence without keys: rows of 0, lse -inf
+    ks, vs = seqs_of(lens, hk, d, dtype), seqs_of(lens, hk, d, dtype)
+    q = torch.randn(b, seqlen_q, h, d, device=DEV, dtype=dtype)
+    if page_size is None:
+        k_cache = torch.randn(b, 1024, hk, d, device=DEV, dtype=dtype)  # past each length: ignored keys
+        v_cache = torch.randn_like(k_cache)
+        for i, n in enumerate(lens):
+            k_cache[i, :n], v_cache[i, :n] = ks[i], vs[i]
+        table = None
+    else:
+        k_cache, v_cache, table = paged(ks, vs, page_size, seed=page_size)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    with torch.no_grad():
+        out, lse = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                              causal=True, return_softmax_lse=True)
+        split = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                           causal=True, num_splits=4)
+    check_sequences(lambda i: out[i], lambda i: lse[i], list(q), ks, vs, True)
+    check_sequences(lambda i: split[i], lambda i: lse[i], list(q), ks, vs, True)
+
+
+def test_kvcache_int_lengths_and_whole_cache():
+    torch.manual_seed(25)
+    q = torch.randn(2, 1, 4, 128, device=DEV, dtype=torch.float16)
+    k, v = (torch.randn(3, 70, 4, 128, device=DEV, dtype=torch.float16) for _ in range(2))
+    with torch.no_grad():
+        whole = fa.flash_attn_with_kvcache(q, k, v)  # the first 2 of 3 cache entries, every key
+        first = fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=33, softmax_scale=0.1)
+    torch.testing.assert_close(whole.double(), reference(q, k[:2], v[:2], False)[0], **TOL[torch.float16])
+    torch.testing.assert_close(first.double(), reference(q, k[:2, :33], v[:2, :33], False, 0.1)[0],
+                               **TOL[torch.float16])
+
+
+def test_kvcache_decode_in_a_cuda_graph():
+    """Paged decode with its append, captured once and replayed as the lengths grow on the device."""
+    torch.manual_seed(28)
+    dtype, b, h, hk, d, steps = torch.bfloat16, 2, 8, 2, 128, 3
+    lens = [30, 100]
+    ks = seqs_of([n + steps for n in lens], hk, d, dtype)
+    vs = seqs_of([n + steps for n in lens], hk, d, dtype)
+    k_cache, v_cache, table = paged([k[:n] for k, n in zip(ks, lens)], [v[:n] for v, n in zip(vs, lens)], 16,
+                                    spare=steps)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    q = torch.zeros(b, 1, h, d, device=DEV, dtype=dtype)
+    new_k, new_v = torch.zeros(b, 1, hk, d, device=DEV, dtype=dtype), torch.zeros(b, 1, hk, d, device=DEV, dtype=dtype)
+
+    def step():
+        return fa.flash_attn_with_kvcache(q, k_cache, v_cache, new_k, new_v, cache_seqlens=seqlens, block_table=table,
+                                          causal=True, return_softmax_lse=True)
+
+    with torch.no_grad():
+        side = torch.cuda.Stream()  # warm up off the capture (loads the kernels); it appends zeros, overwritten below
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse = step()
+        for t in range(steps):
+            q.copy_(torch.randn_like(q))
+            new_k.copy_(torch.stack([k[n + t] for k, n in zip(ks, lens)])[:, None])
+            new_v.copy_(torch.stack([v[n + t] for v, n in zip(vs, lens)])[:, None])
+            graph.replay()
+            torch.cuda.synchronize()
+            seen = [n + t + 1 for n in lens]
+            check_sequences(lambda i: out[i], lambda i: lse[i], list(q), [k[:n] for k, n in zip(ks, seen)],
+                            [v[:n] for v, n in zip(vs, seen)], True)
+            seqlens += 1
+
+
+def test_serving_num_splits():
+    """The op's num_splits: forced splits agree with one split and with the reference."""
+    torch.manual_seed(26)
+    lens_q, lens_k = [3, 1], [4000, 1500]
+    qs = seqs_of(lens_q, 8, 128, torch.float16)
+    ks, vs = seqs_of(lens_k, 2, 128, torch.float16), seqs_of(lens_k, 2, 128, torch.float16)
+    cq, ck = offsets(lens_q), offsets(lens_k)
+    args = (torch.cat(qs), torch.cat(ks), torch.cat(vs), cq, ck, None, None, 3, 4000, None, True)
+    with torch.no_grad():
+        runs = {n: torch.ops.flash_pipeline.varlen_fwd(*args, n) for n in (1, 2, 7, 0)}
+    c = cq.tolist()
+    for out, lse in runs.values():
+        check_sequences(lambda i: out[c[i]:c[i + 1]], lambda i: lse[:, c[i]:c[i + 1]], qs, ks, vs, True)
+
+
+def test_serving_torch_compile_fullgraph():
+    torch.manual_seed(27)
+    lens = [3, 9]
+    cu = offsets(lens)
+    q = torch.randn(12, 4, 64, device=DEV, dtype=torch.float16)
+    k = torch.randn(12, 2, 64, device=DEV, dtype=torch.float16)
+    k_pages, v_pages, table = paged([k[:3], k[3:]], [k[:3], k[3:]], 16, spare=2)
+    qd = torch.randn(2, 2, 4, 64, device=DEV, dtype=torch.float16)
+    new = torch.randn(2, 2, 2, 64, device=DEV, dtype=torch.float16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+
+    def f(q, k, qd, new, k_pages, v_pages, seqlens):
+        a, lse, _ = fa.flash_attn_varlen_func(q, k, k, cu, cu, 9, 9, causal=True, return_attn_probs=True)
+        b = fa.flash_attn_varlen_func(q, k_pages, v_pages, cu, cu, 9, 9, block_table=table)
+        c, lse_c = fa.flash_attn_with_kvcache(qd, k_pages, v_pages, new, new, cache_seqlens=seqlens, block_table=table,
+                                             causal=True, return_softmax_lse=True)
+        return a * 2, lse, b, c, lse_c
+
+    with torch.no_grad():
+        caches = (k_pages.clone(), v_pages.clone())
+        eager = f(q, k, qd, new, *caches, seqlens)
+        compiled = torch.compile(f, fullgraph=True)  # fails on any graph break
+        got = compiled(q, k, qd, new, k_pages, v_pages, seqlens)
+    for x, y in zip(eager, got):
+        torch.testing.assert_close(x, y, atol=0, rtol=0, equal_nan=True)
+    for x, y in zip(caches, (k_pages, v_pages)):  # the compiled append wrote the caches as the eager one
+        torch.testing.assert_close(x, y, atol=0, rtol=0, equal_nan=True)
+
+
+def test_serving_errors(monkeypatch):
+    q = torch.randn(4, 2, 64, device=DEV, dtype=torch.float16)
+    cu = offsets([4])
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="cu_seqlens_q dtype is int64; it must be int32"):
+            fa.flash_attn_varlen_func(q, q, q, cu.long(), cu, 4, 4)
+        with pytest.raises(ValueError, match="cu_seqlens_k is on cpu"):
+            fa.flash_attn_varlen_func(q, q, q, cu, cu.cpu(), 4, 4)
+        with pytest.raises(ValueError, match="q has 2 heads and k has 3"):
+            kv = torch.randn(4, 3, 64, device=DEV, dtype=torch.float16)
+            fa.flash_attn_varlen_func(q, kv, kv, cu, cu, 4, 4)
+        with pytest.raises(ValueError, match="head dim is 96"):
+            x = torch.randn(4, 2, 96, device=DEV, dtype=torch.float16)
+            fa.flash_attn_varlen_func(x, x, x, cu, cu, 4, 4)
+        # offsets past q's rows: wrong rows, never a fault; with FLASH_PIPELINE_VALIDATE=1 a ValueError
+        bad = torch.tensor([0, 9], dtype=torch.int32, device=DEV)
+        fa.flash_attn_varlen_func(q, q, q, bad, cu, 9, 4)
+        monkeypatch.setenv("FLASH_PIPELINE_VALIDATE", "1")
+        with pytest.raises(ValueError, match=r"cu_seqlens_q\[1\] = 9 is past q's 4 rows"):
+            fa.flash_attn_varlen_func(q, q, q, bad, cu, 9, 4)
+        cache = torch.zeros(1, 8, 2, 64, device=DEV, dtype=torch.float16)
+        new = torch.ones(1, 2, 2, 64, device=DEV, dtype=torch.float16)
+        with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = 7: appending 2 keys"):
+            fa.flash_attn_with_kvcache(q[None, :1], cache, cache.clone(), new, new, cache_seqlens=7)
+        assert not cache.any()  # refused before the append
+    q.requires_grad_()
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        fa.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4)
+    out, _ = torch.ops.flash_pipeline.varlen_fwd(q, q.detach(), q.detach(), cu, cu, None, None, 4, 4, None, False, 0)
+    with pytest.raises(NotImplementedError, match="no backward"):
+        out.float().sum().backward()
 
 
 # ------------------------------------------------------------------ transformers models
