@@ -59,11 +59,8 @@ struct TileCopy {
 // zero-filled).
 template <typename T, int ROWS, int D, int THREADS>
 struct RowGather {
-  static constexpr int kChunks = D / 8;
-  static constexpr int kRowsPerPass = THREADS / kChunks;
-  static constexpr int kPasses = ROWS / kRowsPerPass;
-  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 8 == 0,
-                "each thread keeps one chunk column and one swizzle phase");
+  using Copy = TileCopy<T, ROWS, D, THREADS>;
+  static constexpr int kChunks = Copy::kChunks, kRowsPerPass = Copy::kRowsPerPass, kPasses = Copy::kPasses;
   const int row, col;
   const uint32_t smem;
 

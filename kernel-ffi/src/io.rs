@@ -118,27 +118,34 @@ impl HostTensor16 {
 /// ([B, H, S, D] for bhsd, [B, S, H, D] for bshd).
 pub fn read_qkv(bytes: &[u8], layout: Layout) -> Result<[HostTensor16; 3]> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| Error::Invalid(format!("not a safetensors file: {e}")))?;
-    let read = |name: &str| -> Result<HostTensor16> {
-        let t = st.tensor(name).map_err(|_| {
-            Error::Invalid(format!("no tensor named `{name}`; the file holds {:?}; save q, k and v", st.names()))
-        })?;
-        let dtype = match t.dtype() {
-            StDtype::F16 => Dtype::F16,
-            StDtype::BF16 => Dtype::Bf16,
-            other => invalid!("`{name}` is {other:?}; the kernels take F16 or BF16 (use .half() or .bfloat16())"),
-        };
-        let shape = t.shape();
-        let &[b, x, y, d] = shape else {
-            invalid!("`{name}` has shape {shape:?}; expected rank 4 ({})", layout_dims(layout));
-        };
-        let dims = match layout {
-            Layout::Bhsd => [b, x, y, d],
-            Layout::Bshd => [b, y, x, d],
-        };
-        let bits = t.data().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
-        Ok(HostTensor16 { dtype, desc: Desc::new(dims, layout), bits })
-    };
+    let read = |name| read16(&st, name, |shape| rank4(name, shape, layout));
     Ok([read("q")?, read("k")?, read("v")?])
+}
+
+/// Tensor `name` of 16-bit floats, its desc from its shape by `desc_of`.
+fn read16(st: &SafeTensors, name: &str, desc_of: impl FnOnce(&[usize]) -> Result<Desc>) -> Result<HostTensor16> {
+    let t = st.tensor(name).map_err(|_| {
+        Error::Invalid(format!("no tensor named `{name}`; the file holds {:?}; save q, k and v", st.names()))
+    })?;
+    let dtype = match t.dtype() {
+        StDtype::F16 => Dtype::F16,
+        StDtype::BF16 => Dtype::Bf16,
+        other => invalid!("`{name}` is {other:?}; the kernels take F16 or BF16 (use .half() or .bfloat16())"),
+    };
+    let desc = desc_of(t.shape())?;
+    let bits = t.data().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+    Ok(HostTensor16 { dtype, desc, bits })
+}
+
+/// The desc of a rank-4 tensor in `layout` order.
+fn rank4(name: &str, shape: &[usize], layout: Layout) -> Result<Desc> {
+    let &[b, x, y, d] = shape else {
+        invalid!("`{name}` has shape {shape:?}; expected rank 4 ({})", layout_dims(layout));
+    };
+    Ok(match layout {
+        Layout::Bhsd => Desc::new([b, x, y, d], layout),
+        Layout::Bshd => Desc::new([b, y, x, d], layout),
+    })
 }
 
 /// A serving call read from a file (FlashAttention's layouts): `q` (total_q,
@@ -201,33 +208,18 @@ pub fn read_serving(bytes: &[u8], layout: Layout) -> Result<Option<ServingInput>
         },
         None => None,
     };
-    let read = |name: &str, packed: bool, paged: bool| -> Result<HostTensor16> {
-        let t = st.tensor(name).map_err(|_| {
-            Error::Invalid(format!("no tensor named `{name}`; the file holds {:?}; save q, k and v", st.names()))
-        })?;
-        let dtype = match t.dtype() {
-            StDtype::F16 => Dtype::F16,
-            StDtype::BF16 => Dtype::Bf16,
-            other => invalid!("`{name}` is {other:?}; the kernels take F16 or BF16 (use .half() or .bfloat16())"),
-        };
-        let shape = t.shape();
-        let desc = match (packed, paged, shape) {
-            (true, _, &[total, h, d]) => Desc::new([1, h, total, d], Layout::Bshd),
+    let read = |name: &str, packed: bool, paged: bool| {
+        read16(&st, name, |shape| match (packed, paged, shape) {
+            (true, _, &[total, h, d]) => Ok(Desc::new([1, h, total, d], Layout::Bshd)),
             (true, ..) => {
                 invalid!("`{name}` has shape {shape:?}; packed with cu_seqlens it is (total, heads, head_dim)")
             }
-            (_, true, &[pages, page_size, h, d]) => Desc::new([pages, h, page_size, d], Layout::Bshd),
+            (_, true, &[pages, page_size, h, d]) => Ok(Desc::new([pages, h, page_size, d], Layout::Bshd)),
             (_, true, _) => invalid!(
                 "`{name}` has shape {shape:?}; paged with a block_table it is (pages, page_size, heads, head_dim)"
             ),
-            (_, _, &[b, x, y, d]) => match layout {
-                Layout::Bhsd => Desc::new([b, x, y, d], layout),
-                Layout::Bshd => Desc::new([b, y, x, d], layout),
-            },
-            _ => invalid!("`{name}` has shape {shape:?}; expected rank 4 ({})", layout_dims(layout)),
-        };
-        let bits = t.data().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
-        Ok(HostTensor16 { dtype, desc, bits })
+            _ => rank4(name, shape, layout),
+        })
     };
     let (packed_q, packed_k, paged) = (cu_seqlens_q.is_some(), cu_seqlens_k.is_some(), block_table.is_some());
     let qkv = [read("q", packed_q, false)?, read("k", packed_k, paged)?, read("v", packed_k, paged)?];
