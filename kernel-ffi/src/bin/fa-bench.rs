@@ -37,7 +37,7 @@ struct Args {
     /// `nvidia-smi -L` prints it.
     #[arg(long, env = fa_schema::env::DEVICE, default_value = "0")]
     device: kernel_ffi::Gpu,
-    /// Shapes as B,H,S,D or B,H,S,D,causal; repeatable. Default: the default set.
+    /// Shapes as B,H,S,D[,causal], varlen:B,H,HKV,S,D[,causal] or paged:B,H,HKV,S,D,PAGE; repeatable. Default: the default set.
     #[arg(long = "shape", value_parser = Shape::parse, conflicts_with = "serve")]
     shapes: Vec<Shape>,
     /// f16, bf16 or both (comma-separated).

@@ -104,7 +104,7 @@ pub struct SpreadArgs {
 /// What the gate and the timings run (bench, ci --gpu, iterate).
 #[derive(Args, Clone)]
 pub struct GateArgs {
-    /// Shapes B,H,S,D[,causal] (default: fa-bench's default set).
+    /// Shapes B,H,S,D[,causal], varlen:B,H,HKV,S,D[,causal] or paged:B,H,HKV,S,D,PAGE (default: fa-bench's default set).
     #[arg(long = "shape", value_parser = Shape::parse)]
     pub shapes: Vec<Shape>,
     /// The gate's most seconds of paired quads per shape; an undecided shape is inconclusive and fails.
