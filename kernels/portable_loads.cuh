@@ -164,6 +164,10 @@ struct SeqTiles {
   const T* const v_head;
   const TileCopy<T, BN, D, GT> k_copy, v_copy;
   const bool tiles_in_pages;
+  // log2 of the page size where pages split a tile (it is then a power of two
+  // dividing BN, and tiles start on page boundaries), else −1: a row's page and
+  // its place in it are a shift and a mask from its row in the tile.
+  const int page_shift;
   const int last_in_block;  // the last key any row of the block sees (−1: none), for skipping the mask
 
   __device__ __forceinline__ SeqTiles(const FlashParams& p, const SeqParams& sp, const Block& blk,
@@ -178,6 +182,7 @@ struct SeqTiles {
         k_copy(grp.k, k_head, p.k_row_stride, grp.tid),
         v_copy(grp.v, v_head, p.v_row_stride, grp.tid),
         tiles_in_pages(sp.page_size.div % BN == 0),
+        page_shift(BN % sp.page_size.div == 0 ? __ffs(sp.page_size.div) - 1 : -1),
         last_in_block(last_key(blk.m0)) {}
 
   __device__ __forceinline__ const T* head_of(const void* base, int64_t head_stride, int64_t batch_stride,
@@ -229,6 +234,13 @@ struct SeqTiles {
     if (blk.info.pages == nullptr) return;
     if (tiles_in_pages) {
       ahead.page[0] = page_of(n);
+    } else if (page_shift >= 0) {
+      const int row = grp.tid / Copy::kChunks, first = n >> page_shift;
+#pragma unroll
+      for (int i = 0; i < Copy::kPasses; ++i) {
+        const int r = row + i * Copy::kRowsPerPass;
+        ahead.page[i] = n + r < blk.info.k_len ? blk.info.page_of(first + (r >> page_shift), sp) : -1;
+      }
     } else {
       const int row = grp.tid / Copy::kChunks;
 #pragma unroll
@@ -251,7 +263,9 @@ struct SeqTiles {
               [&](int r, int pass) -> const T* {
                 const int page = pg.page[pass];
                 if (page < 0) return nullptr;
-                const int key = n + r, in_page = key - fast_div(sp.page_size, key) * sp.page_size.div;
+                const int key = n + r;
+                const int in_page = page_shift >= 0 ? r & ((1 << page_shift) - 1)
+                                                    : key - fast_div(sp.page_size, key) * sp.page_size.div;
                 return head + page * page_stride + (int64_t)in_page * row_stride;
               },
               head);
