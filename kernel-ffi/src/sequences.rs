@@ -52,6 +52,21 @@ pub struct SeqLayout {
     pub block_table: Option<PageTable>,
 }
 
+/// FlashAttention's `cu_seqlens` of sequences of `lens` rows: 0 and the
+/// running totals, `lens.len() + 1` offsets.
+///
+/// ```
+/// assert_eq!(kernel_ffi::sequences::offsets(&[3, 0, 5]), vec![0, 3, 3, 8]);
+/// ```
+pub fn offsets(lens: &[usize]) -> Vec<i32> {
+    std::iter::once(0)
+        .chain(lens.iter().scan(0i32, |total, &n| {
+            *total += n as i32;
+            Some(*total)
+        }))
+        .collect()
+}
+
 /// A serving call's problem after [`validate`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VarlenProblem {
@@ -291,12 +306,12 @@ pub fn check_indices(p: &VarlenProblem, ix: &Indices) -> Result<()> {
     if let Some(cu) = &ix.cu_seqlens_k {
         offsets("cu_seqlens_k", "k", cu, p.tensors.seqlen_k, None)?;
     }
-    let page_size = p.tensors.seqlen_k;
+    let rows = p.tensors.seqlen_k; // k's rows per batch: a dense sequence's keys, or a page's
     for s in 0..seqs {
         let has = match (&ix.cu_seqlens_k, &ix.block_table) {
             (Some(cu), _) => i64::from(cu[s + 1]) - i64::from(cu[s]),
             (None, Some(_)) => p.max_seqlen_k as i64,
-            (None, None) => page_size as i64,
+            (None, None) => rows as i64,
         };
         let used = match &ix.seqused_k {
             Some(u) => {
@@ -310,6 +325,7 @@ pub fn check_indices(p: &VarlenProblem, ix: &Indices) -> Result<()> {
         };
         if let (Some(bt), Some(table)) = (&ix.block_table, p.pages) {
             let row = &bt[s * table.stride..];
+            let page_size = rows;
             for (slot, &page) in row.iter().take((used as usize).div_ceil(page_size.max(1))).enumerate() {
                 if page < 0 || page as usize >= p.kv_batch {
                     invalid!(

@@ -147,7 +147,8 @@ impl Attention {
         if p.seqs == 0 || p.rows() == 0 || m_blocks == 0 {
             return Ok(Launched { family, ..Launched::default() }); // nothing to compute
         }
-        let work = u64::from(m_blocks) * (p.seqs * p.tensors.kv_heads) as u64;
+        let seq_heads = (p.seqs * p.tensors.kv_heads) as u32; // ≤ MAX_BATCH_HEADS (sequences::validate)
+        let work = u64::from(m_blocks) * u64::from(seq_heads);
         let plan = plan(opts.splits, self.device.sm_count, kern.ctas_per_sm, work, &p, kern.launch.block_n);
         let s = stream;
         let partials = self.alloc_partials(s, &p.tensors, plan.num_splits)?;
@@ -157,7 +158,7 @@ impl Attention {
             seq: seq_params(s, seqs, &p),
         };
         let cfg = LaunchConfig {
-            grid_dim: (m_blocks, (p.seqs * p.tensors.kv_heads) as u32, plan.num_splits),
+            grid_dim: (m_blocks, seq_heads, plan.num_splits),
             block_dim: (kern.launch.threads, 1, 1),
             shared_mem_bytes: kern.dynamic_smem,
         };
@@ -176,7 +177,7 @@ impl Attention {
         }
         Ok(Launched {
             num_splits: plan.num_splits,
-            ctas: u64::from(m_blocks) * (p.seqs * p.tensors.kv_heads) as u64 * u64::from(plan.num_splits),
+            ctas: work * u64::from(plan.num_splits),
             family,
             block_m,
             key_groups: 1,

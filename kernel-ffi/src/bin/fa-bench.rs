@@ -27,7 +27,7 @@ use kernel_ffi::schema::{BenchCase, BenchRun, SERVE_PROTOCOL, ServeReply, ServeR
 use kernel_ffi::tensor::HEAD_DIMS;
 use kernel_ffi::{
     Attention, BlockTable, Desc, Dtype, KernelChoice, Launched, Layout, Options, Sequences, Splits, Tensor, cli,
-    kernel_dir,
+    kernel_dir, sequences,
 };
 
 #[derive(Parser)]
@@ -223,20 +223,22 @@ struct Buffers {
 /// A serving shape's sequences on the device: packed offsets (varlen) or cache
 /// lengths and a block table (paged).
 struct SeqArrays {
+    seqs: usize,
+    /// The longest sequence's query rows and keys.
+    max_seqlen: (usize, usize),
     cu_seqlens: Option<CudaSlice<i32>>,
     seqused_k: Option<CudaSlice<i32>>,
     block_table: Option<(CudaSlice<i32>, usize)>,
 }
 
 impl SeqArrays {
-    fn sequences(&self, shape: &Shape) -> Sequences<'_> {
-        let (q, k) = shape.lengths();
+    fn sequences(&self) -> Sequences<'_> {
         Sequences {
-            seqs: shape.batch,
+            seqs: self.seqs,
             cu_seqlens_q: self.cu_seqlens.as_ref(),
-            max_seqlen_q: q.into_iter().max().unwrap_or(0),
+            max_seqlen_q: self.max_seqlen.0,
             cu_seqlens_k: self.cu_seqlens.as_ref(),
-            max_seqlen_k: k.into_iter().max().unwrap_or(0),
+            max_seqlen_k: self.max_seqlen.1,
             seqused_k: self.seqused_k.as_ref(),
             block_table: self.block_table.as_ref().map(|(pages, width)| BlockTable {
                 pages,
@@ -260,12 +262,7 @@ fn layout(shape: &Shape) -> (Desc, Desc, Vec<i32>, Vec<i32>, Vec<i32>, usize) {
         }
         Batching::Varlen { .. } => {
             let total: usize = q_lens.iter().sum();
-            let cu = std::iter::once(0)
-                .chain(q_lens.iter().scan(0i32, |acc, &n| {
-                    *acc += n as i32;
-                    Some(*acc)
-                }))
-                .collect();
+            let cu = sequences::offsets(&q_lens);
             (
                 Desc::new([1, h, total, d], Layout::Bshd),
                 Desc::new([1, hkv, total, d], Layout::Bshd),
@@ -339,7 +336,11 @@ impl<'a> Case<'a> {
             let i = self.sets.len() as u64;
             let seq = (shape.batching != Batching::Dense)
                 .then(|| -> Result<SeqArrays> {
+                    let (q, k) = shape.lengths();
+                    let longest = |lens: Vec<usize>| lens.into_iter().max().unwrap_or(0);
                     Ok(SeqArrays {
+                        seqs: shape.batch,
+                        max_seqlen: (longest(q), longest(k)),
                         cu_seqlens: upload(&cu_seqlens)?,
                         seqused_k: upload(&used)?,
                         block_table: upload(&table)?.map(|t| (t, width)),
@@ -367,7 +368,7 @@ impl<'a> Case<'a> {
         Ok(match &b.seq {
             None => self.att.forward(&b.q, &b.k, &b.v, &mut b.out, None, &self.opts)?,
             Some(seq) => {
-                let seqs = seq.sequences(&self.shape);
+                let seqs = seq.sequences();
                 self.att.forward_varlen(&b.q, &b.k, &b.v, &mut b.out, None, &seqs, &self.opts)?
             }
         })

@@ -104,11 +104,7 @@ fn run() -> Result<()> {
     let out_arg = tensor::Arg { name: "out", dtype: q.dtype, desc: q.desc, len: q.desc.span() };
     let problem = tensor::validate(q.arg("q"), k.arg("k"), v.arg("v"), out_arg, args.scale)
         .with_context(|| format!("in {}", args.input.display()))?;
-    let out_dir = args.output.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if !out_dir.is_dir() {
-        bail!("--output {}: folder {} does not exist", args.output.display(), out_dir.display());
-    }
-    fa_schema::file::check_target(&args.output).context("--output")?;
+    check_output(&args.output)?;
     let kernels = kernel_dir::find()?;
     let manifest_path = kernels.join("manifest.json");
     cli::check_choice(&Manifest::load(&manifest_path)?, &args.choice, q.dtype, problem.head_dim, args.causal)
@@ -134,6 +130,16 @@ fn run() -> Result<()> {
     cli::write_atomic(&args.output, &bytes)?;
     report(q.dtype.name(), &format!("{:?}", q.desc.dims), &att, &launched, &args.output);
     Ok(())
+}
+
+/// `--output` names a writable place: its folder exists and it is not something
+/// the atomic writer refuses.
+fn check_output(output: &Path) -> Result<()> {
+    let out_dir = output.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !out_dir.is_dir() {
+        bail!("--output {}: folder {} does not exist", output.display(), out_dir.display());
+    }
+    fa_schema::file::check_target(output).context("--output")
 }
 
 fn report(dtype: &str, what: &str, att: &Attention, launched: &Launched, output: &Path) {
@@ -170,7 +176,7 @@ fn run_serving(args: &Args, input: ServingInput) -> Result<()> {
     let out_arg = tensor::Arg { name: "out", dtype: q.dtype, desc: q.desc, len: q.desc.span() };
     let p = sequences::validate(q.arg("q"), k.arg("k"), v.arg("v"), out_arg, &layout, args.scale)
         .with_context(|| format!("in {}", args.input.display()))?;
-    fa_schema::file::check_target(&args.output).context("--output")?;
+    check_output(&args.output)?;
     let kernels = kernel_dir::find()?;
     let att = Attention::with_kernel_dir(&args.device, &kernels).context("setting up the kernels")?;
     let up = |t: &HostTensor16| att.upload(t.dtype, t.desc, &t.bits);

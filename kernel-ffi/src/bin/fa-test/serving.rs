@@ -9,7 +9,9 @@ use kernel_ffi::check::{compare, compare_lse, tolerances};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ShapeRecord, TestCase};
-use kernel_ffi::{Attention, BlockTable, CudaSlice, Desc, Dtype, Layout, Options, Problem, Sequences, Splits};
+use kernel_ffi::{
+    Attention, BlockTable, CudaSlice, Desc, Dtype, Layout, Options, Problem, Sequences, Splits, sequences,
+};
 
 /// Where a case's queries lie.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,14 +237,6 @@ struct Built {
 fn build(case: &Case, rng: &mut Rng) -> Result<Built> {
     let (dtype, d, h, hkv) = (case.dtype, case.head_dim, case.heads, case.kv_heads);
     let seqs = case.q_lens.len();
-    let offsets = |lens: &[usize]| -> Vec<i32> {
-        std::iter::once(0)
-            .chain(lens.iter().scan(0, |acc, &n| {
-                *acc += n as i32;
-                Some(*acc)
-            }))
-            .collect()
-    };
     let (q_desc, q_at, cu_q) = match case.queries {
         Queries::Dense => {
             let sq = case.q_lens[0];
@@ -252,7 +246,7 @@ fn build(case: &Case, rng: &mut Rng) -> Result<Built> {
             (Desc::new([seqs, h, sq, d], Layout::Bshd), (0..seqs).map(|s| (0, s)).collect(), Vec::new())
         }
         Queries::Packed { gap } => {
-            let cu = offsets(&case.q_lens);
+            let cu = sequences::offsets(&case.q_lens);
             let total = *cu.last().unwrap_or(&0) as usize + gap;
             (Desc::new([1, h, total, d], Layout::Bshd), cu.iter().take(seqs).map(|&o| (o as usize, 0)).collect(), cu)
         }
@@ -272,7 +266,7 @@ fn build(case: &Case, rng: &mut Rng) -> Result<Built> {
                 Desc::new([1, hkv, total, d], Layout::Bshd),
                 k_rows.concat(),
                 v_rows.concat(),
-                offsets(&case.k_lens),
+                sequences::offsets(&case.k_lens),
                 vec![],
                 0,
             )
