@@ -73,34 +73,30 @@ namespace fa {
 // tile) and Q has a full/empty pair, so the producer loads the next item's Q and
 // first tiles while the consumers finish and store the current one. With one
 // item per CTA the loops fold to straight-line code.
-template <typename T, int D, bool CAUSAL, int ROWS, bool PERSISTENT>
-__device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
-  using Cfg = HopperConfig<D, CAUSAL, ROWS, PERSISTENT>;
-  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
-  constexpr bool kPersistent = Cfg::kPersistent;
-  const FlashParams& p = hp.p;
+// Every CTA's start: the launch geometry checked (it comes from the manifest,
+// persistent entries on a 1-D grid; a mismatch is a build bug), dependents
+// let launch, and the shared-memory layout.
+template <typename Cfg>
+__device__ __forceinline__ HopperSmem<Cfg> hopper_start() {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // The launch geometry comes from the manifest (persistent: a 1-D grid); a mismatch is a build bug.
   if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads ||
-      (kPersistent && (gridDim.y != 1 || gridDim.z != 1)))
+      (Cfg::kPersistent && (gridDim.y != 1 || gridDim.z != 1)))
     __trap();
   launch_dependents();
-  const HopperSmem<Cfg> sm = HopperSmem<Cfg>::at(smem_raw);
-  // The first item is decoded once, up front, by every thread.
-  constexpr bool kScheduled = CAUSAL && kPersistent && Cfg::kConsumers == 2;
-  constexpr bool kTail = Cfg::kSplitTail;
-  auto entry = [&](int k) { return hopper_entry<kPersistent, kScheduled>(hp.sched, k); };
-  const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(p, hp.sched, 0, entry(0));
-  // Item k from its schedule entry (hopper_entry), which callers load ahead.
-  auto decode = [&](int k, uint32_t e) {
-    return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(p, hp.sched, k, e);
-  };
-  auto item = [&](int k) { return decode(k, entry(k)); };
+  return HopperSmem<Cfg>::at(smem_raw);
+}
 
+// The CTA's work once its first item is known (`decode(k, entry(k))`: item k,
+// which the scheduler names): the producer warpgroup's loads, the consumers'
+// products and stores.
+template <typename T, typename Cfg, bool CAUSAL, typename Item, typename Decode, typename Entry>
+__device__ __forceinline__ void hopper_run(const HopperParams& hp, const HopperSmem<Cfg>& sm, const Item& first,
+                                           const Decode& decode, const Entry& entry) {
+  auto item = [&](int k) { return decode(k, entry(k)); };
   const int wg = threadIdx.x / 128;
   // Tiles of the first item issued with its Q before the CTA barrier (thread 0).
   const int early = !first.done && first.tiles > 0 ? min(first.tiles, Cfg::kStages) : 0;
-  const HopperProducer<Cfg> producer{hp, sm, first, early};
+  const HopperProducer<Cfg, Item> producer{hp, sm, first, early};
   if (threadIdx.x == 0) producer.prologue();
   __syncthreads();
 
@@ -113,7 +109,45 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
 
   // ---- Consumers.
   regs_alloc<Cfg::kConsumerRegs>();
-  hopper_consumer<T, Cfg, CAUSAL>(p, hp.o_map, sm, wg, decode, entry);
+  hopper_consumer<T, Cfg, CAUSAL>(hp.p, hp.o_map, sm, wg, decode, entry);
+}
+
+template <typename T, int D, bool CAUSAL, int ROWS, bool PERSISTENT>
+__device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
+  using Cfg = HopperConfig<D, CAUSAL, ROWS, PERSISTENT>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  constexpr bool kPersistent = Cfg::kPersistent;
+  const HopperSmem<Cfg> sm = hopper_start<Cfg>();
+  // The first item is decoded once, up front, by every thread.
+  constexpr bool kScheduled = CAUSAL && kPersistent && Cfg::kConsumers == 2;
+  constexpr bool kTail = Cfg::kSplitTail;
+  auto entry = [&](int k) { return hopper_entry<kPersistent, kScheduled>(hp.sched, k); };
+  const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(hp.p, hp.sched, 0, entry(0));
+  // Item k from its schedule entry (hopper_entry), which callers load ahead.
+  auto decode = [&](int k, uint32_t e) {
+    return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(hp.p, hp.sched, k, e);
+  };
+  hopper_run<T, Cfg, CAUSAL>(hp, sm, first, decode, entry);
+}
+
+// A serving call's CTA (the `_varlen` entries): one item of 128 rows of one
+// sequence's query head (two consumer warpgroups), its rows and keys where
+// SeqParams says. Q and K/V tiles come in by TMA at the sequence's offsets
+// (paged: a tile lies in one page); O goes out from the accumulators, bounded
+// by the sequence (store_item).
+template <typename T, int D, bool CAUSAL>
+__device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams& vp) {
+  using Cfg = HopperConfig<D, CAUSAL, 128, false>;
+  const HopperSmem<Cfg> sm = hopper_start<Cfg>();
+  const VarlenItem first = varlen_item<Cfg::kBlockM, Cfg::kBlockN, CAUSAL>(vp.hp.p, vp.seq);
+  if (first.skip) return;  // a block past its sequence's rows
+  auto entry = [](int) { return 0u; };
+  auto decode = [&](int k, uint32_t) {
+    VarlenItem none{};
+    none.done = true;
+    return k == 0 ? first : none;
+  };
+  hopper_run<T, Cfg, CAUSAL>(vp.hp, sm, first, decode, entry);
 }
 
 }  // namespace fa
@@ -126,10 +160,17 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
     fa::flash_fwd_hopper<T, D, CAUSAL, ROWS, PERSISTENT>(p);                                              \
   }
 
+// One serving entry: flash_fwd_hopper_varlen_<dtype>_d<D>[_causal].
+#define FA_HOPPER_VARLEN_ENTRY(T, D, CAUSAL, NAME)                                                   \
+  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, CAUSAL, 128, false>::kThreads, 1) \
+      NAME(const __grid_constant__ fa::HopperVarlenParams p) {                                       \
+    fa::flash_fwd_hopper_varlen<T, D, CAUSAL>(p);                                                    \
+  }
+
 // Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM), non-causal
 // also persistent and in persistent 192-row CTAs, causal also in 128-row CTAs
 // (exp turns); D=128 in 128-row CTAs, plus 64-row ones for non-causal problems
-// that do not fill the GPU.
+// that do not fill the GPU; the serving entries in 128-row CTAs.
 #define FA_HOPPER_ENTRIES(T, DT)                                                                        \
   FA_HOPPER_ENTRY(T, 64, false, 64, false, flash_fwd_hopper_##DT##_d64_m64)                             \
   FA_HOPPER_ENTRY(T, 64, false, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                   \
@@ -138,4 +179,8 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   FA_HOPPER_ENTRY(T, 64, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal)    \
   FA_HOPPER_ENTRY(T, 128, false, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)          \
   FA_HOPPER_ENTRY(T, 128, false, 64, false, flash_fwd_hopper_##DT##_d128_m64)                           \
-  FA_HOPPER_ENTRY(T, 128, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal)
+  FA_HOPPER_ENTRY(T, 128, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal)  \
+  FA_HOPPER_VARLEN_ENTRY(T, 64, false, flash_fwd_hopper_varlen_##DT##_d64)                              \
+  FA_HOPPER_VARLEN_ENTRY(T, 64, true, flash_fwd_hopper_varlen_##DT##_d64_causal)                        \
+  FA_HOPPER_VARLEN_ENTRY(T, 128, false, flash_fwd_hopper_varlen_##DT##_d128)                            \
+  FA_HOPPER_VARLEN_ENTRY(T, 128, true, flash_fwd_hopper_varlen_##DT##_d128_causal)

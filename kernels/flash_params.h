@@ -98,6 +98,14 @@ struct VarlenParams {
   SeqParams seq;
 };
 
+// The Hopper kernel's serving entries: the maps describe the tensors as
+// FlashParams does for VarlenParams (k_map and v_map, paged: pages of a
+// multiple of 128 keys), and `hp.sched` is unused.
+struct HopperVarlenParams {
+  HopperParams hp;
+  SeqParams seq;
+};
+
 // The rows to merge are [batch, heads, seqlen_q]; with cu_seqlens_q (packed
 // queries, the `_varlen` combine) only those some sequence covers.
 struct CombineParams {

@@ -74,6 +74,31 @@ __device__ __forceinline__ void store_staged(const FlashParams& p, const TmaDesc
   }
 }
 
+// Item `it`'s rows of consumer warpgroup cw (this thread's: row_lo and
+// row_lo + 8): unsplit through shared memory and TMA (store_staged), split as
+// the fp32 partials straight from the accumulators.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void store_item(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
+                                           const HopperItem& it, int cw, int warp, int g, int t, int row_lo,
+                                           const float (&o)[Cfg::kHeadDim / 8][4], const SoftmaxState<1>& softmax) {
+  if (p.num_splits == 1) {
+    store_staged<T, Cfg>(p, o_map, sm, it, cw, warp, g, t, o, softmax);
+  } else {
+    store_rows<T, Cfg::kHeadDim>(p, o, softmax, 0, row_lo, it.b, it.h, it.split, t);
+  }
+}
+
+// A serving item's rows, straight from the accumulators up to its sequence's
+// end: a TMA store of the tile would write over the next sequence's rows.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void store_item(const FlashParams& p, const TmaDesc&, const HopperSmem<Cfg>&,
+                                           const VarlenItem& it, int, int, int, int t, int row_lo,
+                                           const float (&o)[Cfg::kHeadDim / 8][4], const SoftmaxState<1>& softmax) {
+  const SeqInfo& s = it.info;
+  store_rows<T, Cfg::kHeadDim>(p, o, softmax, 0, s.q_row0 + row_lo, s.q_batch, it.h, it.split, t,
+                               RowsTo{s.q_row0 + s.q_len});
+}
+
 // A consumer warpgroup's last store has read shared memory, which the CTA may
 // then give up.
 __device__ __forceinline__ void o_store_drain() {

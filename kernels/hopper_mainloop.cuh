@@ -17,6 +17,29 @@
 
 namespace fa {
 
+// Rows of tile j's V stage `st` past the item's keys, which hold another
+// sequence's values or whatever a cache holds there, to zeros: P is zero there,
+// but 0 · NaN is not. A dense item's tiles end at the tensor's end, which TMA
+// fills with zeros, so it has none. The consumer warpgroup clears them before
+// its P·V reads the stage (the other, if any, writes the same zeros).
+template <typename Cfg>
+__device__ __forceinline__ void clear_v_tail(const HopperItem&, const HopperSmem<Cfg>&, int, int, int) {}
+template <typename Cfg>
+__device__ __forceinline__ void clear_v_tail(const VarlenItem& it, const HopperSmem<Cfg>& sm, int st, int j, int cw) {
+  constexpr int BN = Cfg::kBlockN;
+  const int r0 = it.info.k_len - (it.n_begin + j * BN);  // the first row past the keys
+  if (r0 >= BN) return;
+  const uint32_t rows = sm.v + st * Cfg::kKVBytes + r0 * 128;  // each panel's: 128 bytes a row, BN rows a panel
+  const int chunks = (BN - r0) * 8;                            // 16 bytes each, per panel
+#pragma unroll
+  for (int c = 0; c < Cfg::kPanels; ++c) {
+    for (int i = threadIdx.x % 128; i < chunks; i += 128)
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(rows + c * BN * 128 + 16 * i), "r"(0) : "memory");
+  }
+  fence_async_smem();
+  consumer_sync<Cfg>(cw);
+}
+
 // Consumer warpgroup wg (1 to 3) runs every item of this CTA (`decode(k,
 // entry(k))`, the scheduler's) in order; the K/V ring runs on across items (g0:
 // ring position of an item's first tile).
@@ -27,7 +50,9 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
   constexpr int NT = BN / 8, DT = D / 8;
   constexpr bool kPersistent = Cfg::kPersistent;
   const uint32_t bar_q = sm.full_q(), empty_q = sm.empty_q(), scale_slot = sm.scale_slot();
-  const int diag = p.seqlen_k - p.seqlen_q;  // bottom-right causal: row i sees keys j <= i + diag
+  // Bottom-right causal: row i sees keys j <= i + diag (a dense CTA's items all
+  // share this one, read once here; a serving item's is its sequence's).
+  const int dense_diag = p.seqlen_k - p.seqlen_q;
   // Consumer index: rows m0 + 64·cw …. A constant with one consumer, and the
   // causal mask's branch below tests the item's first row, not the warp's: a
   // value ptxas sees derived from threadIdx in the loop's control flow moved its
@@ -184,7 +209,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       wgmma_fence_operands(s);
       mbar_arrive_warp(slot_empty_k(cur));
       if (j + 3 >= it.tiles) mbar_arrive_warp(empty_q);  // this warpgroup's last Q·Kᵀ
-      mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, p.seqlen_k, diag);
+      mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, it.keys(p), it.diag(dense_diag));
       softmax.update(0, s, correction, scale_log2);
       softmax.rescale(o, correction);
       pack_p();
@@ -229,11 +254,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     }
     named_bar_sync(NamedBarrier::Merge, 384);  // the area is free for the next item
     if (cw != 0) return;
-    if (p.num_splits == 1) {
-      store_staged<T, Cfg>(p, o_map, sm, it, 0, warp, g, t, o, softmax);
-    } else {
-      store_rows<T, D>(p, o, softmax, 0, row_lo, it.b, it.h, it.split, t);
-    }
+    store_item<T, Cfg>(p, o_map, sm, it, 0, warp, g, t, row_lo, o, softmax);
   };
 
   int g0 = 0, q_loads = 0;
@@ -242,7 +263,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
   // item's decode waits on no global load, and runs once. Lane l loads item
   // k + 2 + l's entry, and lane 0's is taken: a load of one address ptxas moves
   // to the uniform datapath right away (R2UR), which waits for it there.
-  HopperItem it = decode(0, 0), nx = decode(1, entry(1));
+  auto it = decode(0, 0), nx = decode(1, entry(1));
   uint32_t ahead = entry(2 + lane);
   for (int k = 0; kPersistent || k == 0;
        ++k, it = nx, nx = decode(k + 1, __shfl_sync(0xffffffffu, ahead, 0)), ahead = entry(k + 2 + lane)) {
@@ -262,9 +283,12 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
     // they come last, and only the barrier protocol runs for them. Ping-pong needs
     // both warpgroups to take the same number of turns, so it computes them (masked).
-    const int live =
-        CAUSAL && !kPingPong ? max(0, min(it.tiles, (wg_last_row + diag + 1 - it.n_begin + BN - 1) / BN)) : it.tiles;
-    auto mask = [&](int j) { mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, p.seqlen_k, diag); };
+    const int live = CAUSAL && !kPingPong
+                         ? max(0, min(it.tiles, (wg_last_row + it.diag(dense_diag) + 1 - it.n_begin + BN - 1) / BN))
+                         : it.tiles;
+    auto mask = [&](int j) {
+      mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, it.keys(p), it.diag(dense_diag));
+    };
     auto mask_softmax = [&](int j) {
       mask(j);
       softmax.update(0, s, correction, scale_log2);
@@ -349,6 +373,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
           softmax.rescale(o, correction);
         }
         mbar_wait(slot_full_v(cur), cur.phase);
+        clear_v_tail<Cfg>(it, sm, cur.st, j, cw);
         issue_pv(cur);
         pv_landed(cur);
       }
@@ -401,6 +426,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       }
       if (live > 0) {
         mbar_wait(slot_full_v(cur), cur.phase);
+        clear_v_tail<Cfg>(it, sm, cur.st, live - 1, cw);
         take_turn();
         issue_pv(cur);
         if constexpr (kPingPong)
@@ -417,11 +443,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       release_landed(x);
     }
     g0 += it.tiles;
-    if (p.num_splits == 1) {
-      store_staged<T, Cfg>(p, o_map, sm, it, cw, warp, g, t, o, softmax);
-    } else {
-      store_rows<T, D>(p, o, softmax, 0, row_lo, it.b, it.h, it.split, t);
-    }
+    store_item<T, Cfg>(p, o_map, sm, it, cw, warp, g, t, row_lo, o, softmax);
   }
   o_store_drain();
 }

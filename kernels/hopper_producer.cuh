@@ -10,33 +10,39 @@
 
 namespace fa {
 
-template <typename Cfg>
+// Item: HopperItem or VarlenItem (hopper_scheduler.cuh).
+template <typename Cfg, typename Item>
 struct HopperProducer {
   static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
   const HopperParams& hp;
   HopperSmem<Cfg> sm;
-  HopperItem first;
+  Item first;
   int early;  // the first item's tiles loaded in the prologue, with its Q
 
-  __device__ __forceinline__ void load_q(const HopperItem& it) const {
+  template <typename Item>
+  __device__ __forceinline__ void load_q(const Item& it) const {
+    const int3 at = it.q_at();
     mbar_expect_tx(sm.full_q(), Cfg::kQBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
-      tma_load_4d(sm.q + c * BM * 128, &hp.q_map, sm.full_q(), c * 64, it.m0, it.h, it.b);
+      tma_load_4d(sm.q + c * BM * 128, &hp.q_map, sm.full_q(), c * 64, at.x, at.y, at.z);
   }
 
-  __device__ __forceinline__ void load_kv(const HopperItem& it, int g, int j) const {
-    const int st = g % S, n0 = it.n_begin + j * BN;
+  // Key tile j (`keys`: where an item's tiles lie, key_tiles) into ring position g.
+  template <typename Keys>
+  __device__ __forceinline__ void load_kv(const Keys& keys, int g, int j) const {
+    const int st = g % S;
+    const int3 at = keys.at(j);
     if (g >= S) mbar_wait(sm.empty_k(st), ((g / S) - 1) & 1);
     mbar_expect_tx(sm.full_k(st), Cfg::kKVBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
-      tma_load_4d(sm.k + st * Cfg::kKVBytes + c * BN * 128, &hp.k_map, sm.full_k(st), c * 64, n0, it.kvh, it.b);
+      tma_load_4d(sm.k + st * Cfg::kKVBytes + c * BN * 128, &hp.k_map, sm.full_k(st), c * 64, at.x, at.y, at.z);
     if (g >= S) mbar_wait(sm.empty_v(st), ((g / S) - 1) & 1);
     mbar_expect_tx(sm.full_v(st), Cfg::kKVBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
-      tma_load_4d(sm.v + st * Cfg::kKVBytes + c * BN * 128, &hp.v_map, sm.full_v(st), c * 64, n0, it.kvh, it.b);
+      tma_load_4d(sm.v + st * Cfg::kKVBytes + c * BN * 128, &hp.v_map, sm.full_v(st), c * 64, at.x, at.y, at.z);
   }
 
   // Thread 0, before the CTA barrier: every mbarrier, exp turns' scale, and the
@@ -58,7 +64,8 @@ struct HopperProducer {
       tma_prefetch_desc(&hp.k_map);
       tma_prefetch_desc(&hp.v_map);
       load_q(first);
-      for (int j = 0; j < early; ++j) load_kv(first, j, j);
+      const auto keys = key_tiles<BN>(first);
+      for (int j = 0; j < early; ++j) load_kv(keys, j, j);
     }
   }
 
@@ -68,7 +75,7 @@ struct HopperProducer {
   __device__ __forceinline__ void run(Items item) const {
     int g0 = 0, q_loads = 0;
     for (int k = 0; Cfg::kPersistent || k == 0; ++k) {
-      const HopperItem it = item(k);
+      const Item it = item(k);
       if (it.done) break;
       if (it.skip || it.tiles == 0) continue;
       const bool issued = q_loads == 0 && early > 0;  // item 0, loaded in the prologue
@@ -76,7 +83,8 @@ struct HopperProducer {
       if (Cfg::kPersistent && q_loads > 0) mbar_wait(sm.empty_q(), (q_loads - 1) & 1);
       if (!issued) load_q(it);
       ++q_loads;
-      for (int j = issued ? early : 0; j < it.tiles; ++j) load_kv(it, g0 + j, j);
+      const auto keys = key_tiles<BN>(it);
+      for (int j = issued ? early : 0; j < it.tiles; ++j) load_kv(keys, g0 + j, j);
       g0 += it.tiles;
     }
   }

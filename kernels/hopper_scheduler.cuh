@@ -4,6 +4,7 @@
 
 #include "flash_params.h"
 #include "hopper.cuh"
+#include "seqinfo.cuh"
 
 namespace fa {
 
@@ -16,7 +17,26 @@ struct HopperItem {
   // Split-tail item: 64 rows from m0, every consumer warpgroup's, each taking
   // every third key tile; merged by warpgroup 0 (HopperSched::whole_units).
   bool split_tail;
+
+  // The item's sequence, which every (b, h) of a dense batch shares: its keys,
+  // and the bottom-right causal alignment (row i sees keys j <= i + diag),
+  // seqlen_k − seqlen_q, which callers read once.
+  __device__ __forceinline__ int keys(const FlashParams& p) const { return p.seqlen_k; }
+  __device__ __forceinline__ int diag(int dense_diag) const { return dense_diag; }
+  // Q's tile in q_map (row, head, batch).
+  __device__ __forceinline__ int3 q_at() const { return make_int3(m0, h, b); }
 };
+
+// Key tile j of a dense item in k_map and v_map (row, head, batch).
+template <int BN>
+struct DenseKeyTiles {
+  int n_begin, kvh, b;
+  __device__ __forceinline__ int3 at(int j) const { return make_int3(n_begin + j * BN, kvh, b); }
+};
+template <int BN>
+__device__ __forceinline__ DenseKeyTiles<BN> key_tiles(const HopperItem& it) {
+  return {it.n_begin, it.kvh, it.b};
+}
 
 // The k-th item of this CTA. Not persistent: the one query block the 3-D grid
 // names (causal: the last blocks, which see the most keys, first). Persistent:
@@ -114,6 +134,61 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
   r.n_begin = r.split * p.keys_per_split;
   int n_end = min(p.seqlen_k, r.n_begin + p.keys_per_split);
   if (CAUSAL) n_end = min(n_end, r.m0 + BM + (p.seqlen_k - p.seqlen_q));
+  r.tiles = n_end > r.n_begin ? (n_end - r.n_begin + BN - 1) / BN : 0;
+  return r;
+}
+
+// A serving call's item (the `_varlen` entries): query rows m0 … m0 + BM − 1
+// of sequence b's head h, m0 and the key positions counted from the
+// sequence's start. Its rows and keys lie where `info` says (packed, dense or,
+// paged, on pages of a multiple of BN keys, so that a key tile lies in one page).
+struct VarlenItem : HopperItem {
+  SeqInfo info;
+  const SeqParams* sp;
+
+  __device__ __forceinline__ int keys(const FlashParams&) const { return info.k_len; }
+  __device__ __forceinline__ int diag(int) const { return info.diag(); }
+  __device__ __forceinline__ int3 q_at() const { return make_int3(info.q_row0 + m0, h, info.q_batch); }
+};
+
+// Key tile j of a serving item: packed or dense, at the sequence's rows; paged,
+// at its row in the page its block-table slot names (a slot naming no page of
+// k and v gives −1, which TMA reads as zeros). One block-table read per tile,
+// by the producer thread, which waits on the ring far longer.
+template <int BN>
+struct SeqKeyTiles {
+  const VarlenItem& it;
+  __device__ __forceinline__ int3 at(int j) const {
+    const int n = it.n_begin + j * BN;
+    if (it.info.pages == nullptr) return make_int3(it.info.k_row0 + n, it.kvh, it.info.k_batch);
+    const int slot = fast_div(it.sp->page_size, n);
+    return make_int3(n - slot * it.sp->page_size.div, it.kvh, it.info.page_of(slot, *it.sp));
+  }
+};
+template <int BN>
+__device__ __forceinline__ SeqKeyTiles<BN> key_tiles(const VarlenItem& it) {
+  return {it};
+}
+
+// The one item of a `_varlen` CTA, named by its 3-D grid: query block
+// blockIdx.x (causal: the last blocks first) of sequence blockIdx.y / heads,
+// head blockIdx.y % heads, key split blockIdx.z. A block past the sequence's
+// rows is skipped (the grid covers max_seqlen_q).
+template <int BM, int BN, bool CAUSAL>
+__device__ __forceinline__ VarlenItem varlen_item(const FlashParams& p, const SeqParams& sp) {
+  VarlenItem r{};
+  r.sp = &sp;
+  r.b = blockIdx.y / p.heads;
+  r.h = blockIdx.y - r.b * p.heads;
+  r.kvh = fast_div(sp.group, r.h);
+  r.split = blockIdx.z;
+  r.m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+  r.info = SeqInfo(p, sp, r.b);
+  r.skip = r.m0 >= r.info.q_len;
+  if (r.skip) return r;
+  r.n_begin = r.split * p.keys_per_split;
+  int n_end = min(r.info.k_len, r.n_begin + p.keys_per_split);
+  if (CAUSAL) n_end = min(n_end, r.m0 + BM + r.info.diag());
   r.tiles = n_end > r.n_begin ? (n_end - r.n_begin + BN - 1) / BN : 0;
   return r;
 }

@@ -18,19 +18,29 @@ __device__ __forceinline__ bool row_stored(int row, int seqlen_q) {
 #endif
 }
 
+// Where a block's stored rows end: a dense batch's at seqlen_q, a sequence's
+// where it says.
+struct RowsToSeqlen {
+  __device__ __forceinline__ int end(const FlashParams& p) const { return p.seqlen_q; }
+};
+struct RowsTo {
+  int row_end;
+  __device__ __forceinline__ int end(const FlashParams&) const { return row_end; }
+};
+
 // Normalises and writes rows row_lo and row_lo + 8 (tile mt of the softmax
-// state): O in the input dtype and the natural-log LSE, or with several splits
-// the fp32 partial and its LSE.
-template <typename T, int D, int MT>
+// state) of (b, h) that lie before `rows.end(p)`: O in the input dtype and the
+// natural-log LSE, or with several splits the fp32 partial and its LSE.
+template <typename T, int D, int MT, typename Rows = RowsToSeqlen>
 __device__ __forceinline__ void store_rows(const FlashParams& p, const float (&o)[D / 8][4],
                                            const SoftmaxState<MT>& softmax, int mt, int row_lo, int b, int h, int split,
-                                           int t) {
+                                           int t, Rows rows = {}) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float inv, lse;
     softmax.finish(mt, r, inv, lse);
     const int row = row_lo + 8 * r;
-    if (!row_stored(row, p.seqlen_q)) continue;
+    if (!row_stored(row, rows.end(p))) continue;
     const int64_t bh_row = ((int64_t)b * p.heads + h) * p.seqlen_q + row;
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row * p.o_row_stride;

@@ -22,6 +22,7 @@ struct SeqInfo {
   int k_len;             // keys it uses
   const int32_t* pages;  // its block_table row, or null: not paged
 
+  SeqInfo() = default;
   __device__ __forceinline__ SeqInfo(const FlashParams& p, const SeqParams& sp, int s) {
     if (sp.cu_seqlens_q != nullptr) {
       const int lo = clamp_to(sp.cu_seqlens_q[s], 0, p.seqlen_q);

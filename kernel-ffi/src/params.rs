@@ -183,6 +183,17 @@ pub struct VarlenParams {
     pub seq: SeqParams,
 }
 
+/// The Hopper kernel's serving entries' parameters (fa::HopperVarlenParams):
+/// the maps describe the tensors as `VarlenParams::p` does; `hp.sched` is unused.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct HopperVarlenParams {
+    /// The maps and the tensors.
+    pub hp: HopperParams,
+    /// The sequences.
+    pub seq: SeqParams,
+}
+
 /// The combine entries' parameters (fa::CombineParams): merge each split's
 /// partial output and LSE into the output.
 #[repr(C)]
@@ -256,13 +267,16 @@ pub struct ReferenceParams {
 // SAFETY: plain-old-data with the C layout of the structs in flash_params.h
 // (pointers as u64 device addresses, int64_t strides, int32_t/float scalars).
 unsafe impl DeviceRepr for FlashParams {}
-// SAFETY: as above, mirrors fa::HopperParams (three 64-byte-aligned 128-byte tensor maps, FlashParams,
+// SAFETY: as above, mirrors fa::HopperParams (four 64-byte-aligned 128-byte tensor maps, FlashParams,
 // then HopperSched: an int32_t, five FastDiv of three uint32_t, a pointer as u64 and two
 // int32_t).
 unsafe impl DeviceRepr for HopperParams {}
 // SAFETY: as above, mirrors fa::VarlenParams (FlashParams, then SeqParams: four pointers as u64,
 // five int32_t, two FastDiv).
 unsafe impl DeviceRepr for VarlenParams {}
+// SAFETY: as above, mirrors fa::HopperVarlenParams (HopperParams, whose size is a multiple of its
+// 64-byte alignment, then SeqParams).
+unsafe impl DeviceRepr for HopperVarlenParams {}
 // SAFETY: as above, mirrors fa::CombineParams.
 unsafe impl DeviceRepr for CombineParams {}
 // SAFETY: as above, mirrors fa::ReferenceParams.
@@ -283,6 +297,7 @@ const _: () = assert!(
 const _: () = assert!(std::mem::size_of::<CombineParams>() == 4 * 8 + 3 * 8 + 4 * 4 + 8 + 2 * 4);
 const _: () = assert!(std::mem::size_of::<SeqParams>() == 4 * 8 + 5 * 4 + 2 * 12 + 4);
 const _: () = assert!(std::mem::offset_of!(VarlenParams, seq) == std::mem::size_of::<FlashParams>());
+const _: () = assert!(std::mem::offset_of!(HopperVarlenParams, seq) == std::mem::size_of::<HopperParams>());
 const _: () = assert!(std::mem::size_of::<ReferenceParams>() == 5 * 8 + 9 * 8 + 8 * 4);
 
 #[cfg(test)]

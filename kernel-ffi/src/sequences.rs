@@ -225,6 +225,43 @@ pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, layout: &SeqLayout, scale: Optio
     Ok(VarlenProblem { tensors: t, seqs, kv_batch, max_seqlen_q, max_seqlen_k, pages: layout.block_table })
 }
 
+/// Why the Hopper kernel's serving entries cannot run a call, or `None`: they
+/// read each key tile (128 keys) from one page by TMA, so pages must hold a
+/// multiple of 128 keys; their grid's y dimension is sequences × query heads.
+///
+/// ```
+/// use kernel_ffi::sequences::{PageTable, SeqLayout, hopper_unfit, validate};
+/// use kernel_ffi::tensor::{Arg, Desc, Dtype, Layout};
+///
+/// let q = Desc::new([2, 8, 1, 128], Layout::Bshd);
+/// let cache = |page| Desc::new([64, 2, page, 128], Layout::Bshd);
+/// let arg = |name, desc: Desc| Arg { name, dtype: Dtype::Bf16, desc, len: desc.span() };
+/// let table = Some(PageTable { len: 64, max_pages: 32, stride: 32 });
+/// let layout = SeqLayout { seqs: 2, max_seqlen_q: 1, block_table: table, ..SeqLayout::default() };
+/// let paged = |page| validate(arg("q", q), arg("k", cache(page)), arg("v", cache(page)), arg("out", q), &layout, None);
+/// assert_eq!(hopper_unfit(&paged(256).unwrap()), None);
+/// let why = hopper_unfit(&paged(16).unwrap()).unwrap();
+/// assert!(why.contains("pages of 16 keys"), "{why}");
+/// ```
+pub fn hopper_unfit(p: &VarlenProblem) -> Option<String> {
+    const TILE: usize = 128;
+    let t = &p.tensors;
+    if p.pages.is_some() && !t.seqlen_k.is_multiple_of(TILE) {
+        return Some(format!(
+            "pages of {} keys: the Hopper kernel reads each {TILE}-key tile from one page, so it takes page sizes \
+             that are multiples of {TILE}",
+            t.seqlen_k
+        ));
+    }
+    if p.seqs.saturating_mul(t.heads) > MAX_BATCH_HEADS {
+        return Some(format!(
+            "sequences × query heads = {} exceeds {MAX_BATCH_HEADS}, the Hopper kernel's grid's y dimension",
+            p.seqs as u128 * t.heads as u128
+        ));
+    }
+    None
+}
+
 /// The device arrays of a serving call, copied to the host for [`check_indices`].
 #[derive(Debug, Clone, Default)]
 pub struct Indices {

@@ -309,7 +309,7 @@ impl Attention {
 /// batch), boxes of 64 columns × `rows` rows with the 128-byte swizzle the wgmma
 /// descriptors expect. A zero-length sequence is described as one row; the kernel
 /// issues no load or store for it.
-fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Result<TmaDesc> {
+pub(super) fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Result<TmaDesc> {
     let [b, h, seq, d] = desc.dims.map(|x| x as u64);
     let [sb, sh, ss] = desc.strides.map(|x| x as u64 * 2);
     let dims = [d, seq.max(1), h, b];

@@ -1,15 +1,16 @@
 //! Serving calls: sequences of different lengths in one launch, their keys
 //! packed, dense or in a paged cache (`forward_varlen`), on the portable
-//! kernel's `_varlen` entries.
+//! kernel's `_varlen` entries or the Hopper kernel's.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
+use super::launch::tensor_map;
 use super::memory::device_ptr;
 use super::{Attention, Family, Launched, Options, Splits, Tensor, Variant, validate};
 use crate::error::{CudaContext, Error, Result, invalid};
-use crate::params::{FastDiv, SeqParams, VarlenParams};
+use crate::params::{FastDiv, HopperParams, HopperSched, HopperVarlenParams, SeqParams, TmaDesc, VarlenParams};
 use crate::planner::{self, Plan};
 use crate::sequences::{self, Indices, PageTable, SeqLayout, VarlenProblem};
 
@@ -86,8 +87,9 @@ impl Attention {
     /// LSE into `lse` ([batch, H, rows] of q's own extents: (H, total_q) when
     /// packed). Causal is bottom-right aligned per sequence; the query heads that
     /// share a K/V head share its tiles (GQA packing); keys may be split over
-    /// CTAs (`opts.splits`, else planned for the longest sequence). Runs the
-    /// portable kernel; every shape rule is checked before anything is launched.
+    /// CTAs (`opts.splits`, else planned for the longest sequence). Prefill runs
+    /// on the Hopper kernel where loaded (`varlen_family`), decode on the
+    /// portable one; every shape rule is checked before anything is launched.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_varlen(
         &self,
@@ -121,18 +123,13 @@ impl Attention {
         {
             invalid!("lse holds {} floats but batch × heads × rows of q = {}", l.len(), p.rows());
         }
-        if opts.choice.variant == Variant::Hopper {
-            return Err(Error::Unsupported(
-                "the Hopper kernel has no variable-length or paged entries yet; use the portable variant (or auto)"
-                    .into(),
-            ));
-        }
-        let name = format!(
-            "flash_fwd_varlen_{}_d{}{}",
-            q.dtype.name(),
-            p.tensors.head_dim,
-            if opts.causal { "_causal" } else { "" }
-        );
+        let family = self.varlen_family(opts.choice.variant, &p)?;
+        let stem = match family {
+            Family::Portable => "flash_fwd_varlen",
+            Family::Hopper => "flash_fwd_hopper_varlen",
+        };
+        let name =
+            format!("{stem}_{}_d{}{}", q.dtype.name(), p.tensors.head_dim, if opts.causal { "_causal" } else { "" });
         let kern = self.kernel(&name)?;
         let block_m = kern.launch.block_m;
         if opts.choice.block_m.is_some_and(|m| m != block_m) || opts.choice.key_groups.is_some_and(|g| g != 1) {
@@ -142,35 +139,64 @@ impl Attention {
         if seqs.validate {
             self.check_indices(stream, seqs, &p)?;
         }
-        let family = Family::Portable;
-        let m_blocks = (p.max_seqlen_q * p.group()).div_ceil(block_m as usize) as u32;
+        // Grid y: the portable entries' rows are a sequence's tokens × the query
+        // heads of one K/V head (GQA packing); the Hopper entries' one query head's.
+        let (rows_per_seq, seq_heads) = match family {
+            Family::Portable => (p.max_seqlen_q * p.group(), p.seqs * p.tensors.kv_heads),
+            Family::Hopper => (p.max_seqlen_q, p.seqs * p.tensors.heads),
+        };
+        let m_blocks = rows_per_seq.div_ceil(block_m as usize) as u32;
         if p.seqs == 0 || p.rows() == 0 || m_blocks == 0 {
             return Ok(Launched { family, ..Launched::default() }); // nothing to compute
         }
-        let seq_heads = (p.seqs * p.tensors.kv_heads) as u32; // ≤ MAX_BATCH_HEADS (sequences::validate)
+        let seq_heads = seq_heads as u32; // ≤ MAX_BATCH_HEADS (sequences::validate, sequences::hopper_unfit)
         let work = u64::from(m_blocks) * u64::from(seq_heads);
         let plan = plan(opts.splits, self.device.sm_count, kern.ctas_per_sm, work, &p, kern.launch.block_n);
         let s = stream;
         let partials = self.alloc_partials(s, &p.tensors, plan.num_splits)?;
         let lse = lse.map_or(0, |l| device_ptr(l, s));
-        let vp = VarlenParams {
-            p: Self::flash_params(s, [q, k, v, out], lse, partials.as_ref(), &p.tensors, &plan),
-            seq: seq_params(s, seqs, &p),
-        };
+        let params = Self::flash_params(s, [q, k, v, out], lse, partials.as_ref(), &p.tensors, &plan);
+        let seq = seq_params(s, seqs, &p);
         let cfg = LaunchConfig {
             grid_dim: (m_blocks, seq_heads, plan.num_splits),
             block_dim: (kern.launch.threads, 1, 1),
             shared_mem_bytes: kern.dynamic_smem,
         };
-        // SAFETY: matches `flash_fwd_varlen_<dtype>_d<D>[_causal](const VarlenParams p)` in
-        // kernels/flash_fwd_<dtype>.cu. sequences::validate proved every row of q/k/v/out's
-        // dims lies inside its buffer (strides multiples of 8 elements), validate::aligned that
-        // pointers are 16-byte aligned, and that the index arrays hold seqs + 1 offsets, seqs
-        // lengths and seqs rows of the block table; the kernel clamps every index it reads
-        // from them into those dims (kernels/seqinfo.cuh). lse (if any) holds rows() floats; the
-        // partials hold splits · rows() (· D). The buffers outlive the launch: the stream frees
-        // in order, and the caller's arrays are borrowed for the call.
-        unsafe { s.launch_builder(&kern.func).arg(&vp).launch(cfg) }.cuda(format!("launching {name}"))?;
+        match family {
+            Family::Portable => {
+                let vp = VarlenParams { p: params, seq };
+                // SAFETY: matches `flash_fwd_varlen_<dtype>_d<D>[_causal](const VarlenParams p)` in
+                // kernels/flash_fwd_<dtype>.cu. sequences::validate proved every row of q/k/v/out's
+                // dims lies inside its buffer (strides multiples of 8 elements), validate::aligned that
+                // pointers are 16-byte aligned, and that the index arrays hold seqs + 1 offsets, seqs
+                // lengths and seqs rows of the block table; the kernel clamps every index it reads
+                // from them into those dims (kernels/seqinfo.cuh). lse (if any) holds rows() floats; the
+                // partials hold splits · rows() (· D). The buffers outlive the launch: the stream frees
+                // in order, and the caller's arrays are borrowed for the call.
+                unsafe { s.launch_builder(&kern.func).arg(&vp).launch(cfg) }.cuda(format!("launching {name}"))?;
+            }
+            Family::Hopper => {
+                let map = |t: &Tensor, rows: u32| tensor_map(device_ptr(&t.data, s), t.dtype, &t.desc, rows);
+                let vp = HopperVarlenParams {
+                    hp: HopperParams {
+                        q_map: map(q, block_m)?,
+                        k_map: map(k, kern.launch.block_n)?,
+                        v_map: map(v, kern.launch.block_n)?,
+                        o_map: TmaDesc([0; 16]), // the serving entries store O without TMA
+                        p: params,
+                        sched: unused_sched(),
+                    },
+                    seq,
+                };
+                // SAFETY: matches `flash_fwd_hopper_varlen_<dtype>_d<D>[_causal](const __grid_constant__
+                // HopperVarlenParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
+                // exactly the validated q/k/v extents (TMA zero-fills and never reads past them; paged,
+                // hopper_unfit proved each 128-key tile lies in one page); out, lse and the partials are
+                // written with plain stores, as by the portable entries (the arm above): the same
+                // validation, clamping and lifetimes hold.
+                unsafe { s.launch_builder(&kern.func).arg(&vp).launch(cfg) }.cuda(format!("launching {name}"))?;
+            }
+        }
         if let Some(partials) = &partials {
             let packed = seqs.cu_seqlens_q.map(|cu| (device_ptr(cu, s), p.seqs as i32, p.max_seqlen_q as i32));
             self.launch_combine(s, q.dtype, &p.tensors, plan.num_splits, partials, out, lse, packed)?;
@@ -183,6 +209,30 @@ impl Attention {
             key_groups: 1,
             persistent: false,
         })
+    }
+
+    /// The kernel a serving call runs: `Auto` takes the Hopper kernel's entries
+    /// where loaded, where they can run the call (`sequences::hopper_unfit`) and
+    /// for prefill (`planner::prefer_hopper_varlen`).
+    fn varlen_family(&self, variant: Variant, p: &VarlenProblem) -> Result<Family> {
+        let unfit = sequences::hopper_unfit(p);
+        match variant {
+            Variant::Portable => Ok(Family::Portable),
+            Variant::Auto => {
+                Ok(if self.has_hopper() && unfit.is_none() && planner::prefer_hopper_varlen(p.max_seqlen_q) {
+                    Family::Hopper
+                } else {
+                    Family::Portable
+                })
+            }
+            Variant::Hopper => {
+                self.resolve(&p.tensors, variant)?; // the device's error, where it has no Hopper kernel
+                match unfit {
+                    Some(why) => Err(Error::Unsupported(format!("{why}; use the portable variant (or auto)"))),
+                    None => Ok(Family::Hopper),
+                }
+            }
+        }
     }
 
     /// Copies the index arrays to the host (waiting for `stream`) and checks
@@ -209,6 +259,22 @@ fn plan(splits: Splits, sm_count: u32, ctas_per_sm: u32, work: u64, p: &VarlenPr
     match splits {
         Splits::Fixed(n) => planner::plan_fixed(n, max_k, block_n),
         Splits::Auto => planner::plan_ragged(sm_count, ctas_per_sm, work, max_k, block_n),
+    }
+}
+
+/// The Hopper entries' schedule, which the serving entries do not read.
+fn unused_sched() -> HopperSched {
+    let one = FastDiv::new(1);
+    HopperSched {
+        units: 0,
+        per_head: one,
+        bh: one,
+        heads: one,
+        group: one,
+        blocks: one,
+        order: 0,
+        order_stride: 0,
+        whole_units: 0,
     }
 }
 

@@ -15,6 +15,16 @@ pub fn prefer_hopper(seqlen_k: usize) -> bool {
     seqlen_k > 64
 }
 
+/// Whether a serving call whose sequences have up to `max_seqlen_q` query rows
+/// runs on the Hopper kernel's `_varlen` entries: prefill does, in 128-row
+/// tiles of one query head; decode and short chunks (64 rows or fewer) stay on
+/// the portable entries, which pack the query heads of a K/V head into one
+/// tile's rows, so that each K/V tile is read once per group rather than once
+/// per head, and a one-token query fills a tile's rows instead of 1 of 128.
+pub fn prefer_hopper_varlen(max_seqlen_q: usize) -> bool {
+    max_seqlen_q > 64
+}
+
 /// Whether a kernel with 64- and 128-row entries should run the 64-row one, from
 /// each entry's resident CTA slots (SMs × CTAs per SM, the occupancy calculator's)
 /// and rows per CTA, and the 64-row grid: when that grid fits in one wave, so that

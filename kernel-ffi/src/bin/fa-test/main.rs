@@ -305,11 +305,11 @@ impl Item {
         }
     }
 
-    /// The kernel the case runs (serving calls run the portable one).
+    /// The kernel the case runs.
     fn variant(&self) -> Variant {
         match self {
             Item::Dense(c) => c.choice.variant,
-            Item::Serving(_) => Variant::Portable,
+            Item::Serving(c) => c.variant,
         }
     }
 

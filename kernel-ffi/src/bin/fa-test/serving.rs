@@ -10,7 +10,8 @@ use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ShapeRecord, TestCase};
 use kernel_ffi::{
-    Attention, BlockTable, CudaSlice, Desc, Dtype, Layout, Options, Problem, Sequences, Splits, sequences,
+    Attention, BlockTable, CudaSlice, Desc, Dtype, KernelChoice, Layout, Options, Problem, Sequences, Splits, Variant,
+    sequences,
 };
 
 /// Where a case's queries lie.
@@ -63,6 +64,8 @@ pub struct Case {
     pub splits: Splits,
     pub lse: bool,
     pub indices: Indices,
+    /// The kernel: portable, or Hopper (`-hopper`) where its entries take the keys.
+    pub variant: Variant,
     /// Tag naming the length set in the case name.
     pub tag: &'static str,
 }
@@ -70,7 +73,7 @@ pub struct Case {
 impl Case {
     pub fn name(&self) -> String {
         format!(
-            "serving-{}-d{}{}-h{}kv{}-{}-{}-s{}{}{}",
+            "serving-{}-d{}{}-h{}kv{}-{}-{}-s{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "-causal" } else { "" },
@@ -81,6 +84,7 @@ impl Case {
             self.splits,
             if self.lse { "-lse" } else { "" },
             if self.indices == Indices::Bad { "-bad-indices" } else { "" },
+            if self.variant == Variant::Hopper { "-hopper" } else { "" },
         )
     }
 
@@ -129,9 +133,17 @@ fn lengths() -> Vec<(&'static str, Vec<usize>, Vec<usize>)> {
     ]
 }
 
+/// Whether the Hopper kernel's serving entries take these keys: packed, dense,
+/// or on pages of a multiple of their 128-key tile (`sequences::hopper_unfit`).
+fn hopper_takes(keys: Keys) -> bool {
+    !matches!(keys, Keys::Paged { page_size, .. } if !page_size.is_multiple_of(128))
+}
+
 /// The serving matrix: every dtype × head dim × mask over each length set and
 /// key layout, GQA ratios 1 to 8, page sizes of every class (1, odd, below,
-/// at and above the 64-key tile, 256), LSE and forced splits rotating through.
+/// at and above the 64-key tile, 256), LSE and forced splits rotating through;
+/// each on the portable kernel, and again on the Hopper kernel where its
+/// entries take the keys.
 pub fn matrix() -> Vec<Case> {
     let gqa = [(2, 2), (8, 1), (6, 2), (4, 1), (7, 7), (4, 2)];
     let keys = [
@@ -168,6 +180,7 @@ pub fn matrix() -> Vec<Case> {
                             splits: [Splits::Fixed(1), Splits::Auto, Splits::Fixed(3)][i % 3],
                             lse: i.is_multiple_of(2),
                             indices: Indices::Good,
+                            variant: Variant::Portable,
                             tag,
                         });
                     }
@@ -176,29 +189,43 @@ pub fn matrix() -> Vec<Case> {
         }
     }
     cases.extend(bad_indices());
+    with_hopper(cases)
+}
+
+/// The cases, then the Hopper twin of each the Hopper entries take.
+fn with_hopper(mut cases: Vec<Case>) -> Vec<Case> {
+    let twins: Vec<Case> =
+        cases.iter().filter(|c| hopper_takes(c.keys)).map(|c| Case { variant: Variant::Hopper, ..c.clone() }).collect();
+    cases.extend(twins);
     cases
 }
 
 /// Bad index arrays, one case per key layout that reads them.
 fn bad_indices() -> Vec<Case> {
-    [Keys::Packed, Keys::Paged { page_size: 16, shared: false }, Keys::Paged { page_size: 64, shared: false }]
-        .into_iter()
-        .map(|keys| Case {
-            dtype: Dtype::Bf16,
-            head_dim: 128,
-            causal: true,
-            heads: 4,
-            kv_heads: 2,
-            q_lens: vec![3, 40, 1],
-            k_lens: vec![100, 200, 300],
-            queries: Queries::Packed { gap: 0 },
-            keys,
-            splits: Splits::Fixed(2),
-            lse: true,
-            indices: Indices::Bad,
-            tag: "bad",
-        })
-        .collect()
+    [
+        Keys::Packed,
+        Keys::Paged { page_size: 16, shared: false },
+        Keys::Paged { page_size: 64, shared: false },
+        Keys::Paged { page_size: 128, shared: false },
+    ]
+    .into_iter()
+    .map(|keys| Case {
+        dtype: Dtype::Bf16,
+        head_dim: 128,
+        causal: true,
+        heads: 4,
+        kv_heads: 2,
+        q_lens: vec![3, 40, 1],
+        k_lens: vec![100, 200, 300],
+        queries: Queries::Packed { gap: 0 },
+        keys,
+        splits: Splits::Fixed(2),
+        lse: true,
+        indices: Indices::Bad,
+        variant: Variant::Portable,
+        tag: "bad",
+    })
+    .collect()
 }
 
 /// The few serving cases compute-sanitizer runs: the page gathers (tile in a
@@ -210,7 +237,7 @@ pub fn sanitize_set() -> Vec<Case> {
         .filter(|c| c.dtype == Dtype::Bf16 && c.head_dim == 128 && c.causal && c.indices == Indices::Good)
         .filter(|c| matches!(c.tag, "ragged" | "decode"))
         .collect();
-    cases.extend(bad_indices());
+    cases.extend(with_hopper(bad_indices()));
     cases
 }
 
@@ -437,7 +464,8 @@ pub fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase>
         }),
         validate,
     };
-    let opts = Options { causal: case.causal, scale: None, splits: case.splits, ..Options::default() };
+    let choice = KernelChoice { variant: case.variant, ..KernelChoice::default() };
+    let opts = Options { causal: case.causal, scale: None, splits: case.splits, choice };
     if case.indices == Indices::Bad {
         // Refused when checked; unchecked, run to completion without a fault.
         let refused = att.forward_varlen(&q, &k, &v, &mut out, lse.as_mut(), &sequences(true), &opts);
@@ -562,7 +590,11 @@ fn record(
 
 /// The record of a case that could not run.
 pub fn not_run(case: &Case, e: &anyhow::Error) -> TestCase {
-    let entry = EntryRecord { variant: "portable".into(), block_m: 64, key_groups: 1, persistent: false };
+    let (variant, block_m) = match case.variant {
+        Variant::Hopper => ("hopper", 128),
+        _ => ("portable", 64),
+    };
+    let entry = EntryRecord { variant: variant.into(), block_m, key_groups: 1, persistent: false };
     TestCase {
         rel_l2: f64::NAN,
         max_abs: f64::NAN,
@@ -594,6 +626,10 @@ mod tests {
         assert!(cases.iter().any(|c| c.queries == Queries::Dense));
         assert!(cases.iter().any(|c| matches!(c.queries, Queries::Packed { gap } if gap > 0)));
         assert!(sanitize_set().iter().any(|c| c.indices == Indices::Bad));
+        for variant in [Variant::Portable, Variant::Hopper] {
+            let of = |set: &[Case]| set.iter().filter(|c| c.variant == variant).count();
+            assert!(of(&cases) > 100 && of(&sanitize_set()) > 5, "{variant:?}");
+        }
     }
 
     #[test]
@@ -636,6 +672,8 @@ mod tests {
             if case.indices == Indices::Good {
                 sequences::check_indices(&p, &ix).unwrap_or_else(|e| panic!("{}: {e}", case.name()));
             }
+            let unfit = sequences::hopper_unfit(&p);
+            assert_eq!(unfit.is_none(), hopper_takes(case.keys), "{}: {unfit:?}", case.name());
             // The reference (slow unoptimised) on decode's short rows, one layout each.
             if case.tag == "decode" && !case.causal {
                 let (want, _) = expected(&case, &b);
