@@ -25,6 +25,8 @@ use crate::tools::drivers;
 use crate::tools::process::{Cmd, Session};
 use crate::tools::progress::Progress;
 use fa_schema::schema::{DeviceInfo, EntryRecord, SERVE_PROTOCOL, ServeReply, ServeRequest};
+use fa_schema::shape::Shape;
+use fa_schema::tensor::Dtype;
 use monitor::Monitor;
 use sequence::{Rule, Step, Verdict};
 
@@ -299,7 +301,7 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
             }
         };
         let g = summarise(
-            format!("{dtype}-{}", shape_name(shape)),
+            case_name(dtype, shape),
             method,
             (launches, flops),
             (base_entry, cand_entry),
@@ -339,13 +341,12 @@ pub fn gated_defaults(base: &[String], cand: &[String]) -> (Vec<String>, Vec<Str
     cand.iter().cloned().partition(|s| base.contains(s))
 }
 
-/// fa-bench's case name for a shape spec: `2,16,8192,128,causal` → `b2h16s8192d128-causal`.
-pub fn shape_name(spec: &str) -> String {
-    let p: Vec<&str> = spec.split(',').map(str::trim).collect();
-    let causal = if p.get(4) == Some(&"causal") { "-causal" } else { "" };
-    match p.as_slice() {
-        [b, h, s, d, ..] => format!("b{b}h{h}s{s}d{d}{causal}"),
-        _ => spec.to_string(),
+/// fa-bench's case name for a shape spec and dtype (`Shape::name`), e.g.
+/// `f16-b2h16s8192d128-causal`; the spec and dtype as given where they do not parse.
+pub fn case_name(dtype: &str, spec: &str) -> String {
+    match (Dtype::parse(dtype), Shape::parse(spec)) {
+        (Ok(dtype), Ok(shape)) => shape.name(dtype),
+        _ => format!("{dtype}-{spec}"),
     }
 }
 
@@ -423,8 +424,11 @@ mod tests {
 
     #[test]
     fn case_names_match_fa_bench() {
-        assert_eq!(shape_name("2,16,8192,128,causal"), "b2h16s8192d128-causal");
-        assert_eq!(shape_name("1,1,32,64"), "b1h1s32d64");
+        assert_eq!(case_name("f16", "2,16,8192,128,causal"), "f16-b2h16s8192d128-causal");
+        assert_eq!(case_name("f16", "1,1,32,64"), "f16-b1h1s32d64");
+        // Serving shapes keep their kind, K/V heads and mask (once `f16-bvarlen:16h32s8d8192`).
+        assert_eq!(case_name("bf16", "varlen:16,32,8,8192,128,causal"), "bf16-varlen-b16h32kv8s8192d128-causal");
+        assert_eq!(case_name("f16", "paged:64,32,8,32768,128,16"), "f16-paged16-b64h32kv8s32768d128");
     }
 
     #[test]
