@@ -134,6 +134,9 @@ struct DenseTiles {
   __device__ __forceinline__ int end() const { return keys.end; }
   // Dense keys lie at a constant stride: nothing to look up ahead of a tile.
   __device__ __forceinline__ void look_ahead(int) const {}
+  // Every warp computes its rows (a block past seqlen_q is the last of its head).
+  static constexpr bool kEveryWarpComputes = true;
+  __device__ __forceinline__ bool computes(int) const { return true; }
   __device__ __forceinline__ void load_q() const { loads.load_q(blk.m0); }
   __device__ __forceinline__ void load_k(int n) const { loads.load_k(n); }
   __device__ __forceinline__ void load_v(int n) const { loads.load_v(n); }
@@ -199,6 +202,12 @@ struct SeqTiles {
 
   __device__ __forceinline__ int begin() const { return keys.begin; }
   __device__ __forceinline__ int end() const { return keys.end; }
+  // Whether a warp whose rows start at w0 holds any of the sequence's packed
+  // rows: decode's few rows (one token × the group) leave most warps none, and
+  // those only load and wait (their matrix products and exponentials were most
+  // of a decode tile's instructions).
+  static constexpr bool kEveryWarpComputes = false;
+  __device__ __forceinline__ bool computes(int w0) const { return blk.m0 + w0 < blk.rows; }
 
   __device__ __forceinline__ void load_q() const {
     const int group = sp.group.div;

@@ -155,6 +155,9 @@ struct PortableMainloop {
   // and the softmax.
   __device__ __forceinline__ void run(O& o, SoftmaxState<MT>& softmax, QFrags& qf, S& s) const {
     const Mma mma(qf, grp, w0, wr.lane, k_frag, v_frag);
+    // Warp-uniform: else this warp only loads and waits. (Tiles whose warps all
+    // compute fold the tests away before code generation.)
+    const bool computes = Tiles::kEveryWarpComputes || tiles.computes(w0);
     const int n_first = tiles.begin() + grp.id * BN, n_end = tiles.end();
     if (n_first < n_end) load_q_k0(n_first);
     for (int n0 = n_first; n0 < n_end; n0 += kStep) {
@@ -166,13 +169,14 @@ struct PortableMainloop {
       tiles.look_ahead(n0 + kStep);
       cp_async_wait<1>();  // K(n0) (and Q) landed
       grp.sync();
-      if (n0 == n_first) mma.load_q_frags();
-
-      mma.qk(s);
+      if (Tiles::kEveryWarpComputes || computes) {
+        if (n0 == n_first) mma.load_q_frags();
+        mma.qk(s);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        tiles.mask(s[mt], n0, w0 + 16 * mt + wr.g, wr.t);
-        softmax.step(mt, s[mt], o[mt], scale_log2);
+        for (int mt = 0; mt < MT; ++mt) {
+          tiles.mask(s[mt], n0, w0 + 16 * mt + wr.g, wr.t);
+          softmax.step(mt, s[mt], o[mt], scale_log2);
+        }
       }
 
       cp_async_wait<0>();  // V(n0) landed
@@ -182,7 +186,8 @@ struct PortableMainloop {
         cp_async_commit();
       }
       // P straight from the S accumulators.
-      mma.pv(o, [&](uint32_t(&f)[4], int mt, int kk) { p_fragment<T>(f, s[mt], kk); });
+      if (Tiles::kEveryWarpComputes || computes)
+        mma.pv(o, [&](uint32_t(&f)[4], int mt, int kk) { p_fragment<T>(f, s[mt], kk); });
 #ifdef FA_PLANT_SLOWDOWN
       // A dependent FMA chain per tile: a measured, deliberate slowdown for proving the gate.
       float chain = s[0][0][0];
