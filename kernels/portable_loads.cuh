@@ -171,6 +171,9 @@ struct SeqTiles {
   // dividing BN, and tiles start on page boundaries), else −1: a row's page and
   // its place in it are a shift and a mask from its row in the tile.
   const int page_shift;
+  // Pages split a tile but hold a copy pass's rows (kRowsPerPass or more keys):
+  // a pass's page is one block-table entry, the same for every thread of it.
+  const bool passes_in_pages;
   const int last_in_block;  // the last key any row of the block sees (−1: none), for skipping the mask
 
   __device__ __forceinline__ SeqTiles(const FlashParams& p, const SeqParams& sp, const Block& blk,
@@ -186,6 +189,7 @@ struct SeqTiles {
         v_copy(grp.v, v_head, p.v_row_stride, grp.tid),
         tiles_in_pages(sp.page_size.div % BN == 0),
         page_shift(BN % sp.page_size.div == 0 ? __ffs(sp.page_size.div) - 1 : -1),
+        passes_in_pages(!tiles_in_pages && page_shift >= 0 && sp.page_size.div >= TileCopy<T, BN, D, GT>::kRowsPerPass),
         last_in_block(last_key(blk.m0)) {}
 
   __device__ __forceinline__ const T* head_of(const void* base, int64_t head_stride, int64_t batch_stride,
@@ -224,8 +228,9 @@ struct SeqTiles {
   }
 
   // A paged tile's pages: with tiles in pages, the tile's one page (page[0]);
-  // else the page of each row this thread copies (row + i · kRowsPerPass); −1
-  // for keys past the sequence or on a page the table does not name.
+  // with passes in pages, pass i's; else the page of each row this thread
+  // copies (row + i · kRowsPerPass); −1 for keys past the sequence (a pass's:
+  // its first) or on a page the table does not name.
   using Copy = TileCopy<T, BN, D, GT>;
   struct Pages {
     int page[Copy::kPasses];
@@ -243,6 +248,13 @@ struct SeqTiles {
     if (blk.info.pages == nullptr) return;
     if (tiles_in_pages) {
       ahead.page[0] = page_of(n);
+    } else if (passes_in_pages) {
+      const int first = n >> page_shift;
+#pragma unroll
+      for (int i = 0; i < Copy::kPasses; ++i) {
+        const int r = i * Copy::kRowsPerPass;
+        ahead.page[i] = n + r < blk.info.k_len ? blk.info.page_of(first + (r >> page_shift), sp) : -1;
+      }
     } else if (page_shift >= 0) {
       const int row = grp.tid / Copy::kChunks, first = n >> page_shift;
 #pragma unroll
@@ -266,6 +278,19 @@ struct SeqTiles {
     } else if (tiles_in_pages) {
       const int page = pg.page[0], in_page = n - fast_div(sp.page_size, n) * sp.page_size.div;
       copy.copy(max(page, 0) * page_stride + (int64_t)in_page * row_stride, n, page < 0 ? 0 : info.k_len);
+    } else if (passes_in_pages) {
+      // This thread's rows lie a row stride apart within each pass's page.
+      const int row = grp.tid / Copy::kChunks, in_page_mask = sp.page_size.div - 1;
+      const T* rows = head + (int64_t)row * row_stride;
+      RowGather<T, BN, D, GT>(tile, grp.tid)
+          .gather(
+              [&](int r, int pass) -> const T* {
+                const int page = pg.page[pass];
+                if (page < 0 || n + r >= info.k_len) return nullptr;
+                const int pass_row = (pass * Copy::kRowsPerPass) & in_page_mask;  // the pass's first, in its page
+                return rows + (int64_t)page * page_stride + (int64_t)pass_row * row_stride;
+              },
+              head);
     } else {
       RowGather<T, BN, D, GT>(tile, grp.tid)
           .gather(
