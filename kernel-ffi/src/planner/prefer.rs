@@ -164,6 +164,16 @@ mod tests {
     use crate::planner::plan;
 
     #[test]
+    fn serving_prefill_takes_the_hopper_entries_and_decode_the_packed_portable_ones() {
+        for decode in [1, 4, 64] {
+            assert!(!prefer_hopper_varlen(decode), "{decode} query rows");
+        }
+        for prefill in [65, 128, 8192] {
+            assert!(prefer_hopper_varlen(prefill), "{prefill} query rows");
+        }
+    }
+
+    #[test]
     fn persistent_twin_only_past_a_wave() {
         let slots = 132 * 2; // H200, two 64-row Hopper D=64 CTAs per SM
         assert!(!prefer_persistent(128, slots), "B2 H8 S512 D64: one item per CTA, 4% slower persistent");
