@@ -30,6 +30,10 @@ pub struct ShapeRecord {
 /// nothing was launched, in other implementations' reports and in older ones.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EntryRecord {
+    /// The `extern "C"` entry launched (empty where nothing was, and in
+    /// reports from before it was recorded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kernel: String,
     /// `portable` or `hopper`.
     #[serde(default)]
     pub variant: String,
@@ -223,7 +227,13 @@ mod tests {
                 causal: false,
             },
             layout: "bhsd".into(),
-            entry: EntryRecord { variant: "hopper".into(), block_m: 64, key_groups: 1, persistent: true },
+            entry: EntryRecord {
+                kernel: "flash_fwd_hopper_f16_d64_m64".into(),
+                variant: "hopper".into(),
+                block_m: 64,
+                key_groups: 1,
+                persistent: true,
+            },
             splits: "1".into(),
             num_splits: 0,
             lse: false,

@@ -20,8 +20,10 @@ use crate::tensor::{Desc, Dtype, Problem};
 
 /// What a forward call launched: the entry the planner (or the caller's
 /// [`KernelChoice`](crate::KernelChoice)) chose and its grid.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Launched {
+    /// The forward entry launched (empty when nothing was launched).
+    pub kernel: String,
     /// Key splits (1: no combine launch; 0 when nothing was launched).
     pub num_splits: u32,
     /// CTAs of the attention kernel (0 when nothing was launched).
@@ -40,6 +42,7 @@ impl Launched {
     /// The entry as the reports record it.
     pub fn entry_record(&self) -> EntryRecord {
         EntryRecord {
+            kernel: self.kernel.clone(),
             variant: self.family.name().into(),
             block_m: self.block_m,
             key_groups: self.key_groups,

@@ -207,6 +207,7 @@ impl Attention {
         }
         let geometry = chosen.kern.launch;
         Ok(Launched {
+            kernel: chosen.name,
             num_splits: chosen.plan.num_splits,
             ctas: grid.ctas(),
             family,

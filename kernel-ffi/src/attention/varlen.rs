@@ -202,6 +202,7 @@ impl Attention {
             self.launch_combine(s, q.dtype, &p.tensors, plan.num_splits, partials, out, lse, packed)?;
         }
         Ok(Launched {
+            kernel: name,
             num_splits: plan.num_splits,
             ctas: work * u64::from(plan.num_splits),
             family,

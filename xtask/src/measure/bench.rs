@@ -564,6 +564,16 @@ pub fn markdown(p: &BenchPayload) -> String {
         if g.clocks_locked {
             md.push_str("\n> Clocks were locked (application or user-defined clocks) during the gate.\n");
         }
+        let explained: Vec<_> = g.shapes.iter().filter(|s| !s.explanation.is_empty()).collect();
+        if !explained.is_empty() {
+            md.push_str("\nWhat differs where the gate saw a change (entry and plan from each side's fa-bench; ptxas and SASS of that entry from each side's kernel directory):\n");
+            for s in explained {
+                md.push_str(&format!("\n- **{}** ({})\n", s.name, verdict_word(s.verdict)));
+                for line in &s.explanation {
+                    md.push_str(&format!("  - {line}\n"));
+                }
+            }
+        }
     }
     if let Some(t) = &p.self_test {
         md.push_str(&format!("Self-test: A/A and a planted +{:.1}% slowdown.\n\n", t.planted * 100.0));
@@ -727,5 +737,11 @@ mod tests {
         assert!(verdict(&payload(None, Some(aa.clone()))).is_ok());
         let md = markdown(&payload(None, Some(aa)));
         assert!(md.contains("GPU-62b9475d") && md.contains("| offset | ") && md.contains("[-1.04%, -0.92%]"), "{md}");
+        assert!(!md.contains("What differs"), "{md}");
+        // A regression's explanation goes into bench.md under its shape.
+        let mut slow = gate_shape("slow", 0.05, 0.04, 0.06, Verdict::Regression);
+        slow.explanation = vec!["plan: splits 1 → 3, CTAs 132 → 396".into()];
+        let md = markdown(&payload(None, Some(gate_run(vec![slow]))));
+        assert!(md.contains("- **slow** (REGRESSION)\n  - plan: splits 1 → 3, CTAs 132 → 396"), "{md}");
     }
 }

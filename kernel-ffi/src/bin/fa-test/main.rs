@@ -429,6 +429,7 @@ fn not_run(case: &Case, e: &anyhow::Error) -> TestCase {
             block_m: case.choice.block_m.unwrap_or(0),
             key_groups: case.choice.key_groups.unwrap_or(0),
             persistent: case.choice.persistent.unwrap_or(false),
+            ..EntryRecord::default()
         },
         splits: case.splits.to_string(),
         num_splits: 0,

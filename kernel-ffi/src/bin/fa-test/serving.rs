@@ -594,7 +594,7 @@ pub fn not_run(case: &Case, e: &anyhow::Error) -> TestCase {
         Variant::Hopper => ("hopper", 128),
         _ => ("portable", 64),
     };
-    let entry = EntryRecord { variant: variant.into(), block_m, key_groups: 1, persistent: false };
+    let entry = EntryRecord { variant: variant.into(), block_m, key_groups: 1, ..EntryRecord::default() };
     TestCase {
         rel_l2: f64::NAN,
         max_abs: f64::NAN,

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::measure::explain::{Facts, Launch, Plan, explain};
 use crate::tools::drivers;
 use crate::tools::process::{Cmd, Session};
 use crate::tools::progress::Progress;
@@ -92,6 +93,14 @@ pub struct ShapeGate {
     pub launches: usize,
     pub base_entry: EntryRecord,
     pub cand_entry: EntryRecord,
+    /// Each side's split plan (absent from reports before it was recorded).
+    #[serde(default)]
+    pub base_plan: Plan,
+    #[serde(default)]
+    pub cand_plan: Plan,
+    /// A regression's or an improvement's explanation (`explain::explain`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub explanation: Vec<String>,
     /// Median µs per call over the counted quads.
     pub base_us: f64,
     pub cand_us: f64,
@@ -179,11 +188,18 @@ impl Server {
         }
     }
 
-    /// The case's method, µs per call, entry and FLOP per call.
-    fn setup(&mut self, shape: &str, dtype: &str, method: Option<&str>) -> Result<(String, f64, EntryRecord, f64)> {
+    /// The case's method, µs per call, entry, plan and FLOP per call.
+    fn setup(
+        &mut self,
+        shape: &str,
+        dtype: &str,
+        method: Option<&str>,
+    ) -> Result<(String, f64, EntryRecord, Plan, f64)> {
         let req = ServeRequest::Setup { shape: shape.into(), dtype: dtype.into(), method: method.map(String::from) };
         match self.ask(&req, Duration::from_secs(300))? {
-            ServeReply::Ready { method, estimate_us, entry, flops, .. } => Ok((method, estimate_us, entry, flops)),
+            ServeReply::Ready { method, estimate_us, entry, flops, num_splits, ctas, .. } => {
+                Ok((method, estimate_us, entry, Plan { num_splits, ctas }, flops))
+            }
             other => bail!("the {} server answered setup with {other:?}", self.label),
         }
     }
@@ -253,9 +269,9 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
     let progress = Progress::bar("gate", cases.len() as u64);
     for (i, (shape, dtype)) in cases.iter().enumerate() {
         progress.message(&format!("{dtype} {shape}"));
-        let (method, estimate, base_entry, flops) =
+        let (method, estimate, base_entry, base_plan, flops) =
             b.setup(shape, dtype, None).with_context(|| format!("setting up {dtype} {shape}"))?;
-        let (_, _, cand_entry, _) =
+        let (_, _, cand_entry, cand_plan, _) =
             c.setup(shape, dtype, Some(&method)).with_context(|| format!("setting up {dtype} {shape}"))?;
         let launches = launches_per_half(&method, estimate);
         let mut quads = Vec::new();
@@ -300,7 +316,7 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
                 break v;
             }
         };
-        let g = summarise(
+        let mut g = summarise(
             case_name(dtype, shape),
             method,
             (launches, flops),
@@ -310,6 +326,17 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
             verdict,
             start.elapsed().as_secs_f64(),
         );
+        (g.base_plan, g.cand_plan) = (base_plan, cand_plan);
+        if matches!(g.verdict, Verdict::Regression | Verdict::Improvement) {
+            let facts = |side: &Side, entry: &EntryRecord| {
+                Facts::load(&side.kernels, &device.compute_capability, &entry.kernel)
+            };
+            let (bf, cf) = (facts(base, &g.base_entry), facts(cand, &g.cand_entry));
+            g.explanation = explain(
+                Launch { entry: &g.base_entry, plan: g.base_plan, facts: &bf },
+                Launch { entry: &g.cand_entry, plan: g.cand_plan, facts: &cf },
+            );
+        }
         progress.report(&format!(
             "gate {:>2}/{}: {:<28} {:>5} quads {:>4.1} s  {:+.2}% [{:+.2}%, {:+.2}%]  {}",
             i + 1,
@@ -322,6 +349,9 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
             g.ci_high * 100.0,
             verdict_word(g.verdict)
         ));
+        for line in &g.explanation {
+            progress.report(&format!("    {line}"));
+        }
         results.push(g);
     }
     Ok(GateRun {
@@ -393,6 +423,9 @@ pub fn summarise(
         launches,
         base_entry,
         cand_entry,
+        base_plan: Plan::default(),
+        cand_plan: Plan::default(),
+        explanation: Vec::new(),
         base_us: sequence::sorted_median(&sorted_of(&|q| (q.base_us[0] + q.base_us[1]) / 2.0)),
         cand_us,
         cand_tflops: flops / (cand_us * 1e-6) / 1e12,

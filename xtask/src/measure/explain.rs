@@ -1,0 +1,325 @@
+//! Why the gate called a shape a regression or an improvement: what differs
+//! between the base's launch and the candidate's. The entry and plan each side
+//! ran come from its fa-bench; that entry's ptxas resources and SASS opcode
+//! counts from the side's kernel directory, where the build left each unit's
+//! ptxas log (`<unit>.<arch>.log`) and cuobjdump listing (`<unit>.<arch>.sass`).
+//! [`explain`] is pure; [`Facts::load`] reads.
+//!
+//! Nsight Compute's side of an explanation (both sides profiled on the shape)
+//! is not here: a verdict is explained from what the builds and the launches
+//! say.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::parse::ptxas::{self, KernelResources};
+use crate::parse::sass;
+use fa_schema::manifest::Manifest;
+use fa_schema::schema::EntryRecord;
+
+/// A side's split plan for a shape, as its fa-bench reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub num_splits: u32,
+    pub ctas: u64,
+}
+
+/// What one side ran for a shape, and its build's facts about that entry.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch<'a> {
+    pub entry: &'a EntryRecord,
+    pub plan: Plan,
+    pub facts: &'a Facts,
+}
+
+/// One side's build facts about the entry it launched, or why they are missing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Facts {
+    pub resources: Result<KernelResources, String>,
+    /// SASS opcode (before the first `.`) → count in the entry's function.
+    pub opcodes: Result<BTreeMap<String, u32>, String>,
+}
+
+/// ptxas logs are a few KB; a unit's SASS listing about 10 MB.
+const MAX_LOG: u64 = 16 << 20;
+const MAX_SASS: u64 = 128 << 20;
+
+impl Facts {
+    /// The facts about `kernel` as built in `kernels` for a GPU of
+    /// `compute_capability` (`9.0`): the arch its manifest picks there, and the
+    /// unit that defines the entry.
+    pub fn load(kernels: &Path, compute_capability: &str, kernel: &str) -> Facts {
+        match unit_files(kernels, compute_capability, kernel) {
+            Err(e) => {
+                let why = format!("{e:#}");
+                Facts { resources: Err(why.clone()), opcodes: Err(why) }
+            }
+            Ok((arch, log, listing)) => Facts {
+                resources: read(&log, MAX_LOG).and_then(|text| {
+                    ptxas::parse(&text)
+                        .kernels
+                        .into_iter()
+                        .find(|k| k.name == kernel && k.arch == arch)
+                        .ok_or_else(|| format!("{} has no ptxas row of {kernel} for {arch}", log.display()))
+                }),
+                opcodes: read(&listing, MAX_SASS).and_then(|text| {
+                    let mut all = sass::opcode_counts(&text).map_err(|e| format!("{}: {e:#}", listing.display()))?;
+                    all.remove(kernel).ok_or_else(|| format!("{} lists no function {kernel}", listing.display()))
+                }),
+            },
+        }
+    }
+}
+
+/// (arch, ptxas log, SASS listing) of the unit defining `kernel`.
+fn unit_files(
+    kernels: &Path,
+    compute_capability: &str,
+    kernel: &str,
+) -> Result<(String, std::path::PathBuf, std::path::PathBuf)> {
+    if kernel.is_empty() {
+        bail!("its fa-bench does not name the entry it launched (built before entries were recorded)");
+    }
+    let manifest_path = kernels.join("manifest.json");
+    let manifest = Manifest::load(&manifest_path)?;
+    let arch = manifest.arch_for(compute_capability).with_context(|| {
+        format!("no arch of {} runs on compute capability {compute_capability}", manifest_path.display())
+    })?;
+    let source = manifest
+        .sources
+        .iter()
+        .find(|s| s.kernels.iter().any(|k| k.entry == kernel))
+        .with_context(|| format!("{} has no entry {kernel}", manifest_path.display()))?;
+    let unit = source.file.strip_suffix(".cu").unwrap_or(&source.file);
+    Ok((arch.clone(), kernels.join(format!("{unit}.{arch}.log")), kernels.join(format!("{unit}.{arch}.sass"))))
+}
+
+fn read(path: &Path, limit: u64) -> Result<String, String> {
+    fa_schema::file::read_bounded(path, limit)
+        .and_then(|b| String::from_utf8(b).with_context(|| format!("{} is not UTF-8", path.display())))
+        .map_err(|e| format!("{e:#}"))
+}
+
+/// The explanation's lines: the entry, the plan, the entry's ptxas resources
+/// and SASS (largest relative changes first), then what changed.
+pub fn explain(base: Launch, cand: Launch) -> Vec<String> {
+    let (bf, cf) = (base.facts, cand.facts);
+    let mut lines = Vec::new();
+    let entry_changed = base.entry != cand.entry;
+    let name = |e: &EntryRecord| if e.kernel.is_empty() { describe(e) } else { e.kernel.clone() };
+    lines.push(if entry_changed {
+        format!("entry: {} → {}", name(base.entry), name(cand.entry))
+    } else {
+        format!("entry: {} on both", name(cand.entry))
+    });
+    let (bp, cp) = (base.plan, cand.plan);
+    let plan_changed = bp != cp;
+    lines.push(if plan_changed {
+        format!("plan: splits {} → {}, CTAs {} → {}", bp.num_splits, cp.num_splits, bp.ctas, cp.ctas)
+    } else {
+        format!("plan: {} split(s), {} CTAs on both", cp.num_splits, cp.ctas)
+    });
+    let resources = match (&bf.resources, &cf.resources) {
+        (Ok(b), Ok(c)) => {
+            let changes = resource_changes(b, c);
+            lines.push(if changes.is_empty() {
+                format!(
+                    "ptxas ({}): the same, {} registers, {} B spilled, {} barriers",
+                    c.arch,
+                    c.registers,
+                    c.spill_bytes(),
+                    c.barriers
+                )
+            } else {
+                format!("ptxas ({}): {}", c.arch, changes.join(", "))
+            });
+            Some(!changes.is_empty())
+        }
+        (b, c) => {
+            lines.push(format!("ptxas: not compared ({})", missing(b, c)));
+            None
+        }
+    };
+    let code = match (&bf.opcodes, &cf.opcodes) {
+        (Ok(b), Ok(c)) => {
+            let (line, changed) = sass_line(b, c);
+            lines.push(line);
+            Some(changed)
+        }
+        (b, c) => {
+            lines.push(format!("SASS: not compared ({})", missing(b, c)));
+            None
+        }
+    };
+    lines.push(
+        match (entry_changed, plan_changed, resources, code) {
+            (true, ..) => "what changed: the entry (another kernel ran)",
+            (false, true, ..) => "what changed: the plan (the same entry, another split or grid)",
+            (false, false, Some(true), _) | (false, false, _, Some(true)) => "what changed: the entry's code",
+            (false, false, Some(false), Some(false)) => {
+                "what changed: nothing the builds show (same entry, plan, resources and opcode counts); \
+                 profile both sides"
+            }
+            _ => "what changed: not known (one side's build facts are missing)",
+        }
+        .to_string(),
+    );
+    lines
+}
+
+fn describe(e: &EntryRecord) -> String {
+    format!(
+        "{} m{} kg{}{}",
+        if e.variant.is_empty() { "?" } else { &e.variant },
+        e.block_m,
+        e.key_groups,
+        if e.persistent { " persistent" } else { "" }
+    )
+}
+
+fn missing<T>(b: &Result<T, String>, c: &Result<T, String>) -> String {
+    [("base", b), ("candidate", c)]
+        .iter()
+        .filter_map(|(side, r)| r.as_ref().err().map(|e| format!("{side}: {e}")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The ptxas fields that differ, `name base → cand`.
+fn resource_changes(b: &KernelResources, c: &KernelResources) -> Vec<String> {
+    let fields = [
+        ("registers", b.registers, c.registers, ""),
+        ("spilled", b.spill_bytes(), c.spill_bytes(), " B"),
+        ("stack", b.stack_frame, c.stack_frame, " B"),
+        ("static shared", b.smem_static, c.smem_static, " B"),
+        ("barriers", b.barriers, c.barriers, ""),
+    ];
+    let mut out: Vec<String> =
+        fields.iter().filter(|f| f.1 != f.2).map(|(n, x, y, unit)| format!("{n} {x}{unit} → {y}{unit}")).collect();
+    if b.wgmma_serialized.is_empty() != c.wgmma_serialized.is_empty() {
+        let said = |r: &KernelResources| {
+            r.wgmma_serialized.first().map_or("not serialised".to_string(), |w| format!("serialised ({})", w.code))
+        };
+        out.push(format!("wgmma {} → {}", said(b), said(c)));
+    }
+    out
+}
+
+/// The SASS line: instruction totals, then the opcodes whose counts changed,
+/// largest relative change first (an opcode one side lacks first of all).
+fn sass_line(b: &BTreeMap<String, u32>, c: &BTreeMap<String, u32>) -> (String, bool) {
+    let (tb, tc) = (b.values().sum::<u32>(), c.values().sum::<u32>());
+    let mut changes: Vec<(&str, u32, u32)> = b
+        .keys()
+        .chain(c.keys())
+        .map(String::as_str)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|op| (op, b.get(op).copied().unwrap_or(0), c.get(op).copied().unwrap_or(0)))
+        .filter(|(_, x, y)| x != y)
+        .collect();
+    if changes.is_empty() {
+        return (format!("SASS: the same opcode counts, {tc} instructions"), false);
+    }
+    let rel = |x: u32, y: u32| if x == 0 { f64::INFINITY } else { (f64::from(y) - f64::from(x)).abs() / f64::from(x) };
+    changes.sort_by(|p, q| rel(q.1, q.2).total_cmp(&rel(p.1, p.2)).then(p.0.cmp(q.0)));
+    let shown: Vec<String> = changes.iter().take(6).map(|(op, x, y)| format!("{op} {x} → {y}")).collect();
+    let more = if changes.len() > 6 { format!(" and {} more", changes.len() - 6) } else { String::new() };
+    (format!("SASS: {tb} → {tc} instructions; {}{more}", shown.join(", ")), true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kernel: &str) -> EntryRecord {
+        EntryRecord { kernel: kernel.into(), variant: "hopper".into(), block_m: 128, key_groups: 1, persistent: true }
+    }
+
+    fn launch<'a>(entry: &'a EntryRecord, num_splits: u32, ctas: u64, facts: &'a Facts) -> Launch<'a> {
+        Launch { entry, plan: Plan { num_splits, ctas }, facts }
+    }
+
+    fn facts(registers: u32, spills: u32, ops: &[(&str, u32)]) -> Facts {
+        Facts {
+            resources: Ok(KernelResources {
+                name: "k".into(),
+                arch: "sm_90a".into(),
+                registers,
+                spill_stores: spills,
+                barriers: 16,
+                ..KernelResources::default()
+            }),
+            opcodes: Ok(ops.iter().map(|&(o, n)| (o.to_string(), n)).collect()),
+        }
+    }
+
+    #[test]
+    fn a_planner_only_change_is_explained_as_a_plan_change() {
+        let (f, k) = (facts(168, 0, &[("HGMMA", 64), ("FFMA", 100)]), entry("k"));
+        let lines = explain(launch(&k, 1, 132, &f), launch(&k, 3, 396, &f));
+        assert_eq!(lines[1], "plan: splits 1 → 3, CTAs 132 → 396");
+        assert!(lines[2].contains("the same") && lines[3].contains("the same opcode counts"), "{lines:?}");
+        assert!(lines.last().unwrap().contains("the plan"), "{lines:?}");
+    }
+
+    #[test]
+    fn a_code_change_names_the_resources_and_opcodes_that_moved_largest_first() {
+        let base = facts(128, 0, &[("HGMMA", 64), ("FFMA", 100), ("IMAD", 1000)]);
+        let cand = facts(160, 96, &[("HGMMA", 64), ("FFMA", 300), ("IMAD", 1010), ("STL", 12)]);
+        let k = entry("k");
+        let lines = explain(launch(&k, 1, 132, &base), launch(&k, 1, 132, &cand));
+        assert_eq!(lines[0], "entry: k on both");
+        assert_eq!(lines[2], "ptxas (sm_90a): registers 128 → 160, spilled 0 B → 96 B");
+        assert_eq!(lines[3], "SASS: 1164 → 1386 instructions; STL 0 → 12, FFMA 100 → 300, IMAD 1000 → 1010");
+        assert_eq!(lines[4], "what changed: the entry's code");
+    }
+
+    #[test]
+    fn another_entry_and_missing_facts_are_said_as_such() {
+        let f = facts(168, 0, &[("HGMMA", 64)]);
+        let gone = Facts { resources: Err("no log".into()), opcodes: Err("no listing".into()) };
+        let (a, b) = (entry("a"), entry("b"));
+        let lines = explain(launch(&a, 1, 132, &gone), launch(&b, 1, 132, &f));
+        assert_eq!(lines[0], "entry: a → b");
+        assert!(lines[2].contains("base: no log") && lines[3].contains("base: no listing"), "{lines:?}");
+        assert!(lines.last().unwrap().contains("the entry (another kernel ran)"));
+        let same = explain(launch(&a, 1, 132, &gone), launch(&a, 1, 132, &f));
+        assert!(same.last().unwrap().contains("not known"), "{same:?}");
+        let quiet = explain(launch(&a, 1, 132, &f), launch(&a, 1, 132, &f));
+        assert!(quiet.last().unwrap().contains("nothing the builds show"), "{quiet:?}");
+    }
+
+    #[test]
+    fn facts_come_from_a_kernel_directorys_logs_and_listings() {
+        let dir = std::env::temp_dir().join(format!("explain-facts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let manifest = r#"{"static_smem_limit": 49152,
+            "archs": {"sm_90a": {"gencode": "arch=compute_90a,code=sm_90a", "smem_optin_limit": 232448}},
+            "sources": [{"file": "flash_fwd_hopper_f16.cu", "archs": ["sm_90a"],
+                         "kernels": [{"entry": "flash_fwd_hopper_f16_d64", "max_registers": 168}]}]}"#;
+        std::fs::write(dir.join("manifest.json"), manifest).unwrap();
+        std::fs::write(
+            dir.join("flash_fwd_hopper_f16.sm_90a.log"),
+            include_str!("../../tests/data/ptxas-c7515-wgmma-accumulator-sm90a.txt"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("flash_fwd_hopper_f16.sm_90a.sass"),
+            include_str!("../../tests/data/sass/flash-fwd-sm90a-excerpt.sass"),
+        )
+        .unwrap();
+        let f = Facts::load(&dir, "9.0", "flash_fwd_hopper_f16_d64");
+        let ops = f.opcodes.unwrap();
+        assert_eq!(ops["HGMMA"], 4);
+        assert_eq!(f.resources.unwrap().arch, "sm_90a");
+        let unknown = Facts::load(&dir, "9.0", "flash_fwd_nope");
+        assert!(unknown.opcodes.unwrap_err().contains("has no entry flash_fwd_nope"));
+        let old = Facts::load(&dir, "9.0", "");
+        assert!(old.resources.unwrap_err().contains("does not name the entry"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
