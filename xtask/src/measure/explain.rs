@@ -127,7 +127,7 @@ pub fn explain(base: Launch, cand: Launch) -> Vec<String> {
             let changes = resource_changes(b, c);
             lines.push(if changes.is_empty() {
                 format!(
-                    "ptxas ({}): the same, {} registers, {} B spilled, {} barriers",
+                    "ptxas ({}): the same; registers {}, spilled {} B, barriers {}",
                     c.arch,
                     c.registers,
                     c.spill_bytes(),
@@ -210,6 +210,8 @@ fn resource_changes(b: &KernelResources, c: &KernelResources) -> Vec<String> {
 
 /// The SASS line: instruction totals, then the opcodes whose counts changed,
 /// largest relative change first (an opcode one side lacks first of all).
+/// Counts are of the listing, not of executed instructions: a path added but
+/// rarely taken counts in full.
 fn sass_line(b: &BTreeMap<String, u32>, c: &BTreeMap<String, u32>) -> (String, bool) {
     let (tb, tc) = (b.values().sum::<u32>(), c.values().sum::<u32>());
     let mut changes: Vec<(&str, u32, u32)> = b
@@ -222,13 +224,13 @@ fn sass_line(b: &BTreeMap<String, u32>, c: &BTreeMap<String, u32>) -> (String, b
         .filter(|(_, x, y)| x != y)
         .collect();
     if changes.is_empty() {
-        return (format!("SASS: the same opcode counts, {tc} instructions"), false);
+        return (format!("SASS (static counts): the same, {tc} instructions"), false);
     }
     let rel = |x: u32, y: u32| if x == 0 { f64::INFINITY } else { (f64::from(y) - f64::from(x)).abs() / f64::from(x) };
     changes.sort_by(|p, q| rel(q.1, q.2).total_cmp(&rel(p.1, p.2)).then(p.0.cmp(q.0)));
     let shown: Vec<String> = changes.iter().take(6).map(|(op, x, y)| format!("{op} {x} → {y}")).collect();
     let more = if changes.len() > 6 { format!(" and {} more", changes.len() - 6) } else { String::new() };
-    (format!("SASS: {tb} → {tc} instructions; {}{more}", shown.join(", ")), true)
+    (format!("SASS (static counts): {tb} → {tc} instructions; {}{more}", shown.join(", ")), true)
 }
 
 #[cfg(test)]
@@ -262,7 +264,7 @@ mod tests {
         let (f, k) = (facts(168, 0, &[("HGMMA", 64), ("FFMA", 100)]), entry("k"));
         let lines = explain(launch(&k, 1, 132, &f), launch(&k, 3, 396, &f));
         assert_eq!(lines[1], "plan: splits 1 → 3, CTAs 132 → 396");
-        assert!(lines[2].contains("the same") && lines[3].contains("the same opcode counts"), "{lines:?}");
+        assert!(lines[2].contains("the same") && lines[3].contains("the same, 164 instructions"), "{lines:?}");
         assert!(lines.last().unwrap().contains("the plan"), "{lines:?}");
     }
 
@@ -274,7 +276,10 @@ mod tests {
         let lines = explain(launch(&k, 1, 132, &base), launch(&k, 1, 132, &cand));
         assert_eq!(lines[0], "entry: k on both");
         assert_eq!(lines[2], "ptxas (sm_90a): registers 128 → 160, spilled 0 B → 96 B");
-        assert_eq!(lines[3], "SASS: 1164 → 1386 instructions; STL 0 → 12, FFMA 100 → 300, IMAD 1000 → 1010");
+        assert_eq!(
+            lines[3],
+            "SASS (static counts): 1164 → 1386 instructions; STL 0 → 12, FFMA 100 → 300, IMAD 1000 → 1010"
+        );
         assert_eq!(lines[4], "what changed: the entry's code");
     }
 
