@@ -19,7 +19,6 @@ struct HopperProducer {
   Item first;
   int early;  // the first item's tiles loaded in the prologue, with its Q
 
-  template <typename Item>
   __device__ __forceinline__ void load_q(const Item& it) const {
     const int3 at = it.q_at();
     mbar_expect_tx(sm.full_q(), Cfg::kQBytes);

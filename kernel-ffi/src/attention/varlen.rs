@@ -13,6 +13,7 @@ use crate::error::{CudaContext, Error, Result, invalid};
 use crate::params::{FastDiv, HopperParams, HopperSched, HopperVarlenParams, SeqParams, TmaDesc, VarlenParams};
 use crate::planner::{self, Plan};
 use crate::sequences::{self, Indices, PageTable, SeqLayout, VarlenProblem};
+use crate::tensor::Dtype;
 
 /// A serving call's sequences: where each one's query rows and keys lie in
 /// the tensors (FlashAttention's `cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`,
@@ -123,13 +124,8 @@ impl Attention {
         {
             invalid!("lse holds {} floats but batch × heads × rows of q = {}", l.len(), p.rows());
         }
-        let family = self.varlen_family(opts.choice.variant, &p)?;
-        let stem = match family {
-            Family::Portable => "flash_fwd_varlen",
-            Family::Hopper => "flash_fwd_hopper_varlen",
-        };
-        let name =
-            format!("{stem}_{}_d{}{}", q.dtype.name(), p.tensors.head_dim, if opts.causal { "_causal" } else { "" });
+        let family = self.varlen_family(opts, &p, q.dtype)?;
+        let name = varlen_entry(family, q.dtype, p.tensors.head_dim, opts.causal);
         let kern = self.kernel(&name)?;
         let block_m = kern.launch.block_m;
         if opts.choice.block_m.is_some_and(|m| m != block_m) || opts.choice.key_groups.is_some_and(|g| g != 1) {
@@ -214,20 +210,23 @@ impl Attention {
 
     /// The kernel a serving call runs: `Auto` takes the Hopper kernel's entries
     /// where loaded, where they can run the call (`sequences::hopper_unfit`) and
-    /// for prefill (`planner::prefer_hopper_varlen`).
-    fn varlen_family(&self, variant: Variant, p: &VarlenProblem) -> Result<Family> {
+    /// the caller's `block_m` (if any), and for prefill
+    /// (`planner::prefer_hopper_varlen`).
+    fn varlen_family(&self, opts: &Options, p: &VarlenProblem, dtype: Dtype) -> Result<Family> {
         let unfit = sequences::hopper_unfit(p);
-        match variant {
+        match opts.choice.variant {
             Variant::Portable => Ok(Family::Portable),
             Variant::Auto => {
-                Ok(if self.has_hopper() && unfit.is_none() && planner::prefer_hopper_varlen(p.max_seqlen_q) {
+                let hopper = self.kernels.get(&varlen_entry(Family::Hopper, dtype, p.tensors.head_dim, opts.causal));
+                let takes = hopper.is_some_and(|k| opts.choice.block_m.is_none_or(|m| m == k.launch.block_m));
+                Ok(if takes && unfit.is_none() && planner::prefer_hopper_varlen(p.max_seqlen_q) {
                     Family::Hopper
                 } else {
                     Family::Portable
                 })
             }
             Variant::Hopper => {
-                self.resolve(&p.tensors, variant)?; // the device's error, where it has no Hopper kernel
+                self.resolve(&p.tensors, Variant::Hopper)?; // the device's error, where it has no Hopper kernel
                 match unfit {
                     Some(why) => Err(Error::Unsupported(format!("{why}; use the portable variant (or auto)"))),
                     None => Ok(Family::Hopper),
@@ -261,6 +260,15 @@ fn plan(splits: Splits, sm_count: u32, ctas_per_sm: u32, work: u64, p: &VarlenPr
         Splits::Fixed(n) => planner::plan_fixed(n, max_k, block_n),
         Splits::Auto => planner::plan_ragged(sm_count, ctas_per_sm, work, max_k, block_n),
     }
+}
+
+/// The serving entry of a family: `flash_fwd[_hopper]_varlen_<dtype>_d<D>[_causal]`.
+fn varlen_entry(family: Family, dtype: Dtype, head_dim: usize, causal: bool) -> String {
+    let stem = match family {
+        Family::Portable => "flash_fwd_varlen",
+        Family::Hopper => "flash_fwd_hopper_varlen",
+    };
+    format!("{stem}_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" })
 }
 
 /// The Hopper entries' schedule, which the serving entries do not read.
