@@ -65,6 +65,9 @@ pub struct BenchLine {
     /// Why `speedup_vs_torch` is absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vs_torch_note: Option<String>,
+    /// What differs behind a regression or improvement (the gate's explanation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub explanation: Vec<String>,
 }
 
 /// The full sanitize runs on every fifth iteration.

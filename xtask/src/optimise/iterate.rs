@@ -466,6 +466,7 @@ pub fn plain_lines(run: &ProcessRun) -> Vec<BenchLine> {
             verdict: None,
             speedup_vs_torch: None,
             vs_torch_note: None,
+            explanation: Vec::new(),
         })
         .collect()
 }
@@ -485,6 +486,7 @@ pub fn bench_lines(g: &GateRun) -> Vec<BenchLine> {
             verdict: Some(gate::verdict_word(s.verdict).to_lowercase()),
             speedup_vs_torch: None,
             vs_torch_note: None,
+            explanation: s.explanation.clone(),
         })
         .collect()
 }

@@ -750,6 +750,7 @@ mod tests {
                 verdict: None,
                 speedup_vs_torch: Some(1.2),
                 vs_torch_note: None,
+                explanation: Vec::new(),
             }],
             patch: None,
             base_rev: None,

@@ -381,3 +381,15 @@ fn the_committed_attempts_apply_to_their_revisions() {
     }
     assert!(shallow || checked >= 18, "{checked}");
 }
+
+#[test]
+fn a_ledger_line_keeps_the_gates_explanation() {
+    let mut g = gate_says(Verdict::Regression, 0.05);
+    g.shapes[0].explanation = vec!["what changed: the entry's code".into()];
+    let lines = bench_lines(&g);
+    assert_eq!(lines[0].explanation, ["what changed: the entry's code"]);
+    let text = serde_json::to_string(&lines[0]).unwrap();
+    assert!(text.contains("\"explanation\""), "{text}");
+    let same = bench_lines(&gate_says(Verdict::Same, 0.0));
+    assert!(!serde_json::to_string(&same[0]).unwrap().contains("explanation"));
+}
