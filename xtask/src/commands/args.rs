@@ -122,6 +122,9 @@ pub struct GateArgs {
     /// Kernel to time: auto (Hopper where loaded), portable or hopper.
     #[arg(long, default_value = "auto", value_parser = ["auto", "portable", "hopper"])]
     pub variant: String,
+    /// Explain every gated shape (entry, plan, ptxas, SASS of each side), not only regressions and improvements.
+    #[arg(long)]
+    pub explain: bool,
 }
 
 impl GateArgs {
@@ -141,6 +144,7 @@ impl GateArgs {
             gate_secs: self.gate_secs,
             seed,
             variant: self.variant.clone(),
+            explain: self.explain,
             save_baseline: None,
             baseline: None,
             vs_torch: false,

@@ -43,6 +43,8 @@ pub struct Options {
     pub seed: u64,
     /// fa-bench's --variant (auto, portable, hopper).
     pub variant: String,
+    /// Explain every gated shape, not only regressions and improvements.
+    pub explain: bool,
     /// Save this run as a named baseline (`compare::locate`).
     pub save_baseline: Option<String>,
     /// Compare this run with a saved one (plain differences, not a verdict).
@@ -61,6 +63,7 @@ impl Options {
             variant: self.variant.clone(),
             budget_secs: self.gate_secs,
             seed: self.seed,
+            explain: self.explain,
         }
     }
 }

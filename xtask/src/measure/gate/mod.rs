@@ -59,6 +59,8 @@ pub struct Options {
     pub budget_secs: f64,
     /// Seeds the quads' order.
     pub seed: u64,
+    /// Explain every shape (`explain::explain`), not only regressions and improvements.
+    pub explain: bool,
 }
 
 /// Calls per half: enough that a half of short calls outlasts the pipe's round trip.
@@ -98,7 +100,8 @@ pub struct ShapeGate {
     pub base_plan: Plan,
     #[serde(default)]
     pub cand_plan: Plan,
-    /// A regression's or an improvement's explanation (`explain::explain`).
+    /// A regression's or an improvement's explanation (`explain::explain`);
+    /// every shape's with `bench --explain`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub explanation: Vec<String>,
     /// Median µs per call over the counted quads.
@@ -327,7 +330,7 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
             start.elapsed().as_secs_f64(),
         );
         (g.base_plan, g.cand_plan) = (base_plan, cand_plan);
-        if matches!(g.verdict, Verdict::Regression | Verdict::Improvement) {
+        if opts.explain || matches!(g.verdict, Verdict::Regression | Verdict::Improvement) {
             let facts = |side: &Side, entry: &EntryRecord| {
                 Facts::load(&side.kernels, &device.compute_capability, &entry.kernel)
             };
@@ -538,7 +541,14 @@ mod process_tests {
     }
 
     fn opts() -> Options {
-        Options { shapes: vec![], dtypes: vec!["f16".into()], variant: "auto".into(), budget_secs: 6.0, seed: 1 }
+        Options {
+            shapes: vec![],
+            dtypes: vec!["f16".into()],
+            variant: "auto".into(),
+            budget_secs: 6.0,
+            seed: 1,
+            explain: false,
+        }
     }
 
     #[test]
