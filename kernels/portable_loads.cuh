@@ -136,7 +136,6 @@ struct DenseTiles {
   __device__ __forceinline__ void look_ahead(int) const {}
   // Every warp computes its rows (a block past seqlen_q is the last of its head).
   static constexpr bool kEveryWarpComputes = true;
-  __device__ __forceinline__ bool computes(int) const { return true; }
   __device__ __forceinline__ void load_q() const { loads.load_q(blk.m0); }
   __device__ __forceinline__ void load_k(int n) const { loads.load_k(n); }
   __device__ __forceinline__ void load_v(int n) const { loads.load_v(n); }

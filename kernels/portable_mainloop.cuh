@@ -157,7 +157,13 @@ struct PortableMainloop {
     const Mma mma(qf, grp, w0, wr.lane, k_frag, v_frag);
     // Warp-uniform: else this warp only loads and waits. (Tiles whose warps all
     // compute fold the tests away before code generation.)
-    const bool computes = Tiles::kEveryWarpComputes || tiles.computes(w0);
+    const bool computes = [&] {
+      if constexpr (Tiles::kEveryWarpComputes) {
+        return true;
+      } else {
+        return tiles.computes(w0);
+      }
+    }();
     const int n_first = tiles.begin() + grp.id * BN, n_end = tiles.end();
     if (n_first < n_end) load_q_k0(n_first);
     for (int n0 = n_first; n0 < n_end; n0 += kStep) {
