@@ -267,6 +267,15 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
     let rule = Rule::for_shapes(cases.len(), opts.budget_secs);
     let monitor = Monitor::open(device.uuid.as_deref());
     let mut coin = Coin(opts.seed);
+    // Each (kernel directory, entry)'s build facts, read once for every shape that explains it.
+    let mut known: BTreeMap<(PathBuf, String), Facts> = BTreeMap::new();
+    let mut facts = |side: &Side, entry: &EntryRecord| {
+        let key = (side.kernels.clone(), entry.kernel.clone());
+        known
+            .entry(key)
+            .or_insert_with(|| Facts::load(&side.kernels, &device.compute_capability, &entry.kernel))
+            .clone()
+    };
     let mut results = Vec::new();
     let mut clocks_locked = false;
     let progress = Progress::bar("gate", cases.len() as u64);
@@ -331,9 +340,6 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
         );
         (g.base_plan, g.cand_plan) = (base_plan, cand_plan);
         if opts.explain || matches!(g.verdict, Verdict::Regression | Verdict::Improvement) {
-            let facts = |side: &Side, entry: &EntryRecord| {
-                Facts::load(&side.kernels, &device.compute_capability, &entry.kernel)
-            };
             let (bf, cf) = (facts(base, &g.base_entry), facts(cand, &g.cand_entry));
             g.explanation = explain(
                 Launch { entry: &g.base_entry, plan: g.base_plan, facts: &bf },
