@@ -107,7 +107,22 @@ pub struct TestRun {
     pub device: DeviceInfo,
     /// Seed of the run's random inputs, to reproduce it (`fa-test --seed`).
     pub seed: u64,
+    /// Seconds from the process's start to its first case: opening the GPU and
+    /// loading the kernels.
+    #[serde(default)]
+    pub setup_s: f64,
     pub cases: Vec<TestCase>,
+    /// Cases asked for that this GPU's kernel set does not run, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedCase>,
+}
+
+/// A case fa-test was asked for but does not run here (an entry this kernel
+/// set lacks, a Hopper case off sm_90), and why: neither passed nor failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedCase {
+    pub name: String,
+    pub why: String,
 }
 
 /// A case as `fa-test --list --json` names it, with its work (batch × heads ×
@@ -153,6 +168,9 @@ pub struct TestCase {
     pub passed: bool,
     /// Set when the case could not run at all (launch or validation error).
     pub error: Option<String>,
+    /// Wall seconds of the case: inputs, launch, reference and comparison.
+    #[serde(default)]
+    pub seconds: f64,
 }
 
 /// JSON has no NaN or infinity: write them as null, read null back as NaN.
@@ -247,6 +265,7 @@ mod tests {
             non_finite: 0,
             passed: false,
             error: Some("CUDA error".into()),
+            seconds: 0.25,
         };
         let text = serde_json::to_string(&case).unwrap();
         assert!(text.contains("\"rel_l2\":null"), "{text}");
@@ -256,6 +275,14 @@ mod tests {
         // The entry's fields sit at the top level, as before they were grouped.
         assert!(text.contains("\"block_m\":64,\"key_groups\":1"), "{text}");
         assert_eq!(back.entry, case.entry);
+        assert_eq!(back.seconds, 0.25);
+        // A run written before cases were timed or skips recorded still reads.
+        let old = serde_json::json!({"device": {"name": "g", "compute_capability": "9.0", "sm_count": 1,
+            "driver": null}, "seed": 1, "cases": [serde_json::from_str::<serde_json::Value>(&text).unwrap()]});
+        let mut old_case = old.clone();
+        old_case["cases"][0].as_object_mut().unwrap().remove("seconds");
+        let run: TestRun = serde_json::from_value(old_case).unwrap();
+        assert_eq!((run.setup_s, run.cases[0].seconds, run.skipped.len()), (0.0, 0.0, 0));
     }
 
     #[test]

@@ -6,6 +6,9 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
 
 use crate::tools::gpu::ListedGpu;
 
@@ -18,11 +21,78 @@ pub struct Lost<T> {
     pub why: String,
 }
 
-/// What the workers did: results by queue place (sorted), and the lost items.
+/// What the workers did: results by queue place (sorted), the lost items, and
+/// when each worker was busy with what.
 pub struct Dealt<T, R> {
     pub done: Vec<(usize, R)>,
     pub lost: Vec<Lost<T>>,
+    pub spans: Vec<Span>,
 }
+
+/// A stretch of one worker's time, in seconds from the start of the deal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Span {
+    /// The worker's GPU (UUID); none where CUDA picks the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// The item's place in the queue; none for the worker's start check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<usize>,
+    pub start_s: f64,
+    pub end_s: f64,
+}
+
+impl Span {
+    /// This span as a report's timeline row: `what` names the item.
+    pub fn step(&self, what: impl Into<String>, setup_s: Option<f64>) -> Step {
+        Step { gpu: self.gpu.clone(), what: what.into(), start_s: self.start_s, end_s: self.end_s, setup_s }
+    }
+}
+
+/// A row of a report's timeline: what a worker did when, in seconds from the
+/// start of the deal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// `start check`, or the item (`batch 3, 97 cases`, `memcheck 2/4`).
+    pub what: String,
+    pub start_s: f64,
+    pub end_s: f64,
+    /// Of which the item's process spent setting up (opening the GPU, loading
+    /// kernels), where it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup_s: Option<f64>,
+}
+
+/// One line per worker: how long it was busy against the whole deal, over how
+/// many items, and how much of that was start checks and process set-up.
+pub fn busy_lines(steps: &[Step]) -> Vec<String> {
+    let wall = steps.iter().map(|s| s.end_s).fold(0.0, f64::max);
+    let mut workers: Vec<Option<&str>> = steps.iter().map(|s| s.gpu.as_deref()).collect();
+    workers.dedup();
+    workers.sort();
+    workers.dedup();
+    workers
+        .into_iter()
+        .map(|w| {
+            let mine: Vec<&Step> = steps.iter().filter(|s| s.gpu.as_deref() == w).collect();
+            // Folded from +0.0: an empty f64 sum is −0.0.
+            let sum = |xs: &mut dyn Iterator<Item = f64>| xs.fold(0.0, |a, x| a + x);
+            let busy = sum(&mut mine.iter().map(|s| s.end_s - s.start_s));
+            let check = sum(&mut mine.iter().filter(|s| s.what == START_CHECK).map(|s| s.end_s - s.start_s));
+            let setup = sum(&mut mine.iter().filter_map(|s| s.setup_s));
+            let items = mine.iter().filter(|s| s.what != START_CHECK).count();
+            format!(
+                "{}: busy {busy:.1} of {wall:.1} s, {items} item(s); start check {check:.1} s, set-up {setup:.1} s",
+                w.unwrap_or("the default GPU")
+            )
+        })
+        .collect()
+}
+
+/// The `what` of a worker's start check in a timeline.
+pub const START_CHECK: &str = "start check";
 
 /// Runs `work(index, item, gpu)` for every item on the workers of `gpus` (`None`:
 /// the device CUDA picks). `start(gpu)` runs first on each named GPU (its
@@ -38,21 +108,34 @@ pub fn deal<T: Send, R: Send>(
     let queue = Mutex::new(items.into_iter().enumerate().collect::<VecDeque<_>>());
     let done = Mutex::new(Vec::new());
     let lost = Mutex::new(Vec::new());
+    let spans = Mutex::new(Vec::new());
+    let t0 = Instant::now();
     std::thread::scope(|s| {
         for gpu in gpus {
-            let (queue, done, lost, start, work, say) = (&queue, &done, &lost, &start, &work, &say);
+            let (queue, done, lost, spans, start, work, say) = (&queue, &done, &lost, &spans, &start, &work, &say);
             s.spawn(move || {
-                if let Some(g) = gpu
-                    && let Err(why) = start(g)
-                {
-                    say(&format!("GPU {} ({}): {why}; its worker does not start", g.uuid, g.name));
-                    return;
+                let uuid = gpu.as_ref().map(|g| g.uuid.clone());
+                let timed = |item: Option<usize>, from: f64| {
+                    let span = Span { gpu: uuid.clone(), item, start_s: from, end_s: t0.elapsed().as_secs_f64() };
+                    spans.lock().unwrap_or_else(|e| e.into_inner()).push(span);
+                };
+                if let Some(g) = gpu {
+                    let from = t0.elapsed().as_secs_f64();
+                    let started = start(g);
+                    timed(None, from);
+                    if let Err(why) = started {
+                        say(&format!("GPU {} ({}): {why}; its worker does not start", g.uuid, g.name));
+                        return;
+                    }
                 }
                 loop {
                     let Some((index, item)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
                         break;
                     };
-                    match work(index, &item, gpu.as_ref()) {
+                    let from = t0.elapsed().as_secs_f64();
+                    let result = work(index, &item, gpu.as_ref());
+                    timed(Some(index), from);
+                    match result {
                         Ok(r) => done.lock().unwrap_or_else(|e| e.into_inner()).push((index, r)),
                         Err(why) => {
                             say(&format!("{noun} {index} lost ({why}); its worker stops"));
@@ -72,7 +155,9 @@ pub fn deal<T: Send, R: Send>(
     lost.sort_by_key(|l| l.index);
     let mut done = done.into_inner().unwrap_or_else(|e| e.into_inner());
     done.sort_by_key(|(index, _)| *index);
-    Dealt { done, lost }
+    let mut spans = spans.into_inner().unwrap_or_else(|e| e.into_inner());
+    spans.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+    Dealt { done, lost, spans }
 }
 
 #[cfg(test)]
@@ -88,6 +173,12 @@ mod tests {
         let d = deal("item", &gpus(3), (0..50).collect(), |_| Ok(()), |i, x: &i32, _| Ok((i, *x * 2)), |_| {});
         assert!(d.lost.is_empty());
         assert_eq!(d.done.len(), 50);
+        // A start check per worker and a span per item, each within the deal.
+        assert_eq!(d.spans.iter().filter(|s| s.item.is_none()).count(), 3);
+        let mut items: Vec<usize> = d.spans.iter().filter_map(|s| s.item).collect();
+        items.sort();
+        assert_eq!(items, (0..50).collect::<Vec<_>>());
+        assert!(d.spans.iter().all(|s| 0.0 <= s.start_s && s.start_s <= s.end_s));
         for (k, (i, (j, y))) in d.done.iter().enumerate() {
             assert_eq!((k, k, 2 * k as i32), (*i, *j, *y));
         }
@@ -115,6 +206,30 @@ mod tests {
         assert!(d.done.is_empty());
         assert_eq!(d.lost.iter().map(|l| l.item).collect::<String>(), "abc");
         assert!(d.lost.iter().all(|l| l.gpu.is_none() && l.why.contains("no worker")));
+    }
+
+    #[test]
+    fn busy_lines_add_up_each_workers_time() {
+        let step = |gpu: &str, what: &str, start_s, end_s, setup_s| Step {
+            gpu: Some(gpu.into()),
+            what: what.into(),
+            start_s,
+            end_s,
+            setup_s,
+        };
+        let steps = [
+            step("a", START_CHECK, 0.0, 1.0, None),
+            step("b", "batch 0", 0.0, 2.0, Some(0.5)),
+            step("a", "batch 1", 1.0, 4.0, Some(0.5)),
+            step("b", "batch 2", 2.0, 2.5, Some(0.25)),
+        ];
+        assert_eq!(
+            busy_lines(&steps),
+            [
+                "a: busy 4.0 of 4.0 s, 1 item(s); start check 1.0 s, set-up 0.5 s",
+                "b: busy 2.5 of 4.0 s, 2 item(s); start check 0.0 s, set-up 0.8 s",
+            ]
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::parse::sanitizer::{self, Finding, Summary};
 use crate::report::{Device, Envelope, Toolchain};
 use crate::run::Run;
 use crate::table;
+use crate::tools::deal::{START_CHECK, Step, busy_lines, deal};
 use crate::tools::drivers;
 use crate::tools::gpu::GpuSpec;
 use crate::tools::gpu::ListedGpu;
@@ -50,6 +51,18 @@ impl Tool {
         match self {
             Tool::Memcheck => &["--leak-check", "full"],
             _ => &[],
+        }
+    }
+
+    /// Time over the sanitize set against initcheck's, for dealing the slowest
+    /// first (H200, 164 cases: racecheck 35.9 s, memcheck 19.7, initcheck
+    /// 16.3, synccheck 15.4).
+    fn relative_cost(self) -> f64 {
+        match self {
+            Tool::Racecheck => 2.2,
+            Tool::Memcheck => 1.2,
+            Tool::Initcheck => 1.0,
+            Tool::Synccheck => 0.95,
         }
     }
 
@@ -99,14 +112,13 @@ impl Options {
     }
 }
 
-/// What one sanitizer run's fa-test covers: the whole set, or a part on a GPU.
+/// What one sanitizer run's fa-test covers: the whole set, or a part of it.
 #[derive(Debug, Clone, Default)]
 struct Part {
     /// `2/4`, where the set was divided.
     label: Option<String>,
     /// The part's case names, for fa-test --cases.
     cases: Option<PathBuf>,
-    gpu: Option<ListedGpu>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -128,9 +140,16 @@ pub struct ToolRun {
     pub tests: Option<Tally>,
     pub xml: PathBuf,
     pub log: PathBuf,
-    /// The part of the sanitize set, and its GPU, where the set was divided.
+    /// The part of the sanitize set, where the set was divided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub part: Option<String>,
+    /// The GPU (UUID) it ran on, where `--gpus` named several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// Seconds fa-test spent setting up under the tool (opening the GPU, loading
+    /// the kernels), where it wrote its results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup_s: Option<f64>,
 }
 
 /// Correctness cases fa-test ran under a tool, and how many failed.
@@ -201,6 +220,9 @@ pub struct SanitizePayload {
     pub defects: Vec<DefectRun>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<ShardRecord>,
+    /// Each worker's start check and sanitizer runs in time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<Step>,
 }
 
 pub fn run(cx: &Run, opts: &Options) -> Result<()> {
@@ -210,12 +232,13 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     let dir = cx.reports().join("sanitize");
     let device = drivers::device_info(&driver, &cx.kernels, cx.device.as_deref(), None)?;
 
-    let (parts, shard) = if opts.gpus.is_none() && opts.shard.is_none() {
-        (vec![Part::default()], None)
+    let (parts, gpus, shard) = if opts.gpus.is_none() && opts.shard.is_none() {
+        (vec![Part::default()], vec![None], None)
     } else {
-        divide(&driver, &dir, cx.device.as_deref(), opts)?
+        divide(&driver, &dir, (&cx.kernels, cx.device.as_deref()), opts)?
     };
-    let runs = run_parts(&sanitizer, &driver, &dir, &cx.kernels, cx.device.as_deref(), opts, &parts)?;
+    let (runs, timeline) =
+        run_parts(&sanitizer, &driver, &dir, &cx.kernels, cx.device.as_deref(), opts, &parts, &gpus)?;
 
     let mut defects = Vec::new();
     if opts.defects {
@@ -247,6 +270,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
                 &dir,
                 opts,
                 &Part::default(),
+                None,
             )?;
             defects.push(DefectRun { define: define.into(), expected_tool: tool, caught: run.errors() > 0, run });
         }
@@ -257,7 +281,12 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     if !findings.is_empty() {
         println!("\nFINDINGS (by kernel and source line)\n{findings}");
     }
-    let payload = SanitizePayload { runs, defects, shard };
+    if gpus.len() > 1 {
+        for line in busy_lines(&timeline) {
+            println!("  {line}");
+        }
+    }
+    let payload = SanitizePayload { runs, defects, shard, timeline };
     let report = cx.report("sanitize");
     let dev = Device::from(&device);
     let toolchain = Toolchain { driver: device.driver.clone(), ..Toolchain::default() };
@@ -281,8 +310,9 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Every tool over every part of the release kernels: one thread per part, each
-/// running the tools in turn on its GPU; the runs in tool order.
+/// Every tool over every part of the release kernels, dealt to the workers of
+/// `gpus` (tool by tool, part by part); the runs in tool order, and the timeline.
+#[allow(clippy::too_many_arguments)]
 fn run_parts(
     sanitizer: &Path,
     driver: &Path,
@@ -291,53 +321,82 @@ fn run_parts(
     device: Option<&str>,
     opts: &Options,
     parts: &[Part],
-) -> Result<Vec<ToolRun>> {
-    // One thread per part, each running the tools in turn on its GPU.
-    let results: Vec<Result<Vec<ToolRun>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = parts
+    gpus: &[Option<ListedGpu>],
+) -> Result<(Vec<ToolRun>, Vec<Step>)> {
+    let mut tools = opts.tools.clone();
+    tools.sort_by(|a, b| b.relative_cost().total_cmp(&a.relative_cost()));
+    let items: Vec<(Tool, &Part)> = tools.iter().flat_map(|&t| parts.iter().map(move |p| (t, p))).collect();
+    let names: Vec<String> = items
+        .iter()
+        .map(|(t, p)| p.label.as_ref().map_or(t.name().to_string(), |l| format!("{} {l}", t.name())))
+        .collect();
+    let dealt = deal(
+        "sanitizer run",
+        gpus,
+        items,
+        |g| drivers::check_gpu(driver, kernels, g).map(drop),
+        |_, &(tool, part), gpu| {
+            run_tool(sanitizer, driver, tool, kernels, device, "release", dir, opts, part, gpu)
+                .map_err(|e| format!("{e:#}"))
+        },
+        |what| eprintln!("sanitize: {what}"),
+    );
+    if !dealt.lost.is_empty() {
+        let why: Vec<String> = dealt
+            .lost
             .iter()
-            .map(|part| {
-                let (sanitizer, driver, dir, kernels) = (sanitizer, driver, dir, kernels);
-                s.spawn(move || {
-                    opts.tools
-                        .iter()
-                        .map(|&tool| run_tool(sanitizer, driver, tool, kernels, device, "release", dir, opts, part))
-                        .collect::<Result<Vec<ToolRun>>>()
-                })
+            .map(|l| {
+                format!(
+                    "{}{}: {}",
+                    names[l.index],
+                    l.gpu.as_ref().map(|g| format!(" on {g}")).unwrap_or_default(),
+                    l.why
+                )
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a sanitize worker panicked"))))
-            .collect()
-    });
-    let mut runs = Vec::new();
-    for r in results {
-        runs.extend(r?);
+        return Err(anyhow::anyhow!("sanitizer runs did not finish: {}", why.join("; ")));
     }
+    let setup: std::collections::HashMap<usize, f64> =
+        dealt.done.iter().filter_map(|(i, r)| r.setup_s.map(|s| (*i, s))).collect();
+    let timeline = dealt
+        .spans
+        .iter()
+        .map(|s| match s.item {
+            None => s.step(START_CHECK, None),
+            Some(i) => s.step(names[i].clone(), setup.get(&i).copied()),
+        })
+        .collect();
+    let mut runs: Vec<ToolRun> = dealt.done.into_iter().map(|(_, r)| r).collect();
     runs.sort_by_key(|r| opts.tools.iter().position(|&t| t == r.tool));
-    Ok(runs)
+    Ok((runs, timeline))
 }
 
-/// The sanitize set (or this shard of it) in one part per worker GPU, each
-/// written as a case list for fa-test --cases.
-fn divide(driver: &Path, dir: &Path, device: Option<&str>, opts: &Options) -> Result<(Vec<Part>, Option<ShardRecord>)> {
+/// The sanitize set (or this shard of it) in one part per worker, each written
+/// as a case list for fa-test --cases; and the workers. The parts of every tool
+/// are dealt slowest tool first. More parts balance no better: each sanitizer
+/// process costs about 2 s of its own (tool start, instrumenting the kernels at
+/// load, teardown), more than a part's imbalance.
+#[allow(clippy::type_complexity)]
+fn divide(
+    driver: &Path,
+    dir: &Path,
+    (kernels, device): (&Path, Option<&str>),
+    opts: &Options,
+) -> Result<(Vec<Part>, Vec<Option<ListedGpu>>, Option<ShardRecord>)> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let listed = test::list_cases(driver, dir, &["--set", "sanitize"], None)?;
+    let listed = test::list_cases(driver, (kernels, device), dir, &["--set", "sanitize"], None)?;
     let (mine, shard) = test::take_shard(&listed, opts.shard);
     let gpus = crate::tools::gpu::workers(opts.gpus.as_ref(), device, "sanitize")?;
-    Ok((parts_of(&mine, gpus, dir)?, shard))
+    Ok((parts_of(&mine, gpus.len(), dir)?, gpus, shard))
 }
 
-/// `cases` in one part per GPU, each part's names in `dir/part-I.txt`.
-fn parts_of(cases: &[ListedCase], gpus: Vec<Option<ListedGpu>>, dir: &Path) -> Result<Vec<Part>> {
-    let n = gpus.len();
+/// `cases` in `n` parts of near-equal work, each part's names in `dir/part-I.txt`.
+fn parts_of(cases: &[ListedCase], n: usize, dir: &Path) -> Result<Vec<Part>> {
     let mut parts = Vec::new();
-    for (i, (names, gpu)) in spread::partition(cases, n as u32).into_iter().zip(gpus).enumerate() {
+    for (i, names) in spread::partition(cases, n as u32).into_iter().enumerate() {
         let cases = dir.join(format!("part-{}.txt", i + 1));
         write_file(&cases, names.join("\n") + "\n")?;
-        let on = gpu.as_ref().map(|g| format!(" on {}", g.uuid)).unwrap_or_default();
-        parts.push(Part { label: Some(format!("{}/{n}{on}", i + 1)), cases: Some(cases), gpu });
+        parts.push(Part { label: Some(format!("{}/{n}", i + 1)), cases: Some(cases) });
     }
     Ok(parts)
 }
@@ -353,6 +412,7 @@ fn run_tool(
     dir: &Path,
     opts: &Options,
     part: &Part,
+    gpu: Option<&ListedGpu>,
 ) -> Result<ToolRun> {
     let mut stem = if label == "release" { tool.name().to_string() } else { format!("{}-{label}", tool.name()) };
     if let Some(cases) = &part.cases {
@@ -382,12 +442,10 @@ fn run_tool(
     if let Some(cases) = &part.cases {
         cmd = cmd.arg("--cases").arg(cases.display().to_string());
     }
-    let out = drivers::on_gpu(cmd, part.gpu.as_ref()).run()?;
+    let out = drivers::on_gpu(cmd, gpu).run()?;
     let text = format!("{}{}", out.stdout, out.stderr);
-    let tests = std::fs::read_to_string(&results)
-        .ok()
-        .and_then(|t| serde_json::from_str::<TestRun>(&t).ok())
-        .map(|r| Tally::of(&r));
+    let results = fa_schema::file::read_text(&results).ok().and_then(|t| serde_json::from_str::<TestRun>(&t).ok());
+    let tests = results.as_ref().map(Tally::of);
     let (findings, xml_error) = match read_findings(&xml) {
         Ok(f) => (f, None),
         Err(e) => (Vec::new(), Some(format!("{e:#}; see {}", log.display()))),
@@ -404,6 +462,8 @@ fn run_tool(
         xml,
         log,
         part: part.label.clone(),
+        gpu: gpu.map(|g| g.uuid.clone()),
+        setup_s: results.map(|r| r.setup_s),
     })
 }
 
@@ -496,6 +556,8 @@ mod tests {
             xml: "r.xml".into(),
             log: "r.log".into(),
             part: None,
+            gpu: None,
+            setup_s: None,
         }
     }
 
@@ -506,11 +568,12 @@ mod tests {
         let cases: Vec<ListedCase> =
             (0..10).map(|i| ListedCase { name: format!("c{i}"), work: 1.0 + i as f64 }).collect();
         let gpus = ["a", "b", "c"].map(|u| Some(ListedGpu { name: "Fake GPU".into(), uuid: u.into() })).to_vec();
-        let parts = parts_of(&cases, gpus, dir.path()).unwrap();
+        let parts = parts_of(&cases, gpus.len(), dir.path()).unwrap();
         let opts = Options { tools: vec![Tool::Memcheck, Tool::Racecheck], ..Options::all(Duration::from_secs(60), 1) };
         let sanitizer = data.join("fake-compute-sanitizer.py");
-        let runs =
-            run_parts(&sanitizer, &data.join("fake-fa-test.py"), dir.path(), dir.path(), None, &opts, &parts).unwrap();
+        let fa_test = data.join("fake-fa-test.py");
+        let (runs, timeline) =
+            run_parts(&sanitizer, &fa_test, dir.path(), dir.path(), None, &opts, &parts, &gpus).unwrap();
         assert_eq!(runs.len(), 6);
         assert_eq!(runs.iter().map(|r| r.tool).collect::<Vec<_>>()[..3], [Tool::Memcheck; 3]);
         assert!(runs.iter().all(|r| r.clean()), "{runs:?}");
@@ -518,7 +581,12 @@ mod tests {
             let ran: usize = runs.iter().filter(|r| r.tool == tool).map(|r| r.tests.unwrap().cases).sum();
             assert_eq!(ran, 10, "{tool:?}: every case once");
         }
-        assert!(runs.iter().any(|r| r.part.as_deref() == Some("2/3 on b")));
+        assert!(runs.iter().any(|r| r.part.as_deref() == Some("2/3")));
+        assert!(runs.iter().all(|r| r.gpu.as_deref().is_some_and(|g| ["a", "b", "c"].contains(&g))));
+        // Three start checks and six runs, each named, on the timeline.
+        assert_eq!(timeline.iter().filter(|s| s.what == START_CHECK).count(), 3);
+        assert!(timeline.iter().any(|s| s.what == "racecheck 3/3"));
+        assert_eq!(timeline.len(), 9);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::errors::{CannotRun, CheckFailed};
 use crate::report::{Device, Envelope, Toolchain, read_json};
 use crate::run::Run;
 use crate::table;
-use crate::tools::deal::deal;
+use crate::tools::deal::{START_CHECK, Step, busy_lines, deal};
 use crate::tools::drivers;
 use crate::tools::gpu::ListedGpu;
 use crate::tools::gpu::{self, GpuSpec};
@@ -41,6 +41,9 @@ pub struct TestReport {
     /// The GPUs the cases were dealt to (each case names its own), where several were.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<DeviceInfo>,
+    /// Each worker's start check and batches in time, where the run was spread.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<Step>,
 }
 
 pub fn run(cx: &Run, opts: &Options) -> Result<()> {
@@ -49,7 +52,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     let _ = std::fs::remove_file(&raw);
     let driver = drivers::binary(cx, "fa-test")?;
     let report = if opts.gpus.is_none() && opts.shard.is_none() {
-        TestReport { run: run_whole(cx, opts, driver, &raw)?, shard: None, gpus: Vec::new() }
+        TestReport { run: run_whole(cx, opts, driver, &raw)?, shard: None, gpus: Vec::new(), timeline: Vec::new() }
     } else {
         let report = run_spread(cx, opts, &driver, &gpu::workers(opts.gpus.as_ref(), cx.device.as_deref(), "test")?)?;
         write_file(&raw, serde_json::to_string_pretty(&report.run)?)?;
@@ -96,6 +99,14 @@ pub fn finish(cx: &Run, report: TestReport) -> Result<()> {
         (None, n) if n > 1 => format!(" on {n} GPUs"),
         _ => String::new(),
     };
+    for line in busy_lines(&report.timeline) {
+        println!("  {line}");
+    }
+    if !run.skipped.is_empty() {
+        let why: std::collections::BTreeSet<&str> = run.skipped.iter().map(|s| s.why.as_str()).collect();
+        let why: Vec<&str> = why.into_iter().collect();
+        println!("{} cases not run here ({}); they are listed in the report", run.skipped.len(), why.join("; "));
+    }
     println!(
         "{} cases{spread}, {} failed, seed {}; report: {}",
         run.cases.len(),
@@ -128,13 +139,14 @@ fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>
     let dir = cx.reports().join("test-spread");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let listed = list_cases(driver, &dir, &[], opts.filter.as_deref())?;
+    let listed = list_cases(driver, (&cx.kernels, cx.device.as_deref()), &dir, &[], opts.filter.as_deref())?;
     let (mine, shard) = take_shard(&listed, opts.shard);
     let batches = if gpus.len() == 1 {
         vec![mine.iter().map(|c| c.name.clone()).collect()]
     } else {
         spread::batches(&mine, gpus.len())
     };
+    let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
     let (progress, hook) = case_progress("test", Some(mine.len() as u64));
     let hook = Arc::new(hook);
     let devices: Mutex<Vec<DeviceInfo>> = Mutex::new(Vec::new());
@@ -156,10 +168,21 @@ fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>
         let why: Vec<String> = dealt.lost.iter().map(|l| format!("batch {}: {}", l.index, l.why)).collect();
         return Err(CannotRun(format!("no batch of cases ran: {}", why.join("; "))).into());
     };
+    let setup: std::collections::HashMap<usize, f64> = dealt.done.iter().map(|(k, r)| (*k, r.setup_s)).collect();
+    let timeline = dealt
+        .spans
+        .iter()
+        .map(|s| match s.item {
+            None => s.step(START_CHECK, None),
+            Some(k) => s.step(format!("batch {k}, {} cases", sizes[k]), setup.get(&k).copied()),
+        })
+        .collect();
     let mut cases: Vec<TestCase> = Vec::new();
+    let mut skipped = Vec::new();
     for (_, run) in dealt.done {
         let uuid = run.device.uuid.clone();
         cases.extend(run.cases.into_iter().map(|c| TestCase { gpu: uuid.clone(), ..c }));
+        skipped.extend(run.skipped);
     }
     for l in dealt.lost {
         cases.extend(l.item.into_iter().map(|name| lost_case(name, l.gpu.clone(), &l.why)));
@@ -167,20 +190,31 @@ fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>
     let order: std::collections::HashMap<&str, usize> =
         listed.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
     cases.sort_by_key(|c| order.get(c.name.as_str()).copied().unwrap_or(usize::MAX));
+    skipped.sort_by_key(|c| order.get(c.name.as_str()).copied().unwrap_or(usize::MAX));
     let mut devices = devices.into_inner().unwrap_or_else(|e| e.into_inner());
     devices.sort_by(|a, b| a.uuid.cmp(&b.uuid));
-    Ok(TestReport { run: TestRun { cases, ..first }, shard, gpus: devices })
+    Ok(TestReport { run: TestRun { cases, skipped, ..first }, shard, gpus: devices, timeline })
 }
 
-/// fa-test's cases (`--list --json`, with `args` choosing the set), written to `dir/cases.json`.
-pub fn list_cases(driver: &Path, dir: &Path, args: &[&str], filter: Option<&str>) -> Result<Vec<ListedCase>> {
+/// The cases fa-test runs on this machine's GPU with the kernels in `kernels`
+/// (`--list --runnable --json`, with `args` choosing the set), written to
+/// `dir/cases.json`.
+pub fn list_cases(
+    driver: &Path,
+    (kernels, device): (&Path, Option<&str>),
+    dir: &Path,
+    args: &[&str],
+    filter: Option<&str>,
+) -> Result<Vec<ListedCase>> {
     let list = dir.join("cases.json");
-    let mut cmd =
-        Cmd::new(driver).args(args.iter().copied()).arg("--list").arg("--json").arg(list.display().to_string());
+    let mut cmd = Cmd::new(driver)
+        .args(args.iter().copied())
+        .args(["--list", "--runnable", "--json"])
+        .arg(list.display().to_string());
     if let Some(f) = filter {
         cmd = cmd.arg("--filter").arg(f);
     }
-    cmd.quiet().run_checked().context("listing the cases")?;
+    drivers::aim(cmd, kernels, device).quiet().run_checked().context("listing the cases")?;
     read_json(&list)
 }
 
@@ -221,17 +255,19 @@ fn run_batch(
     }
 }
 
-/// A batch's results against the names it was given: a case fa-test left out is
-/// reported failed, never dropped; a case it was not given, or gave twice, makes
-/// the whole batch untrustworthy.
+/// A batch's results against the names it was given: a case fa-test left out
+/// without saying why is reported failed, never dropped; one it says it skipped
+/// (an entry this kernel set lacks) is neither; a case it was not given, or gave
+/// twice, makes the whole batch untrustworthy.
 fn account(names: &[String], mut run: TestRun) -> std::result::Result<TestRun, String> {
     let mut seen = std::collections::BTreeSet::new();
-    for c in &run.cases {
-        if !names.contains(&c.name) {
-            return Err(format!("fa-test reported case {}, which it was not given", c.name));
+    let reported = run.cases.iter().map(|c| &c.name).chain(run.skipped.iter().map(|s| &s.name));
+    for name in reported {
+        if !names.contains(name) {
+            return Err(format!("fa-test reported case {name}, which it was not given"));
         }
-        if !seen.insert(c.name.clone()) {
-            return Err(format!("fa-test reported case {} twice", c.name));
+        if !seen.insert(name.clone()) {
+            return Err(format!("fa-test reported case {name} twice"));
         }
     }
     let gpu = run.device.uuid.clone();
@@ -386,6 +422,11 @@ mod tests {
         Some(ListedGpu { name: "Fake GPU".into(), uuid: uuid.into() })
     }
 
+    /// The fake driver's matrix: c0…c9 with work 10…1.
+    fn listed_fake() -> Vec<ListedCase> {
+        (0..10).map(|i| ListedCase { name: format!("c{i}"), work: f64::from(10 - i) }).collect()
+    }
+
     fn names(r: &TestReport) -> Vec<String> {
         r.run.cases.iter().map(|c| c.name.clone()).collect()
     }
@@ -401,6 +442,12 @@ mod tests {
             two.run.cases.iter().all(|c| c.passed && c.gpu.as_deref().is_some_and(|g| g == "GPU-a" || g == "GPU-b"))
         );
         assert_eq!(two.gpus.len(), 2);
+        // The timeline: both start checks, then every batch once with fa-test's set-up time.
+        assert_eq!(two.timeline.iter().filter(|s| s.what == START_CHECK).count(), 2);
+        let batches: Vec<&Step> = two.timeline.iter().filter(|s| s.what.starts_with("batch ")).collect();
+        assert_eq!(batches.len(), spread::batches(&listed_fake(), 2).len());
+        assert!(batches.iter().all(|s| s.setup_s == Some(0.25) && s.start_s <= s.end_s), "{batches:?}");
+        assert_eq!(busy_lines(&two.timeline).len(), 2);
         // Shards on one GPU each: their union is the matrix, and they merge.
         let mut files = Vec::new();
         for i in 1..=3 {
@@ -453,6 +500,22 @@ mod tests {
         let c3 = &r.run.cases[3];
         assert!(c3.error.as_deref().is_some_and(|e| e.contains("returned no result")), "{c3:?}");
         assert!(finish(&cx, r).is_err(), "a run with unreported cases fails");
+    }
+
+    #[test]
+    fn cases_the_driver_skips_are_recorded_not_failed() {
+        // Cases for entries the kernel set lacks are in the matrix; the driver
+        // skips them and says why. They were reported failed ("returned no
+        // result"): 4116 of 5662 on two H200s.
+        let dir = tempfile::tempdir().unwrap();
+        let (cx, driver) = fake(dir.path());
+        write_file(&cx.kernels.join("skip"), "c2,c5").unwrap();
+        let r = run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
+        assert_eq!(r.run.cases.len(), 8);
+        assert!(r.run.cases.iter().all(|c| c.passed));
+        let skipped: Vec<&str> = r.run.skipped.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(skipped, ["c2", "c5"]);
+        assert!(finish(&cx, r).is_ok());
     }
 
     #[test]

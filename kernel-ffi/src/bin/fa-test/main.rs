@@ -11,7 +11,7 @@ use kernel_ffi::check::{compare, compare_lse, tolerances};
 use kernel_ffi::cli::{self, CheckFailed};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
-use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, TestCase, TestRun};
+use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, SkippedCase, TestCase, TestRun};
 use kernel_ffi::{Attention, Desc, Dtype, KernelChoice, Layout, Options, Problem, Splits, Variant};
 
 /// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
@@ -51,9 +51,15 @@ impl Case {
         }
     }
 
-    /// Batch × heads × query rows × keys × head dim: what a case costs, relatively.
+    /// What the case costs, in units of the f64 CPU reference's inner step (batch
+    /// × heads × query rows × keys × head dim): the reference is nearly all of a
+    /// case's time. The fp32 GPU reference takes about 1/130 of the CPU's time a
+    /// unit, plus a fixed ~0.05 s of uploads and launches (H200: 1.4e-9 s a unit
+    /// on the CPU, 1.1e-11 on the GPU).
     fn work(&self) -> f64 {
-        [self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim].iter().map(|&x| x as f64).product()
+        let units: f64 =
+            [self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim].iter().map(|&x| x as f64).product();
+        if self.gpu_reference { units / 130.0 + GPU_REFERENCE_FIXED } else { units }
     }
 
     fn layout_label(&self) -> &'static str {
@@ -85,6 +91,9 @@ impl Case {
         )
     }
 }
+
+/// A GPU-reference case's fixed cost in CPU-reference units (~0.05 s).
+const GPU_REFERENCE_FIXED: f64 = 3.5e7;
 
 /// Small shapes that still reach every entry point and every code path (tails,
 /// causal rows without keys, empty splits, GQA, combine, the GPU reference): what
@@ -412,6 +421,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         tol_lse,
         non_finite: errs.non_finite + lse_bad,
         passed,
+        seconds: 0.0,
         error: None,
     })
 }
@@ -444,6 +454,7 @@ fn not_run(case: &Case, e: &anyhow::Error) -> TestCase {
         non_finite: 0,
         passed: false,
         error: Some(format!("{e:#}")),
+        seconds: 0.0,
     }
 }
 
@@ -469,6 +480,10 @@ struct Args {
     /// List the case names and exit (with --json: names and work, as JSON).
     #[arg(long, conflicts_with = "info")]
     list: bool,
+    /// With --list: only the cases this GPU's kernel set runs (opens the GPU
+    /// and loads the kernels, as a run does).
+    #[arg(long, requires = "list")]
+    runnable: bool,
     /// Only the cases named in FILE, one exact name a line (as --list prints them).
     #[arg(long, value_name = "FILE")]
     cases: Option<std::path::PathBuf>,
@@ -517,6 +532,52 @@ fn named(cases: Vec<Item>, text: &str) -> std::result::Result<Vec<Item>, String>
     Ok(cases.into_iter().filter(|c| wanted.contains(c.name().as_str())).collect())
 }
 
+/// `--list`: names, or with `json` names and work as JSON.
+fn list_cases(cases: &[Item], json: Option<&std::path::Path>) -> Result<()> {
+    if let Some(path) = json {
+        let listed: Vec<ListedCase> = cases.iter().map(|c| ListedCase { name: c.name(), work: c.work() }).collect();
+        return cli::write_atomic(path, serde_json::to_string_pretty(&listed)?.as_bytes());
+    }
+    cli::print(&cases.iter().map(|c| c.name() + "\n").collect::<String>())
+}
+
+/// The cases this GPU's kernel set runs, and the others with why: Hopper
+/// cases off sm_90, and cases for an entry geometry the build's configuration
+/// does not have.
+fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCase>) {
+    let hopper = att.has_hopper();
+    let mut skipped = Vec::new();
+    let mut kept = Vec::new();
+    for c in cases {
+        let why = if c.variant() == Variant::Hopper && !hopper {
+            Some(format!("{} is not sm_90: no Hopper kernel", att.device().name))
+        } else if let Item::Dense(d) = &c
+            && !has_geometry(att, d)
+        {
+            Some("its entry geometry is not in this build's configuration".to_string())
+        } else {
+            None
+        };
+        match why {
+            Some(why) => skipped.push(SkippedCase { name: c.name(), why }),
+            None => kept.push(c),
+        }
+    }
+    (kept, skipped)
+}
+
+/// Whether the kernel set has an entry of the case's pinned geometry.
+fn has_geometry(att: &Attention, c: &Case) -> bool {
+    c.choice.variant.family().is_none_or(|family| {
+        let loaded = att.geometries(family, c.dtype, c.head_dim, c.causal);
+        loaded.iter().any(|&(m, g, pers)| {
+            c.choice.block_m.is_none_or(|cm| cm == m)
+                && c.choice.key_groups.is_none_or(|cg| cg == g)
+                && c.choice.persistent.is_none_or(|cp| cp == pers)
+        })
+    })
+}
+
 /// Exit 1 unless some case ran and every case passed.
 fn verdict(cases: &[TestCase]) -> Result<()> {
     if cases.is_empty() {
@@ -537,7 +598,8 @@ fn verdict(cases: &[TestCase]) -> Result<()> {
 }
 
 fn run() -> Result<()> {
-    let Args { json, filter, seed, set, list, cases: only, info, variant, device } = clap::Parser::parse();
+    let started = Instant::now();
+    let Args { json, filter, seed, set, list, runnable, cases: only, info, variant, device } = clap::Parser::parse();
     let (dense, serving) = match set {
         Set::Full => (matrix(), serving::matrix()),
         Set::Sanitize => (sanitize_set(), serving::sanitize_set()),
@@ -555,12 +617,8 @@ fn run() -> Result<()> {
         let text = fa_schema::file::read_text(&file).with_context(|| format!("reading --cases {}", file.display()))?;
         cases = named(cases, &text).map_err(|e| anyhow::anyhow!("--cases {}: {e}", file.display()))?;
     }
-    if list {
-        if let Some(path) = json {
-            let listed: Vec<ListedCase> = cases.iter().map(|c| ListedCase { name: c.name(), work: c.work() }).collect();
-            return cli::write_atomic(&path, serde_json::to_string_pretty(&listed)?.as_bytes());
-        }
-        return cli::print(&cases.iter().map(|c| c.name() + "\n").collect::<String>());
+    if list && !runnable {
+        return list_cases(&cases, json.as_deref());
     }
     let seed = seed
         .unwrap_or_else(|| SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64));
@@ -569,26 +627,18 @@ fn run() -> Result<()> {
     if info {
         return cli::print(&format!("{}\n", serde_json::to_string(att.device())?));
     }
-    if !att.has_hopper() {
-        if variant == Some(Variant::Hopper) {
-            anyhow::bail!("--variant hopper: {} has no Hopper kernel (needs sm_90)", att.device().name);
-        }
-        let before = cases.len();
-        cases.retain(|c| c.variant() != Variant::Hopper);
-        eprintln!("fa-test: {} Hopper cases not run: {} is not sm_90", before - cases.len(), att.device().name);
+    if variant == Some(Variant::Hopper) && !att.has_hopper() {
+        anyhow::bail!("--variant hopper: {} has no Hopper kernel (needs sm_90)", att.device().name);
     }
-    // Cases for an entry their configuration does not have.
-    cases.retain(|c| {
-        let Item::Dense(c) = c else { return true };
-        c.choice.variant.family().is_none_or(|family| {
-            let loaded = att.geometries(family, c.dtype, c.head_dim, c.causal);
-            loaded.iter().any(|&(m, g, pers)| {
-                c.choice.block_m.is_none_or(|cm| cm == m)
-                    && c.choice.key_groups.is_none_or(|cg| cg == g)
-                    && c.choice.persistent.is_none_or(|cp| cp == pers)
-            })
-        })
-    });
+    let (cases, skipped) = runnable_here(cases, &att);
+    if !skipped.is_empty() {
+        let why: std::collections::BTreeSet<&str> = skipped.iter().map(|s| s.why.as_str()).collect();
+        let why: Vec<&str> = why.into_iter().collect();
+        eprintln!("fa-test: {} cases not run here: {}", skipped.len(), why.join("; "));
+    }
+    if list {
+        return list_cases(&cases, json.as_deref());
+    }
     eprintln!(
         "fa-test: {} cases on {} (sm count {}), seed {seed}",
         cases.len(),
@@ -597,9 +647,11 @@ fn run() -> Result<()> {
     );
     let mut rng = Rng::new(seed);
     let mut results = Vec::new();
-    let start = Instant::now();
+    let setup_s = started.elapsed().as_secs_f64();
     for (i, case) in cases.iter().enumerate() {
-        let result = case.run(&att, &mut rng);
+        let t = Instant::now();
+        let mut result = case.run(&att, &mut rng);
+        result.seconds = t.elapsed().as_secs_f64();
         let mark = if result.passed { "ok" } else { "FAIL" };
         eprintln!(
             "[{}/{}] {mark} {} rel_l2 {:.2e} max_abs {:.2e}{}",
@@ -618,8 +670,8 @@ fn run() -> Result<()> {
             break;
         }
     }
-    eprintln!("fa-test: {:.1} s", start.elapsed().as_secs_f64());
-    let run = TestRun { device: att.device().clone(), seed, cases: results };
+    eprintln!("fa-test: {:.1} s ({setup_s:.1} s setting up)", started.elapsed().as_secs_f64());
+    let run = TestRun { device: att.device().clone(), seed, setup_s, cases: results, skipped };
     let text = serde_json::to_string_pretty(&run)?;
     match json {
         Some(path) => cli::write_atomic(&path, text.as_bytes())?,

@@ -584,6 +584,7 @@ fn record(
         tol_lse: 0.0,
         non_finite,
         passed,
+        seconds: 0.0,
         error,
     }
 }
