@@ -113,6 +113,20 @@ __device__ __forceinline__ void wait_for_prerequisites() {
 #endif
 }
 
+// -------------------------------------------------------- planted slowdown --
+// FA_PLANT_SLOWDOWN=N (proving the gate and its explanations only): a dependent
+// chain of N FMAs wherever a kernel part calls this, once per key tile. The chain
+// stays positive from threadIdx.x ≥ 0, so `sink` (an output accumulator no MMA
+// has in flight) never changes; using it keeps ptxas from dropping the chain.
+__device__ __forceinline__ void plant_slowdown(float& sink) {
+#ifdef FA_PLANT_SLOWDOWN
+  float chain = static_cast<float>(threadIdx.x);
+#pragma unroll 1
+  for (int i = 0; i < FA_PLANT_SLOWDOWN; ++i) chain = fmaf(chain, 0.999f, 1e-7f);
+  if (chain < 0.f) sink += chain;
+#endif
+}
+
 // ------------------------------------------------------------- division --
 // n / d for 0 <= n < 2^31: a multiply-high and a shift (FastDiv).
 __device__ __forceinline__ int fast_div(const FastDiv& d, int n) {

@@ -44,8 +44,9 @@ namespace fa {
 //                            (racecheck; PortableMainloop::run)
 //   FA_DEFECT_UNINIT         a split with no keys writes no partials; combine reads them (initcheck)
 //   FA_DEFECT_DIVERGENT_SYNC a barrier reached by half of each warp (synccheck)
-// and, for proving the CI gate: FA_PLANT_SLOWDOWN=N (a dependent FMA chain per key
-// tile, PortableMainloop::run) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax
+// and, for proving the CI gate: FA_PLANT_SLOWDOWN=N (a dependent chain of N FMAs
+// per key tile, plant_slowdown: after P·V in PortableMainloop::run and after
+// each P·V has landed in hopper_consumer) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax
 // scale), e.g. `cargo xtask ci --gpu --define FA_PLANT_WRONG_RESULT …`.
 
 template <typename T, int D, bool CAUSAL, int MT, int KG>

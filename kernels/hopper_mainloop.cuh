@@ -132,6 +132,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     wgmma_wait<0>();
     wgmma_fence_operands(o);
     mbar_arrive_warp(slot_empty_v(x));
+    plant_slowdown(o[0][0]);
   };
   auto pack_p = [&] {
 #pragma unroll

@@ -194,13 +194,7 @@ struct PortableMainloop {
       // P straight from the S accumulators.
       if (Tiles::kEveryWarpComputes || computes)
         mma.pv(o, [&](uint32_t(&f)[4], int mt, int kk) { p_fragment<T>(f, s[mt], kk); });
-#ifdef FA_PLANT_SLOWDOWN
-      // A dependent FMA chain per tile: a measured, deliberate slowdown for proving the gate.
-      float chain = s[0][0][0];
-#pragma unroll 1
-      for (int i = 0; i < FA_PLANT_SLOWDOWN; ++i) chain = fmaf(chain, 0.999f, 1e-7f);
-      if (chain != chain) o[0][0][0] += chain;  // never true for finite input; keeps the chain alive
-#endif
+      plant_slowdown(o[0][0][0]);
 #ifndef FA_DEFECT_RACE
       grp.sync();  // every warp is done reading sV before the next V load
 #endif

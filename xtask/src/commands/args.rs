@@ -41,9 +41,17 @@ impl BuildArgs {
             manifest: self.manifest.clone(),
             defines: self.defines.clone(),
             out_dir: self.out_dir.clone(),
+            enforce_budgets: !self.defines.iter().any(|d| is_planted(d)),
             ..compile::Options::new(Duration::from_secs(self.build_timeout), jobs)
         }
     }
+}
+
+/// A planted slowdown, wrong result or defect (`FA_PLANT_*`, `FA_DEFECT_*`):
+/// built to prove the gate or a sanitizer, so its build reports the budget
+/// breaches the plant causes (spills, for one) without failing on them.
+fn is_planted(define: &str) -> bool {
+    define.starts_with("FA_PLANT_") || define.starts_with("FA_DEFECT_")
 }
 
 /// `--kernels DIR`: for the commands that can load a prebuilt set instead of building.
@@ -191,4 +199,26 @@ pub fn planted_fraction(s: &str) -> Result<f64, String> {
 /// A baseline NAME (`bench --save-baseline`).
 pub fn baseline_name(name: &str) -> Result<String, String> {
     crate::measure::compare::check_name(name).map(|()| name.to_string()).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        build: BuildArgs,
+    }
+
+    #[test]
+    fn planted_builds_report_budget_breaches_without_failing_on_them() {
+        let opts = |args: &[&str]| Cli::parse_from(std::iter::once("x").chain(args.iter().copied())).build.options();
+        assert!(opts(&[]).enforce_budgets);
+        assert!(opts(&["--define", "FA_WARPS_D64=8"]).enforce_budgets, "an experiment is held to the budgets");
+        assert!(!opts(&["--define", "FA_PLANT_SLOWDOWN=64"]).enforce_budgets);
+        assert!(!opts(&["--define", "FA_WARPS_D64=8", "--define", "FA_DEFECT_RACE"]).enforce_budgets);
+    }
 }

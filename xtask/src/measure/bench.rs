@@ -64,6 +64,7 @@ impl Options {
             budget_secs: self.gate_secs,
             seed: self.seed,
             explain: self.explain,
+            ncu: crate::tools::toolchain::cuda_tool("ncu").map_err(|e| format!("{e:#}")),
         }
     }
 }

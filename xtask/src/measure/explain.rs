@@ -3,11 +3,9 @@
 //! ran come from its fa-bench; that entry's ptxas resources and SASS opcode
 //! counts from the side's kernel directory, where the build left each unit's
 //! ptxas log (`<unit>.<arch>.log`) and cuobjdump listing (`<unit>.<arch>.sass`).
-//! [`explain`] is pure; [`Facts::load`] reads.
-//!
-//! Nsight Compute's side of an explanation (both sides profiled on the shape)
-//! is not here: a verdict is explained from what the builds and the launches
-//! say.
+//! [`explain`] is pure; [`Facts::load`] reads. Nsight Compute's side, both
+//! sides profiled on the shape in the same run, is compared by the pure
+//! [`profile_lines`]; the gate runs ncu.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,6 +13,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::measure::profile::Launch as Profiled;
 use crate::parse::ptxas::{self, KernelResources};
 use crate::parse::sass;
 use fa_schema::manifest::Manifest;
@@ -170,6 +169,65 @@ pub fn explain(base: Launch, cand: Launch) -> Vec<String> {
     lines
 }
 
+/// How many moved metrics the profile line names.
+const PROFILE_MOVES: usize = 4;
+
+/// Nsight Compute's side of an explanation: each side's kernel launch on the
+/// shape, profiled in the same run. The duration; the metrics that moved most
+/// (throughputs, issue, tensor pipe and occupancy by their relative change; a
+/// stall reason by its change as a share of the base's stalls, so a rare reason
+/// that doubles does not outrank a common one that grows); and the candidate's
+/// top stall reasons.
+pub fn profile_lines(base: &Profiled, cand: &Profiled) -> Vec<String> {
+    let mut lines = Vec::new();
+    let dur = match (base.duration_us, cand.duration_us) {
+        (Some(b), Some(c)) if b > 0.0 => format!("{b:.1} → {c:.1} µs ({:+.1}%)", (c / b - 1.0) * 100.0),
+        _ => "n/a".into(),
+    };
+    lines.push(format!("ncu: {} → {}: duration {dur}", base.kernel, cand.kernel));
+    let pct = |name: &str, b: Option<f64>, c: Option<f64>| -> Option<(f64, String)> {
+        let (b, c) = (b?, c?);
+        let moved = (c - b) / b.max(1.0);
+        Some((moved.abs(), format!("{name} {b:.1}% → {c:.1}% ({:+.0}%)", moved * 100.0)))
+    };
+    let mut moves: Vec<(f64, String)> = [
+        pct("tensor pipe", base.tensor_active_pct, cand.tensor_active_pct),
+        pct("issue active", base.issue_active_pct, cand.issue_active_pct),
+        pct("occupancy", base.achieved_occupancy_pct, cand.achieved_occupancy_pct),
+        pct("DRAM", base.dram_throughput_pct, cand.dram_throughput_pct),
+        pct("L2", base.l2_throughput_pct, cand.l2_throughput_pct),
+        pct("SM", base.sm_throughput_pct, cand.sm_throughput_pct),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let stalled = |l: &Profiled| l.stalls.iter().filter(|(r, _)| r.as_str() != "selected").map(|(_, v)| v).sum::<f64>();
+    let total = stalled(base).max(1e-9);
+    for (reason, &c) in &cand.stalls {
+        let Some(&b) = base.stalls.get(reason) else { continue };
+        let moved = (c - b) / total;
+        moves.push((
+            moved.abs(),
+            format!("stall {reason} {b:.2} → {c:.2} warps/issue ({:+.0}% of the base's stalls)", moved * 100.0),
+        ));
+    }
+    moves.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let named: Vec<String> =
+        moves.into_iter().take(PROFILE_MOVES).filter(|(m, _)| *m >= 0.01).map(|(_, s)| s).collect();
+    lines.push(if named.is_empty() {
+        "ncu: no metric moved by 1% or more".into()
+    } else {
+        format!("ncu moved most: {}", named.join("; "))
+    });
+    let mut top: Vec<(&String, &f64)> = cand.stalls.iter().filter(|(r, _)| r.as_str() != "selected").collect();
+    top.sort_by(|a, b| b.1.total_cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    if !top.is_empty() {
+        let top: Vec<String> = top.iter().take(3).map(|(r, v)| format!("{r} {v:.2}")).collect();
+        lines.push(format!("ncu top stalls (candidate, warps/issue): {}", top.join(", ")));
+    }
+    lines
+}
+
 fn describe(e: &EntryRecord) -> String {
     format!(
         "{} m{} kg{}{}",
@@ -239,6 +297,41 @@ mod tests {
 
     fn entry(kernel: &str) -> EntryRecord {
         EntryRecord { kernel: kernel.into(), variant: "hopper".into(), block_m: 128, key_groups: 1, persistent: true }
+    }
+
+    fn profiled(us: f64, issue: f64, stalls: &[(&str, f64)]) -> Profiled {
+        let json = serde_json::json!({
+            "kernel": "flash_fwd_hopper_f16_d128_causal", "duration_us": us, "sm_throughput_pct": 60.0,
+            "dram_throughput_pct": 10.0, "achieved_occupancy_pct": 18.0, "issue_active_pct": issue,
+            "tensor_active_pct": 70.0, "gmma_instructions": null, "grid": 264.0, "block": 384.0,
+            "registers": 168.0, "smem_bytes": 164936.0, "waves_per_sm": 1.0, "limit_registers": 1.0,
+            "limit_smem": 1.0, "limit_warps": 5.0, "sm_count": 132.0,
+            "stalls": stalls.iter().map(|(r, v)| (r.to_string(), *v)).collect::<BTreeMap<_, _>>(), "missing": []
+        });
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_profile_names_the_metrics_that_moved_most_and_the_top_stalls() {
+        // A fixed delay per tile in the consumer: the wait stall grows by half
+        // the base's stalls; the rare membar stall doubles but moves little.
+        let base = profiled(800.0, 40.0, &[("wait", 1.0), ("gmma", 2.0), ("membar", 0.01), ("selected", 1.0)]);
+        let cand = profiled(920.0, 41.0, &[("wait", 2.5), ("gmma", 2.0), ("membar", 0.02), ("selected", 1.0)]);
+        let lines = profile_lines(&base, &cand);
+        assert_eq!(
+            lines[0],
+            "ncu: flash_fwd_hopper_f16_d128_causal → flash_fwd_hopper_f16_d128_causal: duration 800.0 → 920.0 µs (+15.0%)"
+        );
+        assert!(
+            lines[1].starts_with(
+                "ncu moved most: stall wait 1.00 → 2.50 warps/issue (+50% of the base's stalls); issue active"
+            ),
+            "{lines:?}"
+        );
+        assert!(!lines[1].contains("membar"), "{lines:?}");
+        assert_eq!(lines[2], "ncu top stalls (candidate, warps/issue): wait 2.50, gmma 2.00, membar 0.02");
+        // Identical profiles: nothing moved.
+        assert_eq!(profile_lines(&base, &base)[1], "ncu: no metric moved by 1% or more");
     }
 
     fn launch<'a>(entry: &'a EntryRecord, num_splits: u32, ctas: u64, facts: &'a Facts) -> Launch<'a> {

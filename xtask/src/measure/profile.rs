@@ -26,12 +26,15 @@ use crate::verify::spread;
 use fa_schema::schema::ListedCase;
 
 /// Metrics every sm_80+ chip has (checked against `ncu --query-metrics` for gh100 and ad104).
-const METRICS: &[&str] = &[
+pub const METRICS: &[&str] = &[
     "gpu__time_duration.sum",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
     "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_issued.avg.pct_of_peak_sustained_active",
+    // Every tensor op (mma.sync and wgmma alike).
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
     "launch__grid_size",
     "launch__block_size",
     "launch__registers_per_thread",
@@ -43,9 +46,42 @@ const METRICS: &[&str] = &[
     "launch__occupancy_limit_warps",
     "launch__occupancy_limit_blocks",
     "launch__sm_count",
+    // Warps waiting per issued instruction, by reason (Nsight Compute's warp state statistics).
+    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_drain_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_imc_miss_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_membar_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_misc_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_tex_throttle_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
 ];
-/// Hopper only: warpgroup MMA instructions.
-const HOPPER_METRICS: &[&str] = &["sm__inst_executed_pipe_tensor_op_gmma.sum"];
+/// Hopper only: warpgroup MMA instructions, and warps waiting on them.
+pub const HOPPER_METRICS: &[&str] =
+    &["sm__inst_executed_pipe_tensor_op_gmma.sum", "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio"];
+
+/// A stall metric's reason: `smsp__average_warps_issue_stalled_wait_per_issue_active.ratio` → `wait`.
+fn stall_reason(metric: &str) -> Option<&str> {
+    metric.strip_prefix("smsp__average_warps_issue_stalled_")?.strip_suffix("_per_issue_active.ratio")
+}
+
+/// The metrics to ask for on a chip of compute capability `cc`.
+pub fn metrics_for(cc: &str) -> Vec<&'static str> {
+    let mut m = METRICS.to_vec();
+    if cc.starts_with("9.") {
+        m.extend(HOPPER_METRICS);
+    }
+    m
+}
 
 /// The seed shapes and one compute-bound shape.
 pub const DEFAULT_SHAPES: &[&str] = &["1,1,128,64", "1,1,512,64", "2,8,512,64", "4,16,2048,64"];
@@ -59,13 +95,18 @@ pub struct Options {
     pub timeout: Duration,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Launch {
     pub kernel: String,
     pub duration_us: Option<f64>,
     pub sm_throughput_pct: Option<f64>,
     pub dram_throughput_pct: Option<f64>,
+    #[serde(default)]
+    pub l2_throughput_pct: Option<f64>,
     pub achieved_occupancy_pct: Option<f64>,
+    /// Cycles an instruction issued, % of the active cycles.
+    #[serde(default)]
+    pub issue_active_pct: Option<f64>,
     pub tensor_active_pct: Option<f64>,
     pub gmma_instructions: Option<f64>,
     pub grid: Option<f64>,
@@ -78,6 +119,9 @@ pub struct Launch {
     pub limit_smem: Option<f64>,
     pub limit_warps: Option<f64>,
     pub sm_count: Option<f64>,
+    /// Warps waiting per issued instruction, by reason.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stalls: BTreeMap<String, f64>,
     /// Metrics requested but absent for this arch.
     pub missing: Vec<String>,
 }
@@ -111,8 +155,10 @@ impl Launch {
             duration_us: row.num(duration).map(|v| v * to_us),
             sm_throughput_pct: row.num("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
             dram_throughput_pct: row.num("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+            l2_throughput_pct: row.num("lts__throughput.avg.pct_of_peak_sustained_elapsed"),
             achieved_occupancy_pct: row.num("sm__warps_active.avg.pct_of_peak_sustained_active"),
-            tensor_active_pct: row.num("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
+            issue_active_pct: row.num("sm__inst_issued.avg.pct_of_peak_sustained_active"),
+            tensor_active_pct: row.num("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"),
             gmma_instructions: row.num("sm__inst_executed_pipe_tensor_op_gmma.sum"),
             grid: row.num("launch__grid_size"),
             block: row.num("launch__block_size"),
@@ -123,6 +169,7 @@ impl Launch {
             limit_smem: row.num("launch__occupancy_limit_shared_mem"),
             limit_warps: row.num("launch__occupancy_limit_warps"),
             sm_count: row.num("launch__sm_count"),
+            stalls: requested.iter().filter_map(|m| Some((stall_reason(m)?.to_string(), row.num(m)?))).collect(),
             missing: requested.iter().filter(|m| row.num(m).is_none()).map(|m| m.to_string()).collect(),
         }
     }
@@ -181,10 +228,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     let fa_test = drivers::binary(cx, "fa-test")?;
     let gpus = crate::tools::gpu::workers(opts.gpus.as_ref(), cx.device.as_deref(), "profile")?;
     let info = drivers::device_info(&fa_test, &cx.kernels, cx.device.as_deref(), gpus[0].as_ref())?;
-    let mut metrics: Vec<&str> = METRICS.to_vec();
-    if info.compute_capability.starts_with("9.") {
-        metrics.extend(HOPPER_METRICS);
-    }
+    let metrics = metrics_for(&info.compute_capability);
     // One part per GPU of near-equal work, so each ncu starts once.
     let mut batches = spread::partition(&listed(&opts.shapes), gpus.len() as u32);
     batches.retain(|b| !b.is_empty());
@@ -265,25 +309,62 @@ fn profile_batch(
     shapes: &[String],
     gpu: Option<&ListedGpu>,
 ) -> Result<Vec<ShapeProfile>> {
+    let log = cx.reports().join(if k == 0 { "profile/ncu.log".into() } else { format!("profile/ncu-{k}.log") });
+    let target = Target { bench, kernels: &cx.kernels, device: cx.device.as_deref(), args: &[] };
+    profile_shapes(ncu, &target, metrics, shapes, opts.base_clocks, opts.timeout, &log, gpu)
+}
+
+/// What ncu profiles: a bench binary, the kernels it loads, its GPU and extra
+/// arguments (`--dtype bf16`, `--variant hopper`).
+pub struct Target<'a> {
+    pub bench: &'a Path,
+    pub kernels: &'a Path,
+    pub device: Option<&'a str>,
+    pub args: &'a [String],
+}
+
+/// One ncu run of `target` over `shapes` (each launched once) on `gpu`, its
+/// output logged at `log`: a profile per shape, or why there is none.
+#[allow(clippy::too_many_arguments)]
+pub fn profile_shapes(
+    ncu: &Path,
+    target: &Target,
+    metrics: &[&str],
+    shapes: &[String],
+    base_clocks: bool,
+    timeout: Duration,
+    log: &Path,
+    gpu: Option<&ListedGpu>,
+) -> Result<Vec<ShapeProfile>> {
     let mut cmd = Cmd::new(ncu)
         .args(["--csv", "--page", "raw", "--kernel-name", "regex:flash_", "--clock-control"])
-        .arg(if opts.base_clocks { "base" } else { "none" })
+        .arg(if base_clocks { "base" } else { "none" })
         .arg("--metrics")
         .arg(metrics.join(","))
-        .arg(bench.display().to_string())
+        .arg(target.bench.display().to_string())
         .args(["--launches-only", "1"])
-        .timeout(opts.timeout)
-        .log(cx.reports().join(if k == 0 { "profile/ncu.log".into() } else { format!("profile/ncu-{k}.log") }));
+        .args(target.args.iter().cloned())
+        .timeout(timeout)
+        .log(log);
     for s in shapes {
         cmd = cmd.arg("--shape").arg(s.clone());
     }
-    let out = drivers::on_gpu(drivers::aim(cmd, &cx.kernels, cx.device.as_deref()), gpu).run()?;
+    let out = drivers::on_gpu(drivers::aim(cmd, target.kernels, target.device), gpu).run()?;
     let text = format!("{}{}", out.stdout, out.stderr);
     if text.contains("ERR_NVGPUCTRPERM") {
         anyhow::bail!("{}", preflight::COUNTER_PERMISSION_HINT);
     }
     let table = ncu::parse(&out.stdout).with_context(|| format!("ncu exited with {}: {}", out.status, out.tail()))?;
-    Ok(shape_profiles(&table, metrics, shapes, gpu.map(|g| g.uuid.clone())))
+    let profiles = shape_profiles(&table, metrics, shapes, gpu.map(|g| g.uuid.clone()));
+    if profiles.len() != shapes.len() {
+        anyhow::bail!(
+            "ncu profiled {} flash_fwd launch(es) for {} shape(s); see {}",
+            profiles.len(),
+            shapes.len(),
+            log.display()
+        );
+    }
+    Ok(profiles)
 }
 
 /// ncu's rows of one fa-bench run, in launch order: per shape a flash_fwd row,
@@ -314,7 +395,9 @@ mod tests {
             duration_us: Some(10.0),
             sm_throughput_pct: None,
             dram_throughput_pct: None,
+            l2_throughput_pct: None,
             achieved_occupancy_pct: None,
+            issue_active_pct: None,
             tensor_active_pct: Some(80.0),
             gmma_instructions: None,
             grid: Some(264.0),
@@ -326,6 +409,7 @@ mod tests {
             limit_smem: Some(9.0),
             limit_warps: Some(16.0),
             sm_count: Some(132.0),
+            stalls: BTreeMap::new(),
             missing: vec![],
         }
     }
@@ -364,6 +448,33 @@ mod tests {
         assert!(l.duration_us.is_some_and(|us| us > 0.0 && us < 1e4), "{:?}", l.duration_us);
         assert_eq!(l.grid, Some(1024.0));
         assert!(l.missing.iter().any(|m| m == "launch__occupancy_limit_registers") || l.limit_registers.is_some());
+    }
+
+    #[test]
+    fn the_explanation_metrics_from_a_real_gate_run() {
+        // ncu's log of the planted gate's candidate (H200, 16 default shapes,
+        // the split ones with their combine): every shape's launch with its
+        // stalls, issue and tensor-pipe activity.
+        let text =
+            std::fs::read_to_string(format!("{}/tests/data/h200/ncu-raw-gate-explain.log", env!("CARGO_MANIFEST_DIR")))
+                .unwrap();
+        let t = ncu::parse(&text).unwrap();
+        let shapes: Vec<String> = (0..16).map(|i| format!("shape-{i}")).collect();
+        let p = shape_profiles(&t, &metrics_for("9.0"), &shapes, None);
+        assert_eq!(p.len(), 16);
+        assert!(p.iter().any(|s| s.launches.len() == 2 && s.launches[1].kernel.starts_with("flash_combine")));
+        for s in &p {
+            let l = &s.launches[0];
+            assert!(l.kernel.starts_with("flash_fwd"), "{}", l.kernel);
+            assert_eq!(l.stalls.len(), 18, "{}: {:?}", l.kernel, l.stalls.keys());
+            assert!(l.missing.is_empty(), "{}: {:?}", l.kernel, l.missing);
+            assert!(l.issue_active_pct.is_some_and(|x| x > 0.0 && x <= 100.0));
+            assert!(l.l2_throughput_pct.is_some());
+        }
+        // The Hopper kernel's wgmma counts as tensor-pipe activity.
+        let hopper = p.iter().map(|s| &s.launches[0]).find(|l| l.kernel == "flash_fwd_hopper_f16_d128").unwrap();
+        assert!(hopper.tensor_active_pct.is_some_and(|t| t > 40.0), "{:?}", hopper.tensor_active_pct);
+        assert!(hopper.stalls["gmma"] >= 0.0 && hopper.stalls["wait"] > 1.0);
     }
 
     #[test]

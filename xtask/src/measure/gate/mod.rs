@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::measure::explain::{Facts, Launch, Plan, explain};
+use crate::measure::explain::{Facts, Launch, Plan, explain, profile_lines};
+use crate::measure::profile::{self, Launch as Profiled, Target};
 use crate::tools::drivers;
 use crate::tools::process::{Cmd, Session};
 use crate::tools::progress::Progress;
@@ -61,6 +62,8 @@ pub struct Options {
     pub seed: u64,
     /// Explain every shape (`explain::explain`), not only regressions and improvements.
     pub explain: bool,
+    /// Nsight Compute, to profile both sides of the explained shapes, or why there is none.
+    pub ncu: Result<PathBuf, String>,
 }
 
 /// Calls per half: enough that a half of short calls outlasts the pipe's round trip.
@@ -104,6 +107,12 @@ pub struct ShapeGate {
     /// every shape's with `bench --explain`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub explanation: Vec<String>,
+    /// Nsight Compute's metrics of each side's kernel launch on the shape,
+    /// profiled after the timing, where the shape was explained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_profile: Option<Profiled>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cand_profile: Option<Profiled>,
     /// Median µs per call over the counted quads.
     pub base_us: f64,
     pub cand_us: f64,
@@ -363,6 +372,9 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
         }
         results.push(g);
     }
+    drop(progress);
+    drop((b, c));
+    profile_explained(base, cand, opts, dir, &device.compute_capability, &cases, &mut results);
     Ok(GateRun {
         device,
         rule,
@@ -373,6 +385,84 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
         not_gated,
     })
 }
+
+/// Nsight Compute on both sides of every explained shape, after the timing (no
+/// server is running then): one ncu per side and dtype over those shapes, each
+/// launched once. A side that cannot be profiled says why in the explanation;
+/// the verdict stands.
+fn profile_explained(
+    base: &Side,
+    cand: &Side,
+    opts: &Options,
+    dir: &Path,
+    cc: &str,
+    cases: &[(&str, &str)],
+    results: &mut [ShapeGate],
+) {
+    let explained: Vec<usize> = (0..results.len()).filter(|&i| !results[i].explanation.is_empty()).collect();
+    if explained.is_empty() {
+        return;
+    }
+    let ncu = if base.plant > 0.0 || cand.plant > 0.0 {
+        Err("the self-test's slowdown is planted outside the kernels".to_string())
+    } else {
+        opts.ncu.clone()
+    };
+    let metrics = profile::metrics_for(cc);
+    let mut why: BTreeMap<usize, String> = BTreeMap::new();
+    for dtype in &opts.dtypes {
+        let mine: Vec<usize> = explained.iter().copied().filter(|&i| cases[i].1 == dtype).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let ncu = match &ncu {
+            Ok(p) => p,
+            Err(e) => {
+                why.extend(mine.iter().map(|&i| (i, e.clone())));
+                continue;
+            }
+        };
+        let shapes: Vec<String> = mine.iter().map(|&i| cases[i].0.to_string()).collect();
+        eprintln!("gate: Nsight Compute on both sides of {} explained {dtype} shape(s)", shapes.len());
+        let mut args = vec!["--dtype".to_string(), dtype.clone()];
+        if opts.variant != "auto" {
+            args.extend(["--variant".to_string(), opts.variant.clone()]);
+        }
+        for (side, label) in [(base, "base"), (cand, "candidate")] {
+            let target =
+                Target { bench: &side.bench, kernels: &side.kernels, device: side.device.as_deref(), args: &args };
+            let log = dir.join(format!("ncu-{label}-{dtype}.log"));
+            match profile::profile_shapes(ncu, &target, &metrics, &shapes, false, NCU_TIMEOUT, &log, None) {
+                Ok(profiles) => {
+                    for (&i, p) in mine.iter().zip(profiles) {
+                        let launch = p.launches.into_iter().next();
+                        if label == "base" {
+                            results[i].base_profile = launch;
+                        } else {
+                            results[i].cand_profile = launch;
+                        }
+                    }
+                }
+                Err(e) => why.extend(mine.iter().map(|&i| (i, format!("the {label}: {e:#}")))),
+            }
+        }
+    }
+    for &i in &explained {
+        let g = &mut results[i];
+        let lines = match (&g.base_profile, &g.cand_profile, why.get(&i)) {
+            (Some(b), Some(c), _) => profile_lines(b, c),
+            (.., Some(w)) => vec![format!("ncu: not profiled ({w})")],
+            _ => vec!["ncu: not profiled (no launch of the entry in its output)".to_string()],
+        };
+        for line in &lines {
+            eprintln!("    {}: {line}", g.name);
+        }
+        g.explanation.extend(lines);
+    }
+}
+
+/// Most seconds of one side's ncu run over the explained shapes.
+const NCU_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The candidate's default shapes the base also has (gated), and the others
 /// (new with the candidate: a base cannot time a shape it does not know).
@@ -435,6 +525,8 @@ pub fn summarise(
         base_plan: Plan::default(),
         cand_plan: Plan::default(),
         explanation: Vec::new(),
+        base_profile: None,
+        cand_profile: None,
         base_us: sequence::sorted_median(&sorted_of(&|q| (q.base_us[0] + q.base_us[1]) / 2.0)),
         cand_us,
         cand_tflops: flops / (cand_us * 1e-6) / 1e12,
@@ -554,6 +646,7 @@ mod process_tests {
             budget_secs: 6.0,
             seed: 1,
             explain: false,
+            ncu: Ok(data("fake-ncu.py")),
         }
     }
 
@@ -574,6 +667,11 @@ mod process_tests {
                 s.ci_high
             );
             assert!(s.quad_log.len() >= 64 && s.sm_mhz.is_some());
+            // Explained, with both sides profiled: the duration and the stall that moved.
+            let (b, c) = (s.base_profile.as_ref().unwrap(), s.cand_profile.as_ref().unwrap());
+            assert!(c.duration_us.unwrap() > b.duration_us.unwrap(), "{b:?} {c:?}");
+            let text = s.explanation.join("\n");
+            assert!(text.contains("ncu moved most: stall wait"), "{text}");
         }
         let g = run(&base, &base, &opts(), &d.path().join("same")).unwrap();
         for s in &g.shapes {
@@ -585,6 +683,12 @@ mod process_tests {
         let g =
             run(&base, &planted, &Options { shapes: vec!["1,1,64,64".into()], ..opts() }, &d.path().join("p")).unwrap();
         assert_eq!(g.shapes[0].verdict, Verdict::Regression);
+        assert!(g.shapes[0].explanation.iter().any(|l| l.contains("not profiled (the self-test")));
+        // Without ncu the explanation says so, and the verdict stands.
+        let none = Options { ncu: Err("ncu not found".into()), ..opts() };
+        let g = run(&base, &slow, &Options { shapes: vec!["1,1,64,64".into()], ..none }, &d.path().join("n")).unwrap();
+        assert_eq!(g.shapes[0].verdict, Verdict::Regression);
+        assert!(g.shapes[0].explanation.iter().any(|l| l == "ncu: not profiled (ncu not found)"));
     }
 
     #[test]
