@@ -117,6 +117,31 @@ pub struct TestRun {
     pub skipped: Vec<SkippedCase>,
 }
 
+/// `fa-test --worker`: after its set-up, one line saying it is ready; then, for
+/// each case name read on stdin (one a line), one reply a line on stdout; it
+/// ends at the end of its input, or after a case whose CUDA error lost its
+/// context (`last`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum WorkerReply {
+    Ready {
+        device: DeviceInfo,
+        seed: u64,
+        setup_s: f64,
+    },
+    Ran {
+        case: Box<TestCase>,
+        last: bool,
+    },
+    Skipped {
+        case: SkippedCase,
+    },
+    /// A name the matrix does not have.
+    Unknown {
+        name: String,
+    },
+}
+
 /// A case fa-test was asked for but does not run here (an entry this kernel
 /// set lacks, a Hopper case off sm_90), and why: neither passed nor failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -237,8 +237,10 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         "batch",
         &gpus,
         batches,
-        |g| drivers::check_gpu(&fa_test, &cx.kernels, g).map(drop),
-        |k, shapes, gpu| profile_batch(cx, opts, &ncu, &bench, &metrics, k, shapes, gpu).map_err(|e| format!("{e:#}")),
+        |g| drivers::start_check(&fa_test, &cx.kernels, g),
+        |_, k, shapes, gpu| {
+            profile_batch(cx, opts, &ncu, &bench, &metrics, k, shapes, gpu).map_err(|e| format!("{e:#}"))
+        },
         |what| eprintln!("profile: {what}"),
     );
     let counter_hint = dealt.lost.iter().find(|l| l.why.contains(preflight::COUNTER_PERMISSION_HINT));

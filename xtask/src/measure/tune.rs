@@ -193,8 +193,8 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         "config",
         &gpus,
         configs,
-        |g| drivers::check_gpu(&fa_test, &cx.kernels, g).map(drop),
-        |i, &config, gpu| {
+        |g| drivers::start_check(&fa_test, &cx.kernels, g),
+        |_, i, &config, gpu| {
             progress.message(&config.name());
             let r = prepare(cx, opts, jobs, &manifest, &arch, config, &dir.join(config.name()), &fa_test, gpu);
             progress.report(&format!("tune [{}/{total}] {}: {}", i + 1, config.name(), r.status));

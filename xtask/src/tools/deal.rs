@@ -94,15 +94,16 @@ pub fn busy_lines(steps: &[Step]) -> Vec<String> {
 /// The `what` of a worker's start check in a timeline.
 pub const START_CHECK: &str = "start check";
 
-/// Runs `work(index, item, gpu)` for every item on the workers of `gpus` (`None`:
-/// the device CUDA picks). `start(gpu)` runs first on each named GPU (its
-/// preflight); `say` hears about workers that stop, an item being a `noun`.
-pub fn deal<T: Send, R: Send>(
+/// Runs `work(state, index, item, gpu)` for every item on the workers of `gpus`
+/// (`None`: the device CUDA picks). `start(gpu)` runs first on each worker (a
+/// preflight, or a long-lived process the worker feeds) and makes its state;
+/// `say` hears about workers that stop, an item being a `noun`.
+pub fn deal<T: Send, R: Send, S>(
     noun: &str,
     gpus: &[Option<ListedGpu>],
     items: Vec<T>,
-    start: impl Fn(&ListedGpu) -> Result<(), String> + Sync,
-    work: impl Fn(usize, &T, Option<&ListedGpu>) -> Result<R, String> + Sync,
+    start: impl Fn(Option<&ListedGpu>) -> Result<S, String> + Sync,
+    work: impl Fn(&mut S, usize, &T, Option<&ListedGpu>) -> Result<R, String> + Sync,
     say: impl Fn(&str) + Sync,
 ) -> Dealt<T, R> {
     let queue = Mutex::new(items.into_iter().enumerate().collect::<VecDeque<_>>());
@@ -119,21 +120,24 @@ pub fn deal<T: Send, R: Send>(
                     let span = Span { gpu: uuid.clone(), item, start_s: from, end_s: t0.elapsed().as_secs_f64() };
                     spans.lock().unwrap_or_else(|e| e.into_inner()).push(span);
                 };
-                if let Some(g) = gpu {
-                    let from = t0.elapsed().as_secs_f64();
-                    let started = start(g);
-                    timed(None, from);
-                    if let Err(why) = started {
-                        say(&format!("GPU {} ({}): {why}; its worker does not start", g.uuid, g.name));
+                let from = t0.elapsed().as_secs_f64();
+                let started = start(gpu.as_ref());
+                timed(None, from);
+                let mut state = match started {
+                    Ok(state) => state,
+                    Err(why) => {
+                        let which =
+                            gpu.as_ref().map_or("the default GPU".into(), |g| format!("GPU {} ({})", g.uuid, g.name));
+                        say(&format!("{which}: {why}; its worker does not start"));
                         return;
                     }
-                }
+                };
                 loop {
                     let Some((index, item)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
                         break;
                     };
                     let from = t0.elapsed().as_secs_f64();
-                    let result = work(index, &item, gpu.as_ref());
+                    let result = work(&mut state, index, &item, gpu.as_ref());
                     timed(Some(index), from);
                     match result {
                         Ok(r) => done.lock().unwrap_or_else(|e| e.into_inner()).push((index, r)),
@@ -170,7 +174,7 @@ mod tests {
 
     #[test]
     fn every_item_once_in_queue_order() {
-        let d = deal("item", &gpus(3), (0..50).collect(), |_| Ok(()), |i, x: &i32, _| Ok((i, *x * 2)), |_| {});
+        let d = deal("item", &gpus(3), (0..50).collect(), |_| Ok(()), |_, i, x: &i32, _| Ok((i, *x * 2)), |_| {});
         assert!(d.lost.is_empty());
         assert_eq!(d.done.len(), 50);
         // A start check per worker and a span per item, each within the deal.
@@ -192,7 +196,7 @@ mod tests {
             &gpus(3),
             (0..20).collect(),
             |_| Ok(()),
-            |_, x: &i32, g| if g.is_some_and(|g| g.uuid == "GPU-1") { Err("died".into()) } else { Ok(*x) },
+            |_, _, x: &i32, g| if g.is_some_and(|g| g.uuid == "GPU-1") { Err("died".into()) } else { Ok(*x) },
             |_| {},
         );
         assert!(d.lost.len() <= 1 && d.lost.iter().all(|l| l.gpu.as_deref() == Some("GPU-1") && l.why == "died"));
@@ -201,8 +205,14 @@ mod tests {
 
     #[test]
     fn with_no_worker_left_every_item_is_lost() {
-        let d =
-            deal("item", &gpus(2), vec!['a', 'b', 'c'], |_| Err("no driver".into()), |_, c: &char, _| Ok(*c), |_| {});
+        let d = deal(
+            "item",
+            &gpus(2),
+            vec!['a', 'b', 'c'],
+            |_| Err::<(), _>("no driver".into()),
+            |_, _, c: &char, _| Ok(*c),
+            |_| {},
+        );
         assert!(d.done.is_empty());
         assert_eq!(d.lost.iter().map(|l| l.item).collect::<String>(), "abc");
         assert!(d.lost.iter().all(|l| l.gpu.is_none() && l.why.contains("no worker")));
@@ -234,14 +244,18 @@ mod tests {
 
     #[test]
     fn without_named_gpus_one_worker_runs_everything() {
+        // Its state, made once by its start, is each item's to use.
         let d = deal(
             "item",
             &[None],
             vec![1, 2],
-            |_| Err("not called".into()),
-            |_, x: &i32, g| Ok((*x, g.is_none())),
+            |g| Ok(if g.is_none() { 10 } else { 0 }),
+            |state, _, x: &i32, g| {
+                *state += 1;
+                Ok((*x + *state, g.is_none()))
+            },
             |_| {},
         );
-        assert_eq!(d.done.iter().map(|(_, r)| *r).collect::<Vec<_>>(), vec![(1, true), (2, true)]);
+        assert_eq!(d.done.iter().map(|(_, r)| *r).collect::<Vec<_>>(), vec![(12, true), (14, true)]);
     }
 }

@@ -63,10 +63,11 @@ pub fn on_gpu(cmd: Cmd, gpu: Option<&ListedGpu>) -> Cmd {
     }
 }
 
-/// The start check of a `--gpus` worker on `gpu`: the driver opens it and loads
-/// the kernels; its device, or why not, as one line.
-pub fn check_gpu(driver: &Path, kernels: &Path, gpu: &ListedGpu) -> Result<DeviceInfo, String> {
-    device_info(driver, kernels, None, Some(gpu)).map_err(|e| format!("{e:#}"))
+/// The start check of a `--gpus` worker (`deal`'s start) where it names a GPU:
+/// the driver opens it and loads the kernels; why not, as one line. A worker on
+/// the default GPU has none.
+pub fn start_check(driver: &Path, kernels: &Path, gpu: Option<&ListedGpu>) -> Result<(), String> {
+    gpu.map_or(Ok(()), |g| device_info(driver, kernels, None, Some(g)).map(drop).map_err(|e| format!("{e:#}")))
 }
 
 /// Asks the driver which device it sees (and proves it can load the fatbins):

@@ -334,8 +334,8 @@ fn run_parts(
         "sanitizer run",
         gpus,
         items,
-        |g| drivers::check_gpu(driver, kernels, g).map(drop),
-        |_, &(tool, part), gpu| {
+        |g| drivers::start_check(driver, kernels, g),
+        |_, _, &(tool, part), gpu| {
             run_tool(sanitizer, driver, tool, kernels, device, "release", dir, opts, part, gpu)
                 .map_err(|e| format!("{e:#}"))
         },

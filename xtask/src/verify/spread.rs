@@ -1,5 +1,5 @@
 //! Spreading the correctness matrix: `--shard I/N` (a deterministic part, for a
-//! CI matrix over runners), `--gpus` (one worker per GPU, fed longest first), and
+//! CI matrix over runners), the order `--gpus` deals cases in (longest first), and
 //! the merge of shard reports. Pure: names and work in, names out.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,7 +26,7 @@ impl std::str::FromStr for Shard {
 }
 
 /// Cases longest first, ties by name: the order both the partition and the queue deal in.
-fn longest_first(cases: &[ListedCase]) -> Vec<&ListedCase> {
+pub fn longest_first(cases: &[ListedCase]) -> Vec<&ListedCase> {
     let mut sorted: Vec<&ListedCase> = cases.iter().collect();
     let work = |c: &ListedCase| if c.work.is_finite() { c.work.max(0.0) } else { 0.0 };
     sorted.sort_by(|a, b| work(b).total_cmp(&work(a)).then_with(|| a.name.cmp(&b.name)));
@@ -44,36 +44,6 @@ pub fn partition(cases: &[ListedCase], n: u32) -> Vec<Vec<String>> {
         parts[lightest].1.push(c.name.clone());
     }
     parts.into_iter().map(|(_, names)| names).collect()
-}
-
-/// Batches for a queue of `workers`, longest first, cut by work and shrinking
-/// (guided self-scheduling): each takes half a worker's share of the work still
-/// unbatched, and no less than an eighth of a worker's share of the whole, so
-/// the workers finish close together and a process start serves many cases.
-pub fn batches(cases: &[ListedCase], workers: usize) -> Vec<Vec<String>> {
-    let sorted = longest_first(cases);
-    let work = |c: &ListedCase| if c.work.is_finite() { c.work.max(0.0) } else { 0.0 };
-    let workers = workers.max(1) as f64;
-    let total: f64 = sorted.iter().map(|c| work(c)).sum();
-    if total <= 0.0 {
-        // Nothing to weigh: equal counts, four batches a worker.
-        let size = sorted.len().div_ceil(4 * workers as usize).max(1);
-        return sorted.chunks(size).map(|c| c.iter().map(|c| c.name.clone()).collect()).collect();
-    }
-    let floor = total / (8.0 * workers);
-    let mut left = total;
-    let mut out: Vec<(f64, Vec<String>)> = Vec::new();
-    for c in sorted {
-        match out.last_mut() {
-            Some((room, names)) if *room > 0.0 => {
-                *room -= work(c);
-                names.push(c.name.clone());
-            }
-            _ => out.push(((left / (2.0 * workers)).max(floor) - work(c), vec![c.name.clone()])),
-        }
-        left -= work(c);
-    }
-    out.into_iter().map(|(_, names)| names).collect()
 }
 
 /// What a shard's report says about its part: merge checks the parts against each other.
@@ -223,26 +193,6 @@ mod tests {
         assert!(check_parts(&[]).is_err());
     }
 
-    #[test]
-    fn batches_are_cut_by_work_and_shrink_towards_the_end() {
-        // Ten heavy cases ahead of a thousand light ones, for two workers.
-        let works: Vec<f64> = (0..10).map(|_| 100.0).chain((0..1000).map(|_| 1.0)).collect();
-        let cs = cases(&works);
-        let weight: std::collections::HashMap<&str, f64> = cs.iter().map(|c| (c.name.as_str(), c.work)).collect();
-        let b = batches(&cs, 2);
-        let work: Vec<f64> = b.iter().map(|names| names.iter().map(|n| weight[n.as_str()]).sum()).collect();
-        // Half a worker's share first (not the first 1/8 of the cases, which
-        // would hold the heavy half of the work), then less, never under an
-        // eighth of a worker's share but for the last.
-        assert_eq!(work[0], 500.0);
-        assert!(work.windows(2).all(|w| w[1] <= w[0]), "{work:?}");
-        assert!(work[..work.len() - 1].iter().all(|&w| w >= 125.0), "{work:?}");
-        assert!((6..=12).contains(&b.len()), "{} batches: {work:?}", b.len());
-        assert_eq!(b.iter().map(Vec::len).sum::<usize>(), 1010);
-        // Without work to weigh, equal counts.
-        assert_eq!(batches(&cases(&[0.0; 16]), 2).iter().map(Vec::len).collect::<Vec<_>>(), [2; 8]);
-    }
-
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(27), ..ProptestConfig::default() })]
         #[test]
@@ -255,8 +205,6 @@ mod tests {
             let mut names: Vec<&String> = cs.iter().map(|c| &c.name).collect();
             names.sort();
             prop_assert_eq!(all, names);
-            let batched: usize = batches(&cs, n as usize).iter().map(Vec::len).sum();
-            prop_assert_eq!(batched, cs.len());
         }
     }
 }

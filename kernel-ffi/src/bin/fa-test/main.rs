@@ -11,7 +11,7 @@ use kernel_ffi::check::{compare, compare_lse, tolerances};
 use kernel_ffi::cli::{self, CheckFailed};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
-use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, SkippedCase, TestCase, TestRun};
+use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, SkippedCase, TestCase, TestRun, WorkerReply};
 use kernel_ffi::{Attention, Desc, Dtype, KernelChoice, Layout, Options, Problem, Splits, Variant};
 
 /// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
@@ -490,6 +490,11 @@ struct Args {
     /// Print the device (JSON) and exit: proves the driver loads the fatbins.
     #[arg(long)]
     info: bool,
+    /// Run the cases named on stdin, one a line, answering each with a JSON line
+    /// on stdout (`WorkerReply`), after a first line saying it is ready: one
+    /// process per GPU, fed by `cargo xtask test --gpus`.
+    #[arg(long, conflicts_with_all = ["list", "info", "json", "cases"])]
+    worker: bool,
     /// Only this kernel's cases: portable or hopper (default: both, Hopper where loaded).
     #[arg(long, value_parser = case_variant)]
     variant: Option<Variant>,
@@ -530,6 +535,66 @@ fn named(cases: Vec<Item>, text: &str) -> std::result::Result<Vec<Item>, String>
         return Err(format!("no such case: {} (see fa-test --list)", unknown.join(", ")));
     }
     Ok(cases.into_iter().filter(|c| wanted.contains(c.name().as_str())).collect())
+}
+
+/// One case, its inputs drawn from `seed` and its name (so the same seed gives
+/// a case the same inputs whatever ran before it), timed, its line on stderr
+/// (`[at] ok|FAIL …`); and whether its CUDA error lost the context, so that no
+/// later case can run in this process.
+fn run_one(case: &Item, att: &Attention, seed: u64, at: &str) -> (TestCase, bool) {
+    let t = Instant::now();
+    let name = case.name();
+    let mut rng = Rng::new(seed ^ fnv1a(name.as_bytes()));
+    let mut result = case.run(att, &mut rng);
+    result.seconds = t.elapsed().as_secs_f64();
+    let mark = if result.passed { "ok" } else { "FAIL" };
+    eprintln!(
+        "[{at}] {mark} {name} rel_l2 {:.2e} max_abs {:.2e}{}",
+        result.rel_l2,
+        result.max_abs,
+        result.error.as_deref().map(|e| format!(" error: {e}")).unwrap_or_default()
+    );
+    let fatal = result.error.as_deref().is_some_and(|e| e.contains("CUDA error"));
+    if fatal {
+        // A kernel fault poisons the context: later cases would only repeat it.
+        eprintln!("fa-test: stopping after a CUDA error");
+    }
+    (result, fatal)
+}
+
+/// FNV-1a over `bytes`: a case name's share of its inputs' seed.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// `--worker`: a ready line, then a reply per case name read on stdin, until
+/// the input ends or a CUDA error loses the context.
+fn work_on_names(cases: Vec<Item>, skipped: Vec<SkippedCase>, att: &Attention, seed: u64, setup_s: f64) -> Result<()> {
+    use std::io::{BufRead, Write};
+    let known: std::collections::HashMap<String, Item> = cases.into_iter().map(|c| (c.name(), c)).collect();
+    let skipped: std::collections::HashMap<String, SkippedCase> =
+        skipped.into_iter().map(|s| (s.name.clone(), s)).collect();
+    let reply = |r: &WorkerReply| -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", serde_json::to_string(r)?).and_then(|()| out.flush()).context("writing a reply")
+    };
+    reply(&WorkerReply::Ready { device: att.device().clone(), seed, setup_s })?;
+    for (i, line) in std::io::stdin().lock().lines().enumerate() {
+        let name = line.context("reading a case name")?.trim().to_string();
+        let answer = match (known.get(&name), skipped.get(&name)) {
+            (Some(case), _) => {
+                let (case, last) = run_one(case, att, seed, &(i + 1).to_string());
+                WorkerReply::Ran { case: Box::new(case), last }
+            }
+            (None, Some(s)) => WorkerReply::Skipped { case: s.clone() },
+            (None, None) => WorkerReply::Unknown { name },
+        };
+        reply(&answer)?;
+        if matches!(answer, WorkerReply::Ran { last: true, .. }) {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// `--list`: names, or with `json` names and work as JSON.
@@ -599,7 +664,8 @@ fn verdict(cases: &[TestCase]) -> Result<()> {
 
 fn run() -> Result<()> {
     let started = Instant::now();
-    let Args { json, filter, seed, set, list, runnable, cases: only, info, variant, device } = clap::Parser::parse();
+    let Args { json, filter, seed, set, list, runnable, cases: only, info, worker, variant, device } =
+        clap::Parser::parse();
     let (dense, serving) = match set {
         Set::Full => (matrix(), serving::matrix()),
         Set::Sanitize => (sanitize_set(), serving::sanitize_set()),
@@ -639,34 +705,21 @@ fn run() -> Result<()> {
     if list {
         return list_cases(&cases, json.as_deref());
     }
+    let setup_s = started.elapsed().as_secs_f64();
+    if worker {
+        return work_on_names(cases, skipped, &att, seed, setup_s);
+    }
     eprintln!(
         "fa-test: {} cases on {} (sm count {}), seed {seed}",
         cases.len(),
         att.device().name,
         att.device().sm_count
     );
-    let mut rng = Rng::new(seed);
     let mut results = Vec::new();
-    let setup_s = started.elapsed().as_secs_f64();
     for (i, case) in cases.iter().enumerate() {
-        let t = Instant::now();
-        let mut result = case.run(&att, &mut rng);
-        result.seconds = t.elapsed().as_secs_f64();
-        let mark = if result.passed { "ok" } else { "FAIL" };
-        eprintln!(
-            "[{}/{}] {mark} {} rel_l2 {:.2e} max_abs {:.2e}{}",
-            i + 1,
-            cases.len(),
-            result.name,
-            result.rel_l2,
-            result.max_abs,
-            result.error.as_deref().map(|e| format!(" error: {e}")).unwrap_or_default()
-        );
-        let fatal = result.error.as_deref().is_some_and(|e| e.contains("CUDA error"));
+        let (result, fatal) = run_one(case, &att, seed, &format!("{}/{}", i + 1, cases.len()));
         results.push(result);
         if fatal {
-            // A kernel fault poisons the context: later cases would only repeat it.
-            eprintln!("fa-test: stopping after a CUDA error");
             break;
         }
     }
