@@ -55,7 +55,7 @@ impl Span {
 pub struct Step {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,
-    /// `start check`, or the item (`batch 3, 97 cases`, `memcheck 2/4`).
+    /// `start check`, or the item (a case's name, `memcheck 2/4`).
     pub what: String,
     pub start_s: f64,
     pub end_s: f64,
@@ -94,11 +94,22 @@ pub fn busy_lines(steps: &[Step]) -> Vec<String> {
 /// The `what` of a worker's start check in a timeline.
 pub const START_CHECK: &str = "start check";
 
+/// How a worker goes on: its state, made by `start`; and why it should take no
+/// more items, where it should not (its item's result is kept, the rest left
+/// to the others).
+pub trait Worker {
+    fn retired(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl Worker for () {}
+
 /// Runs `work(state, index, item, gpu)` for every item on the workers of `gpus`
 /// (`None`: the device CUDA picks). `start(gpu)` runs first on each worker (a
 /// preflight, or a long-lived process the worker feeds) and makes its state;
 /// `say` hears about workers that stop, an item being a `noun`.
-pub fn deal<T: Send, R: Send, S>(
+pub fn deal<T: Send, R: Send, S: Worker>(
     noun: &str,
     gpus: &[Option<ListedGpu>],
     items: Vec<T>,
@@ -133,6 +144,10 @@ pub fn deal<T: Send, R: Send, S>(
                     }
                 };
                 loop {
+                    if let Some(why) = state.retired() {
+                        say(&format!("{why}; its worker stops"));
+                        break;
+                    }
                     let Some((index, item)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
                         break;
                     };
@@ -249,13 +264,53 @@ mod tests {
             "item",
             &[None],
             vec![1, 2],
-            |g| Ok(if g.is_none() { 10 } else { 0 }),
+            |g| Ok(Count(if g.is_none() { 0 } else { 100 })),
             |state, _, x: &i32, g| {
-                *state += 1;
-                Ok((*x + *state, g.is_none()))
+                state.0 += 1;
+                Ok((*x + state.0, g.is_none()))
             },
             |_| {},
         );
-        assert_eq!(d.done.iter().map(|(_, r)| *r).collect::<Vec<_>>(), vec![(12, true), (14, true)]);
+        assert_eq!(d.done.iter().map(|(_, r)| *r).collect::<Vec<_>>(), vec![(2, true), (4, true)]);
+    }
+
+    /// A worker state that retires after its third item.
+    struct Count(i32);
+    impl Worker for Count {
+        fn retired(&self) -> Option<&str> {
+            (self.0 >= 3).then_some("three is enough")
+        }
+    }
+
+    #[test]
+    fn a_retired_worker_keeps_its_last_result_and_leaves_the_rest_to_others() {
+        let count = |state: &mut Count, _: usize, x: &i32, _: Option<&ListedGpu>| {
+            state.0 += 1;
+            Ok(*x)
+        };
+        // Alone, it keeps its three results and the rest are reported lost.
+        let said = Mutex::new(Vec::new());
+        let d = deal(
+            "item",
+            &gpus(1),
+            (0..20).collect(),
+            |_| Ok(Count(0)),
+            count,
+            |w| said.lock().unwrap().push(w.to_string()),
+        );
+        assert_eq!(d.done.iter().map(|(_, x)| *x).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(d.lost.len(), 17);
+        assert_eq!(said.into_inner().unwrap(), ["three is enough; its worker stops"]);
+        // Beside a worker that does not retire, every item is done.
+        let d = deal(
+            "item",
+            &gpus(2),
+            (0..20).collect(),
+            |g| Ok(Count(if g.is_some_and(|g| g.uuid == "GPU-0") { 0 } else { -1000 })),
+            count,
+            |_| {},
+        );
+        assert!(d.lost.is_empty());
+        assert_eq!(d.done.iter().map(|(_, x)| *x).collect::<Vec<_>>(), (0..20).collect::<Vec<_>>());
     }
 }

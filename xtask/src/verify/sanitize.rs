@@ -235,7 +235,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     let (parts, gpus, shard) = if opts.gpus.is_none() && opts.shard.is_none() {
         (vec![Part::default()], vec![None], None)
     } else {
-        divide(&driver, &dir, (&cx.kernels, cx.device.as_deref()), opts)?
+        divide(&driver, &dir, cx.device.as_deref(), opts)?
     };
     let (runs, timeline) =
         run_parts(&sanitizer, &driver, &dir, &cx.kernels, cx.device.as_deref(), opts, &parts, &gpus)?;
@@ -380,11 +380,11 @@ fn run_parts(
 fn divide(
     driver: &Path,
     dir: &Path,
-    (kernels, device): (&Path, Option<&str>),
+    device: Option<&str>,
     opts: &Options,
 ) -> Result<(Vec<Part>, Vec<Option<ListedGpu>>, Option<ShardRecord>)> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let listed = test::list_cases(driver, (kernels, device), dir, &["--set", "sanitize"], None)?;
+    let listed = test::list_cases(driver, dir, &["--set", "sanitize"], None)?;
     let (mine, shard) = test::take_shard(&listed, opts.shard);
     let gpus = crate::tools::gpu::workers(opts.gpus.as_ref(), device, "sanitize")?;
     Ok((parts_of(&mine, gpus.len(), dir)?, gpus, shard))

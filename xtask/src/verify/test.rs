@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,7 @@ use crate::errors::{CannotRun, CheckFailed};
 use crate::report::{Device, Envelope, Toolchain, read_json};
 use crate::run::Run;
 use crate::table;
-use crate::tools::deal::{START_CHECK, Step, busy_lines, deal};
+use crate::tools::deal::{self, START_CHECK, Step, busy_lines, deal};
 use crate::tools::drivers;
 use crate::tools::gpu::ListedGpu;
 use crate::tools::gpu::{self, GpuSpec};
@@ -41,7 +41,7 @@ pub struct TestReport {
     /// The GPUs the cases were dealt to (each case names its own), where several were.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<DeviceInfo>,
-    /// Each worker's start check and batches in time, where the run was spread.
+    /// Each worker's start and cases in time, where the run was spread.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timeline: Vec<Step>,
 }
@@ -142,12 +142,21 @@ fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>
     let dir = cx.reports().join("test-spread");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let listed = list_cases(driver, (&cx.kernels, cx.device.as_deref()), &dir, &[], opts.filter.as_deref())?;
+    let listed = list_cases(driver, &dir, &[], opts.filter.as_deref())?;
     let (mine, shard) = take_shard(&listed, opts.shard);
     let queue: Vec<String> = spread::longest_first(&mine).into_iter().map(|c| c.name.clone()).collect();
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
     let progress = Progress::bar("test", mine.len() as u64);
-    let spawn = Spawner { cx, opts, driver, dir: &dir, seed, started: Default::default(), spawned: Default::default() };
+    let spawn = Spawner {
+        cx,
+        opts,
+        driver,
+        dir: &dir,
+        seed,
+        deadline: Instant::now() + opts.timeout,
+        started: Default::default(),
+        spawned: Default::default(),
+    };
     let dealt = deal(
         "case",
         gpus,
@@ -181,12 +190,16 @@ fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>
     for (gpu, r) in &started {
         setup.entry(gpu.clone()).or_insert(r.setup_s);
     }
+    // Skipped cases take no time worth a row.
+    let skips: std::collections::HashSet<usize> =
+        dealt.done.iter().filter(|(_, o)| matches!(o, Outcome::Skipped(_))).map(|(i, _)| *i).collect();
     let timeline: Vec<Step> = dealt
         .spans
         .iter()
-        .map(|span| match span.item {
-            None => span.step(START_CHECK, setup.get(&span.gpu).copied()),
-            Some(i) => span.step(queue[i].clone(), None),
+        .filter_map(|span| match span.item {
+            None => Some(span.step(START_CHECK, setup.get(&span.gpu).copied())),
+            Some(i) if skips.contains(&i) => None,
+            Some(i) => Some(span.step(queue[i].clone(), None)),
         })
         .collect();
     let mut cases: Vec<TestCase> = Vec::new();
@@ -217,14 +230,22 @@ enum Outcome {
     Skipped(SkippedCase),
 }
 
-/// A worker's `fa-test --worker` process.
+/// A worker's `fa-test --worker` process, while it has one.
 struct Worker {
-    session: Session,
+    session: Option<Session>,
     gpu: Option<ListedGpu>,
     /// The UUID of the device the process opened, as it reported it.
     uuid: Option<String>,
-    /// New processes started after one died, hung or lost its context, in a row.
-    restarts: u32,
+    /// Processes in a row that died, hung or lost their context on a case.
+    ended: u32,
+    /// Why it takes no more cases.
+    retired: Option<String>,
+}
+
+impl deal::Worker for Worker {
+    fn retired(&self) -> Option<&str> {
+        self.retired.as_deref()
+    }
 }
 
 /// What fa-test says when it is ready.
@@ -234,8 +255,8 @@ struct Ready {
     setup_s: f64,
 }
 
-/// Most new processes a worker starts in a row before it retires.
-const MAX_RESTARTS: u32 = 3;
+/// Processes in a row that may end on their cases before a worker retires.
+const MAX_ENDED: u32 = 4;
 /// Most seconds one case may take: past it the case is a hang.
 const CASE_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -246,6 +267,8 @@ struct Spawner<'a> {
     driver: &'a Path,
     dir: &'a Path,
     seed: u64,
+    /// When the run's time (`--test-timeout`) is up.
+    deadline: Instant,
     /// Every process started: its worker's GPU and what it said when ready.
     started: Mutex<Vec<(Option<String>, Ready)>>,
     /// Processes started so far, to name their logs.
@@ -255,7 +278,7 @@ struct Spawner<'a> {
 impl Spawner<'_> {
     fn start(&self, gpu: Option<&ListedGpu>) -> std::result::Result<Worker, String> {
         let (session, uuid) = self.spawn(gpu)?;
-        Ok(Worker { session, gpu: gpu.cloned(), uuid, restarts: 0 })
+        Ok(Worker { session: Some(session), gpu: gpu.cloned(), uuid, ended: 0, retired: None })
     }
 
     /// A new process on `gpu`, once it says it is ready, and its device's UUID.
@@ -269,7 +292,7 @@ impl Spawner<'_> {
         }
         let mut session = drivers::on_gpu(cmd, gpu).session().map_err(|e| format!("{e:#}"))?;
         let ready = session
-            .read_line(CASE_TIMEOUT)
+            .read_line(self.time_left()?.min(CASE_TIMEOUT))
             .map_err(|e| format!("{e:#}"))
             .and_then(|line| serde_json::from_str::<WorkerReply>(&line).map_err(|e| format!("`{line}`: {e}")))?;
         let WorkerReply::Ready { device, setup_s, .. } = ready else {
@@ -281,64 +304,68 @@ impl Spawner<'_> {
         Ok((session, uuid))
     }
 
-    /// `name` run by `w`'s process. One it dies or hangs on is failed, and the
-    /// worker goes on with a new process; it retires when that cannot start or
-    /// has died too often in a row.
+    /// What is left of the run's time, or why none is.
+    fn time_left(&self) -> std::result::Result<Duration, String> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("the run's {} s (--test-timeout) are up", self.opts.timeout.as_secs()));
+        }
+        Ok(left)
+    }
+
+    /// `name` run by `w`'s process. A case the process dies or hangs on is
+    /// failed, and the worker goes on with a new process (the old one killed
+    /// first, so it holds no GPU memory); it retires, keeping that result, when
+    /// the new one cannot start, processes keep ending, or the run's time is up.
     fn ask(&self, w: &mut Worker, name: &str) -> std::result::Result<Outcome, String> {
         let uuid = w.uuid.clone();
-        let timeout = CASE_TIMEOUT.min(self.opts.timeout);
-        let reply = w.session.request(name, timeout).map_err(|e| format!("{e:#}")).and_then(|line| {
+        let timeout = self.time_left()?.min(CASE_TIMEOUT);
+        let session = w.session.as_mut().ok_or("the worker has no fa-test process")?;
+        let reply = session.request(name, timeout).map_err(|e| format!("{e:#}")).and_then(|line| {
             serde_json::from_str::<WorkerReply>(&line).map_err(|e| format!("fa-test answered `{line}`: {e}"))
         });
-        let (outcome, fresh) = match reply {
+        let failed = |why: &str| Outcome::Ran(Box::new(lost_case(name.into(), uuid.clone(), why)));
+        let (outcome, ended) = match reply {
             Ok(WorkerReply::Ran { case, last }) if case.name == name => {
-                (Outcome::Ran(Box::new(TestCase { gpu: uuid, ..*case })), last)
+                (Outcome::Ran(Box::new(TestCase { gpu: uuid.clone(), ..*case })), last)
             }
             Ok(WorkerReply::Skipped { case }) if case.name == name => (Outcome::Skipped(case), false),
-            Ok(WorkerReply::Unknown { .. }) => {
-                (Outcome::Ran(Box::new(lost_case(name.into(), uuid, "fa-test's matrix has no such case"))), false)
-            }
-            Ok(other) => {
-                (Outcome::Ran(Box::new(lost_case(name.into(), uuid, &format!("fa-test answered {other:?}")))), true)
-            }
-            Err(why) => (
-                Outcome::Ran(Box::new(lost_case(name.into(), uuid, &format!("its fa-test died or hung: {why}")))),
-                true,
-            ),
+            Ok(WorkerReply::Unknown { .. }) => (failed("fa-test's matrix has no such case"), false),
+            Ok(other) => (failed(&format!("fa-test answered {other:?}")), true),
+            Err(why) => (failed(&format!("its fa-test died or hung: {why}")), true),
         };
-        if fresh {
-            w.restarts += 1;
-            if w.restarts > MAX_RESTARTS {
-                return Err(format!("{MAX_RESTARTS} new fa-test processes in a row ended on their cases"));
-            }
-            (w.session, w.uuid) =
-                self.spawn(w.gpu.as_ref()).map_err(|e| format!("a new fa-test did not start: {e}"))?;
-        } else {
-            w.restarts = 0;
+        if !ended {
+            w.ended = 0;
+            return Ok(outcome);
         }
+        w.session = None;
+        w.ended += 1;
+        w.retired = if w.ended >= MAX_ENDED {
+            Some(format!("{MAX_ENDED} fa-test processes in a row ended on their cases"))
+        } else {
+            match self.spawn(w.gpu.as_ref()) {
+                Ok((session, uuid)) => {
+                    (w.session, w.uuid) = (Some(session), uuid);
+                    None
+                }
+                Err(e) => Some(format!("a new fa-test did not start: {e}")),
+            }
+        };
         Ok(outcome)
     }
 }
 
-/// The cases fa-test runs on this machine's GPU with the kernels in `kernels`
-/// (`--list --runnable --json`, with `args` choosing the set), written to
-/// `dir/cases.json`.
-pub fn list_cases(
-    driver: &Path,
-    (kernels, device): (&Path, Option<&str>),
-    dir: &Path,
-    args: &[&str],
-    filter: Option<&str>,
-) -> Result<Vec<ListedCase>> {
+/// fa-test's cases (`--list --json`, with `args` choosing the set), written to
+/// `dir/cases.json`: the same on every machine, so shards of one run join; a
+/// case this GPU's kernel set lacks is reported skipped when it is dealt.
+pub fn list_cases(driver: &Path, dir: &Path, args: &[&str], filter: Option<&str>) -> Result<Vec<ListedCase>> {
     let list = dir.join("cases.json");
-    let mut cmd = Cmd::new(driver)
-        .args(args.iter().copied())
-        .args(["--list", "--runnable", "--json"])
-        .arg(list.display().to_string());
+    let mut cmd =
+        Cmd::new(driver).args(args.iter().copied()).arg("--list").arg("--json").arg(list.display().to_string());
     if let Some(f) = filter {
         cmd = cmd.arg("--filter").arg(f);
     }
-    drivers::aim(cmd, kernels, device).quiet().run_checked().context("listing the cases")?;
+    cmd.quiet().run_checked().context("listing the cases")?;
     read_json(&list)
 }
 
@@ -371,7 +398,9 @@ pub fn merge(cx: &Run, files: &[PathBuf], out: Option<&Path>) -> Result<()> {
         let rec = p.payload.shard.clone().ok_or_else(|| {
             CannotRun(format!("{} is not a shard's report (it was run without --shard)", f.display()))
         })?;
-        records.push((rec, p.payload.run.cases.iter().map(|c| c.name.clone()).collect()));
+        let run = &p.payload.run;
+        let reported = run.cases.iter().map(|c| c.name.clone()).chain(run.skipped.iter().map(|s| s.name.clone()));
+        records.push((rec, reported.collect()));
     }
     spread::check_parts(&records).map_err(|e| CheckFailed(format!("the shard reports do not join: {e}")))?;
     parts.sort_by_key(|p| p.payload.shard.as_ref().map_or(0, |s| s.shard.index));
@@ -379,7 +408,9 @@ pub fn merge(cx: &Run, files: &[PathBuf], out: Option<&Path>) -> Result<()> {
     let Some(mut merged) = it.next() else { return Err(CannotRun("no shard reports to merge".into()).into()) };
     for p in it {
         merged.payload.run.cases.extend(p.payload.run.cases);
+        merged.payload.run.skipped.extend(p.payload.run.skipped);
         merged.payload.gpus.extend(p.payload.gpus);
+        merged.payload.timeline.extend(p.payload.timeline);
     }
     merged.payload.shard = None;
     let path = out.map_or_else(|| cx.report("test"), Path::to_path_buf);
@@ -390,7 +421,7 @@ pub fn merge(cx: &Run, files: &[PathBuf], out: Option<&Path>) -> Result<()> {
     all_passed(&run.cases)
 }
 
-/// The record of a case a lost batch held: failed, with the reason.
+/// The record of a case no worker could finish: failed, with the reason.
 fn lost_case(name: String, gpu: Option<String>, why: &str) -> TestCase {
     TestCase {
         name,
@@ -567,10 +598,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (cx, driver) = fake(dir.path());
         write_file(&cx.kernels.join("hang"), "c2").unwrap();
+        // c2 hangs until the run's 2 s are up: it fails, and so does what no
+        // worker had time left to run; nothing is dropped.
         let quick = Options { timeout: Duration::from_secs(2), ..opts(None) };
         let r = run_spread(&cx, &quick, &driver, &[gpu("a")]).unwrap();
+        assert_eq!(r.run.cases.len(), 10);
         let failed: Vec<&str> = r.run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
-        assert_eq!(failed, ["c2"]);
+        assert_eq!(failed, ["c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9"]);
+        assert!(r.run.cases[2].error.as_deref().is_some_and(|e| e.contains("died or hung")), "{:?}", r.run.cases[2]);
         // No worker starts: the run cannot be made, and says why.
         write_file(&cx.kernels.join("die"), "start").unwrap();
         let err = run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap_err();
@@ -591,6 +626,22 @@ mod tests {
         let skipped: Vec<&str> = r.run.skipped.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(skipped, ["c2", "c5"]);
         assert!(finish(&cx, r).is_ok());
+        // Shards count their skips as reported, and the merge keeps every shard's.
+        let mut files = Vec::new();
+        for i in 1..=2 {
+            let part = run_spread(&cx, &opts(Some(&format!("{i}/2"))), &driver, &[None]).unwrap();
+            let file = dir.path().join(format!("shard-{i}.json"));
+            Envelope::new("test", crate::tools::process::git_state(&cx.root), Toolchain::default(), None, &part)
+                .write(&file)
+                .unwrap();
+            files.push(file);
+        }
+        let out = dir.path().join("merged.json");
+        merge(&cx, &files, Some(&out)).unwrap();
+        let merged: Envelope<TestReport> = read_json(&out).unwrap();
+        let mut skipped: Vec<String> = merged.payload.run.skipped.iter().map(|s| s.name.clone()).collect();
+        skipped.sort();
+        assert_eq!((merged.payload.run.cases.len(), skipped), (8, vec!["c2".to_string(), "c5".into()]));
     }
 
     #[test]

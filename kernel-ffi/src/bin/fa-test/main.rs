@@ -480,10 +480,6 @@ struct Args {
     /// List the case names and exit (with --json: names and work, as JSON).
     #[arg(long, conflicts_with = "info")]
     list: bool,
-    /// With --list: only the cases this GPU's kernel set runs (opens the GPU
-    /// and loads the kernels, as a run does).
-    #[arg(long, requires = "list")]
-    runnable: bool,
     /// Only the cases named in FILE, one exact name a line (as --list prints them).
     #[arg(long, value_name = "FILE")]
     cases: Option<std::path::PathBuf>,
@@ -664,8 +660,7 @@ fn verdict(cases: &[TestCase]) -> Result<()> {
 
 fn run() -> Result<()> {
     let started = Instant::now();
-    let Args { json, filter, seed, set, list, runnable, cases: only, info, worker, variant, device } =
-        clap::Parser::parse();
+    let Args { json, filter, seed, set, list, cases: only, info, worker, variant, device } = clap::Parser::parse();
     let (dense, serving) = match set {
         Set::Full => (matrix(), serving::matrix()),
         Set::Sanitize => (sanitize_set(), serving::sanitize_set()),
@@ -683,7 +678,7 @@ fn run() -> Result<()> {
         let text = fa_schema::file::read_text(&file).with_context(|| format!("reading --cases {}", file.display()))?;
         cases = named(cases, &text).map_err(|e| anyhow::anyhow!("--cases {}: {e}", file.display()))?;
     }
-    if list && !runnable {
+    if list {
         return list_cases(&cases, json.as_deref());
     }
     let seed = seed
@@ -701,9 +696,6 @@ fn run() -> Result<()> {
         let why: std::collections::BTreeSet<&str> = skipped.iter().map(|s| s.why.as_str()).collect();
         let why: Vec<&str> = why.into_iter().collect();
         eprintln!("fa-test: {} cases not run here: {}", skipped.len(), why.join("; "));
-    }
-    if list {
-        return list_cases(&cases, json.as_deref());
     }
     let setup_s = started.elapsed().as_secs_f64();
     if worker {
