@@ -35,47 +35,90 @@ pub struct HostTensor<'a> {
 /// assert!((lse[0] - 2f64.ln()).abs() < 1e-12);
 /// ```
 pub fn attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, p: &Problem, causal: bool) -> (Vec<f64>, Vec<f64>) {
+    attention_on(std::thread::available_parallelism().map_or(1, |n| n.get()), q, k, v, p, causal)
+}
+
+/// Fewest multiply-adds worth a thread of their own (a thread costs tens of µs).
+const WORK_PER_THREAD: usize = 1 << 22;
+
+/// [`attention`] on at most `threads` threads: the rows are split between them
+/// and each row's arithmetic is the same, so every result bit is the same on
+/// any count.
+pub fn attention_on(
+    threads: usize,
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    p: &Problem,
+    causal: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let rows = p.batch * p.heads * p.seqlen_q;
+    let d = p.head_dim;
+    let mut out = vec![0.0; rows * d];
+    let mut lse = vec![f64::NEG_INFINITY; rows];
+    let work = rows.saturating_mul(p.seqlen_k).saturating_mul(d);
+    let threads = threads.min(work / WORK_PER_THREAD).clamp(1, rows.max(1));
+    if threads == 1 || d == 0 {
+        rows_of(q, k, v, p, causal, 0, &mut out, &mut lse);
+        return (out, lse);
+    }
+    let per = rows.div_ceil(threads);
+    std::thread::scope(|s| {
+        for (c, (o, l)) in out.chunks_mut(per * d).zip(lse.chunks_mut(per)).enumerate() {
+            s.spawn(move || rows_of(q, k, v, p, causal, c * per, o, l));
+        }
+    });
+    (out, lse)
+}
+
+/// Rows `first…` of the output (row = (batch · heads + head) · Sq + query),
+/// as many as `lse` holds, into `out` and `lse`.
+#[allow(clippy::too_many_arguments)]
+fn rows_of(
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    p: &Problem,
+    causal: bool,
+    first: usize,
+    out: &mut [f64],
+    lse: &mut [f64],
+) {
     let (d, sk) = (p.head_dim, p.seqlen_k);
-    let mut out = vec![0.0; p.batch * p.heads * p.seqlen_q * d];
-    let mut lse = vec![f64::NEG_INFINITY; p.batch * p.heads * p.seqlen_q];
     let group = p.heads / p.kv_heads.max(1);
     let mut scores = vec![0.0f64; sk];
-    for b in 0..p.batch {
-        for h in 0..p.heads {
-            let kvh = h / group;
-            for i in 0..p.seqlen_q {
-                // Keys j ≤ i + (Sk − Sq) are visible when causal.
-                let visible = if causal { (i + sk + 1).saturating_sub(p.seqlen_q).min(sk) } else { sk };
-                let row = (b * p.heads + h) * p.seqlen_q + i;
-                if visible == 0 {
-                    continue;
-                }
-                let qo = q.desc.offset(b, h, i);
-                let mut max = f64::NEG_INFINITY;
-                for (j, s) in scores[..visible].iter_mut().enumerate() {
-                    let ko = k.desc.offset(b, kvh, j);
-                    let dot: f64 = (0..d).map(|x| f64::from(q.data[qo + x]) * f64::from(k.data[ko + x])).sum();
-                    *s = dot * f64::from(p.scale);
-                    max = max.max(*s);
-                }
-                let mut sum = 0.0;
-                for s in &mut scores[..visible] {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let o = &mut out[row * d..(row + 1) * d];
-                for (j, w) in scores[..visible].iter().enumerate() {
-                    let vo = v.desc.offset(b, kvh, j);
-                    for (x, acc) in o.iter_mut().enumerate() {
-                        *acc += w * f64::from(v.data[vo + x]);
-                    }
-                }
-                o.iter_mut().for_each(|x| *x /= sum);
-                lse[row] = max + sum.ln();
+    for (r, (o, row_lse)) in out.chunks_mut(d.max(1)).zip(lse.iter_mut()).enumerate() {
+        let row = first + r;
+        let (bh, i) = (row / p.seqlen_q, row % p.seqlen_q);
+        let (b, h) = (bh / p.heads, bh % p.heads);
+        let kvh = h / group;
+        // Keys j ≤ i + (Sk − Sq) are visible when causal.
+        let visible = if causal { (i + sk + 1).saturating_sub(p.seqlen_q).min(sk) } else { sk };
+        if visible == 0 {
+            continue;
+        }
+        let qo = q.desc.offset(b, h, i);
+        let mut max = f64::NEG_INFINITY;
+        for (j, s) in scores[..visible].iter_mut().enumerate() {
+            let ko = k.desc.offset(b, kvh, j);
+            let dot: f64 = (0..d).map(|x| f64::from(q.data[qo + x]) * f64::from(k.data[ko + x])).sum();
+            *s = dot * f64::from(p.scale);
+            max = max.max(*s);
+        }
+        let mut sum = 0.0;
+        for s in &mut scores[..visible] {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        for (j, w) in scores[..visible].iter().enumerate() {
+            let vo = v.desc.offset(b, kvh, j);
+            for (x, acc) in o.iter_mut().enumerate() {
+                *acc += w * f64::from(v.data[vo + x]);
             }
         }
+        o.iter_mut().for_each(|x| *x /= sum);
+        *row_lse = max + sum.ln();
     }
-    (out, lse)
 }
 
 #[cfg(test)]
@@ -116,6 +159,23 @@ mod tests {
         assert_eq!(&lse[..2], &[f64::NEG_INFINITY; 2]);
         assert!(out[128..].iter().all(|&x| (x - 2.0).abs() < 1e-12));
         assert!((lse[2] - 0.5 * 2.0 * 64.0 * 0.125).abs() < 1e-9);
+    }
+
+    #[test]
+    fn any_thread_count_gives_the_same_bits() {
+        // 2 × 3 heads (GQA 3:1) × 200 causal rows against 300 keys: enough work
+        // for several threads, split mid-head.
+        let p = Problem { batch: 2, heads: 3, kv_heads: 1, seqlen_q: 200, seqlen_k: 300, head_dim: 64, scale: 0.125 };
+        let mut rng = crate::rng::Rng::new(5);
+        let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect() };
+        let (q, k, v) = (fill(2 * 3 * 200 * 64), fill(2 * 300 * 64), fill(2 * 300 * 64));
+        let t = |h, s, data| HostTensor { desc: Desc::new([2, h, s, 64], Layout::Bshd), data };
+        let one = attention_on(1, &t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, true);
+        for threads in [2, 3, 7, 64] {
+            let many = attention_on(threads, &t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, true);
+            assert!(one.0.iter().zip(&many.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
+            assert!(one.1.iter().zip(&many.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
+        }
     }
 
     #[test]

@@ -154,6 +154,8 @@ fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>
         dir: &dir,
         seed,
         deadline: Instant::now() + opts.timeout,
+        // The CPU reference's threads: this machine's cores shared by the workers.
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()).div_ceil(gpus.len().max(1)),
         started: Default::default(),
         spawned: Default::default(),
     };
@@ -269,6 +271,8 @@ struct Spawner<'a> {
     seed: u64,
     /// When the run's time (`--test-timeout`) is up.
     deadline: Instant,
+    /// `fa-test --threads` of each worker.
+    threads: usize,
     /// Every process started: its worker's GPU and what it said when ready.
     started: Mutex<Vec<(Option<String>, Ready)>>,
     /// Processes started so far, to name their logs.
@@ -285,7 +289,10 @@ impl Spawner<'_> {
     fn spawn(&self, gpu: Option<&ListedGpu>) -> std::result::Result<(Session, Option<String>), String> {
         let k = self.spawned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = self.dir.join(format!("worker-{k}.log"));
-        let cmd = Cmd::new(self.driver).arg("--worker").args(["--seed".to_string(), self.seed.to_string()]).log(log);
+        let cmd = Cmd::new(self.driver)
+            .arg("--worker")
+            .args(["--seed".to_string(), self.seed.to_string(), "--threads".into(), self.threads.to_string()])
+            .log(log);
         let mut cmd = drivers::aim(cmd, &self.cx.kernels, self.cx.device.as_deref());
         if let Some(f) = &self.opts.filter {
             cmd = cmd.arg("--filter").arg(f.clone());

@@ -322,10 +322,11 @@ impl Item {
         }
     }
 
-    fn run(&self, att: &Attention, rng: &mut Rng) -> TestCase {
+    /// The case, its f64 CPU reference on up to `threads` threads.
+    fn run(&self, att: &Attention, rng: &mut Rng, threads: usize) -> TestCase {
         match self {
-            Item::Dense(c) => run_case(att, c, rng).unwrap_or_else(|e| not_run(c, &e)),
-            Item::Serving(c) => serving::run_case(att, c, rng).unwrap_or_else(|e| serving::not_run(c, &e)),
+            Item::Dense(c) => run_case(att, c, rng, threads).unwrap_or_else(|e| not_run(c, &e)),
+            Item::Serving(c) => serving::run_case(att, c, rng, threads).unwrap_or_else(|e| serving::not_run(c, &e)),
         }
     }
 }
@@ -337,7 +338,7 @@ fn random(rng: &mut Rng, dtype: Dtype, desc: &Desc, lo: f32, hi: f32) -> (Vec<u1
     (bits, vals)
 }
 
-fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
+fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Result<TestCase> {
     let Case { dtype, head_dim: d, batch: b, heads: h, kv_heads: hkv, seqlen_q: sq, seqlen_k: sk, .. } = *case;
     let qd = Desc::new([b, h, sq, d], case.layout);
     let kd = Desc::new([b, hkv, sk, d], case.layout);
@@ -373,7 +374,8 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
         let (o, l) = att.reference(&q, &k, &v, case.causal, case.scale)?;
         (o.into_iter().map(f64::from).collect::<Vec<_>>(), l.into_iter().map(f64::from).collect::<Vec<_>>())
     } else {
-        reference::attention(
+        reference::attention_on(
+            threads,
             &HostTensor { desc: qd, data: &qv },
             &HostTensor { desc: kd, data: &kv },
             &HostTensor { desc: kd, data: &vv },
@@ -491,6 +493,9 @@ struct Args {
     /// process per GPU, fed by `cargo xtask test --gpus`.
     #[arg(long, conflicts_with_all = ["list", "info", "json", "cases"])]
     worker: bool,
+    /// Threads for the f64 CPU reference (default: this machine's cores).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
     /// Only this kernel's cases: portable or hopper (default: both, Hopper where loaded).
     #[arg(long, value_parser = case_variant)]
     variant: Option<Variant>,
@@ -537,11 +542,11 @@ fn named(cases: Vec<Item>, text: &str) -> std::result::Result<Vec<Item>, String>
 /// a case the same inputs whatever ran before it), timed, its line on stderr
 /// (`[at] ok|FAIL …`); and whether its CUDA error lost the context, so that no
 /// later case can run in this process.
-fn run_one(case: &Item, att: &Attention, seed: u64, at: &str) -> (TestCase, bool) {
+fn run_one(case: &Item, att: &Attention, (seed, threads): (u64, usize), at: &str) -> (TestCase, bool) {
     let t = Instant::now();
     let name = case.name();
     let mut rng = Rng::new(seed ^ fnv1a(name.as_bytes()));
-    let mut result = case.run(att, &mut rng);
+    let mut result = case.run(att, &mut rng, threads);
     result.seconds = t.elapsed().as_secs_f64();
     let mark = if result.passed { "ok" } else { "FAIL" };
     eprintln!(
@@ -565,7 +570,13 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// `--worker`: a ready line, then a reply per case name read on stdin, until
 /// the input ends or a CUDA error loses the context.
-fn work_on_names(cases: Vec<Item>, skipped: Vec<SkippedCase>, att: &Attention, seed: u64, setup_s: f64) -> Result<()> {
+fn work_on_names(
+    cases: Vec<Item>,
+    skipped: Vec<SkippedCase>,
+    att: &Attention,
+    (seed, threads): (u64, usize),
+    setup_s: f64,
+) -> Result<()> {
     use std::io::{BufRead, Write};
     let known: std::collections::HashMap<String, Item> = cases.into_iter().map(|c| (c.name(), c)).collect();
     let skipped: std::collections::HashMap<String, SkippedCase> =
@@ -579,7 +590,7 @@ fn work_on_names(cases: Vec<Item>, skipped: Vec<SkippedCase>, att: &Attention, s
         let name = line.context("reading a case name")?.trim().to_string();
         let answer = match (known.get(&name), skipped.get(&name)) {
             (Some(case), _) => {
-                let (case, last) = run_one(case, att, seed, &(i + 1).to_string());
+                let (case, last) = run_one(case, att, (seed, threads), &(i + 1).to_string());
                 WorkerReply::Ran { case: Box::new(case), last }
             }
             (None, Some(s)) => WorkerReply::Skipped { case: s.clone() },
@@ -660,7 +671,9 @@ fn verdict(cases: &[TestCase]) -> Result<()> {
 
 fn run() -> Result<()> {
     let started = Instant::now();
-    let Args { json, filter, seed, set, list, cases: only, info, worker, variant, device } = clap::Parser::parse();
+    let Args { json, filter, seed, set, list, cases: only, info, worker, threads, variant, device } =
+        clap::Parser::parse();
+    let threads = threads.map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), usize::from);
     let (dense, serving) = match set {
         Set::Full => (matrix(), serving::matrix()),
         Set::Sanitize => (sanitize_set(), serving::sanitize_set()),
@@ -699,7 +712,7 @@ fn run() -> Result<()> {
     }
     let setup_s = started.elapsed().as_secs_f64();
     if worker {
-        return work_on_names(cases, skipped, &att, seed, setup_s);
+        return work_on_names(cases, skipped, &att, (seed, threads), setup_s);
     }
     eprintln!(
         "fa-test: {} cases on {} (sm count {}), seed {seed}",
@@ -709,7 +722,7 @@ fn run() -> Result<()> {
     );
     let mut results = Vec::new();
     for (i, case) in cases.iter().enumerate() {
-        let (result, fatal) = run_one(case, &att, seed, &format!("{}/{}", i + 1, cases.len()));
+        let (result, fatal) = run_one(case, &att, (seed, threads), &format!("{}/{}", i + 1, cases.len()));
         results.push(result);
         if fatal {
             break;

@@ -375,7 +375,7 @@ fn random(rng: &mut Rng, dtype: Dtype, desc: &Desc, lo: f32, hi: f32) -> (Vec<u1
 
 /// The f64 reference of each sequence on its own rows and keys, concatenated:
 /// outputs in (sequence, head, row, d) order and LSEs in (sequence, head, row).
-fn expected(case: &Case, b: &Built) -> (Vec<f64>, Vec<f64>) {
+fn expected(case: &Case, b: &Built, threads: usize) -> (Vec<f64>, Vec<f64>) {
     let (d, h, hkv) = (case.head_dim, case.heads, case.kv_heads);
     let (mut want, mut want_l) = (Vec::new(), Vec::new());
     for (s, &(row0, batch)) in b.q_at.iter().enumerate() {
@@ -395,7 +395,8 @@ fn expected(case: &Case, b: &Built) -> (Vec<f64>, Vec<f64>) {
         let q_view = Desc { dims: [1, h, sq, d], strides: b.q_desc.strides };
         let kv_view = Desc::new([1, hkv, sk, d], Layout::Bshd);
         let first = b.q_desc.offset(batch, 0, row0);
-        let (o, l) = reference::attention(
+        let (o, l) = reference::attention_on(
+            threads,
             &HostTensor { desc: q_view, data: &b.q_vals[first..] },
             &HostTensor { desc: kv_view, data: &b.k_seq[s] },
             &HostTensor { desc: kv_view, data: &b.v_seq[s] },
@@ -416,7 +417,7 @@ struct DeviceArrays {
     table: Option<CudaSlice<i32>>,
 }
 
-pub fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase> {
+pub fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Result<TestCase> {
     let b = build(case, rng)?;
     let dtype = case.dtype;
     let seqs = case.q_lens.len();
@@ -496,7 +497,7 @@ pub fn run_case(att: &Attention, case: &Case, rng: &mut Rng) -> Result<TestCase>
 
     // Each sequence against the reference on its own rows and keys.
     let (d, h) = (case.head_dim, case.heads);
-    let (want, want_l) = expected(case, &b);
+    let (want, want_l) = expected(case, &b, threads);
     let (mut got, mut got_l) = (Vec::new(), Vec::new());
     let mut covered = vec![false; rows];
     let lse_row = |batch: usize, head: usize, row: usize| (batch * h + head) * b.q_desc.dims[2] + row;
@@ -677,7 +678,7 @@ mod tests {
             assert_eq!(unfit.is_none(), hopper_takes(case.keys), "{}: {unfit:?}", case.name());
             // The reference (slow unoptimised) on decode's short rows, one layout each.
             if case.tag == "decode" && !case.causal {
-                let (want, _) = expected(&case, &b);
+                let (want, _) = expected(&case, &b, 1);
                 let rows: usize = case.q_lens.iter().sum::<usize>() * case.heads * case.head_dim;
                 assert_eq!(want.len(), rows, "{}", case.name());
             }
