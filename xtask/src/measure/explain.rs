@@ -312,6 +312,24 @@ mod tests {
     }
 
     #[test]
+    fn a_planted_slowdown_is_explained_from_both_sides_real_profiles() {
+        // The same 16 shapes profiled on the clean tree and with 64 dependent
+        // FMAs per key tile: every shape is slower, and the explanation names
+        // the `wait` stall (the FMA chain's fixed latency) as the candidate's top one.
+        let base = crate::measure::profile::tests::gate_profiles("base");
+        let cand = crate::measure::profile::tests::gate_profiles("planted");
+        for (b, c) in base.iter().zip(&cand) {
+            let (b, c) = (&b.launches[0], &c.launches[0]);
+            assert_eq!(b.kernel, c.kernel);
+            let lines = profile_lines(b, c);
+            assert!(c.duration_us > b.duration_us, "{lines:?}");
+            assert!(lines[0].contains("duration") && lines[0].contains("(+"), "{lines:?}");
+            assert!(lines[1].starts_with("ncu moved most: "), "{lines:?}");
+            assert!(lines[2].starts_with("ncu top stalls (candidate, warps/issue): wait "), "{lines:?}");
+        }
+    }
+
+    #[test]
     fn a_profile_names_the_metrics_that_moved_most_and_the_top_stalls() {
         // A fixed delay per tile in the consumer: the wait stall grows by half
         // the base's stalls; the rare membar stall doubles but moves little.

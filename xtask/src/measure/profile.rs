@@ -388,7 +388,7 @@ fn shape_profiles(table: &ncu::Table, metrics: &[&str], shapes: &[String], gpu: 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn launch() -> Launch {
@@ -452,17 +452,20 @@ mod tests {
         assert!(l.missing.iter().any(|m| m == "launch__occupancy_limit_registers") || l.limit_registers.is_some());
     }
 
+    /// A gate run's ncu log (H200, the 16 default f16 shapes, the split ones
+    /// with their combine): `base` the clean tree, `planted` the same tree with
+    /// FA_PLANT_SLOWDOWN=64.
+    pub(crate) fn gate_profiles(side: &str) -> Vec<ShapeProfile> {
+        let path = format!("{}/tests/data/h200/ncu-raw-gate-{side}.log", env!("CARGO_MANIFEST_DIR"));
+        let t = ncu::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let shapes: Vec<String> = (0..16).map(|i| format!("shape-{i}")).collect();
+        shape_profiles(&t, &metrics_for("9.0"), &shapes, None)
+    }
+
     #[test]
     fn the_explanation_metrics_from_a_real_gate_run() {
-        // ncu's log of the planted gate's candidate (H200, 16 default shapes,
-        // the split ones with their combine): every shape's launch with its
-        // stalls, issue and tensor-pipe activity.
-        let text =
-            std::fs::read_to_string(format!("{}/tests/data/h200/ncu-raw-gate-explain.log", env!("CARGO_MANIFEST_DIR")))
-                .unwrap();
-        let t = ncu::parse(&text).unwrap();
-        let shapes: Vec<String> = (0..16).map(|i| format!("shape-{i}")).collect();
-        let p = shape_profiles(&t, &metrics_for("9.0"), &shapes, None);
+        // Every shape's launch with its stalls, issue and tensor-pipe activity.
+        let p = gate_profiles("planted");
         assert_eq!(p.len(), 16);
         assert!(p.iter().any(|s| s.launches.len() == 2 && s.launches[1].kernel.starts_with("flash_combine")));
         for s in &p {
