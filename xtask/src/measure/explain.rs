@@ -40,6 +40,8 @@ pub struct Facts {
     pub resources: Result<KernelResources, String>,
     /// SASS opcode (before the first `.`) → count in the entry's function.
     pub opcodes: Result<BTreeMap<String, u32>, String>,
+    /// The same counts over its key-tile loop (`sass::main_loop`).
+    pub main_loop: Result<BTreeMap<String, u32>, String>,
 }
 
 /// ptxas logs are a few KB; a unit's SASS listing about 10 MB.
@@ -54,21 +56,29 @@ impl Facts {
         match unit_files(kernels, compute_capability, kernel) {
             Err(e) => {
                 let why = format!("{e:#}");
-                Facts { resources: Err(why.clone()), opcodes: Err(why) }
+                Facts { resources: Err(why.clone()), opcodes: Err(why.clone()), main_loop: Err(why) }
             }
-            Ok((arch, log, listing)) => Facts {
-                resources: read(&log, MAX_LOG).and_then(|text| {
-                    ptxas::parse(&text)
-                        .kernels
-                        .into_iter()
-                        .find(|k| k.name == kernel && k.arch == arch)
-                        .ok_or_else(|| format!("{} has no ptxas row of {kernel} for {arch}", log.display()))
-                }),
-                opcodes: read(&listing, MAX_SASS).and_then(|text| {
-                    let mut all = sass::opcode_counts(&text).map_err(|e| format!("{}: {e:#}", listing.display()))?;
+            Ok((arch, log, listing)) => {
+                let code = read(&listing, MAX_SASS).and_then(|text| {
+                    let mut all = sass::listing(&text).map_err(|e| format!("{}: {e:#}", listing.display()))?;
                     all.remove(kernel).ok_or_else(|| format!("{} lists no function {kernel}", listing.display()))
-                }),
-            },
+                });
+                Facts {
+                    resources: read(&log, MAX_LOG).and_then(|text| {
+                        ptxas::parse(&text)
+                            .kernels
+                            .into_iter()
+                            .find(|k| k.name == kernel && k.arch == arch)
+                            .ok_or_else(|| format!("{} has no ptxas row of {kernel} for {arch}", log.display()))
+                    }),
+                    opcodes: code.as_ref().map(|c| sass::count(c)).map_err(Clone::clone),
+                    main_loop: code.and_then(|c| {
+                        sass::main_loop(&c)
+                            .map(sass::count)
+                            .ok_or_else(|| "no loop holds both an MMA and an exponential".to_string())
+                    }),
+                }
+            }
         }
     }
 }
@@ -144,8 +154,12 @@ pub fn explain(base: Launch, cand: Launch) -> Vec<String> {
     };
     let code = match (&bf.opcodes, &cf.opcodes) {
         (Ok(b), Ok(c)) => {
-            let (line, changed) = sass_line(b, c);
+            let (line, changed) = sass_line("SASS (static counts)", b, c);
             lines.push(line);
+            match (&bf.main_loop, &cf.main_loop) {
+                (Ok(b), Ok(c)) => lines.push(sass_line("SASS key-tile loop", b, c).0),
+                (b, c) => lines.push(format!("SASS key-tile loop: not compared ({})", missing(b, c))),
+            }
             Some(changed)
         }
         (b, c) => {
@@ -270,7 +284,7 @@ fn resource_changes(b: &KernelResources, c: &KernelResources) -> Vec<String> {
 /// largest relative change first (an opcode one side lacks first of all).
 /// Counts are of the listing, not of executed instructions: a path added but
 /// rarely taken counts in full.
-fn sass_line(b: &BTreeMap<String, u32>, c: &BTreeMap<String, u32>) -> (String, bool) {
+fn sass_line(what: &str, b: &BTreeMap<String, u32>, c: &BTreeMap<String, u32>) -> (String, bool) {
     let (tb, tc) = (b.values().sum::<u32>(), c.values().sum::<u32>());
     let mut changes: Vec<(&str, u32, u32)> = b
         .keys()
@@ -282,13 +296,13 @@ fn sass_line(b: &BTreeMap<String, u32>, c: &BTreeMap<String, u32>) -> (String, b
         .filter(|(_, x, y)| x != y)
         .collect();
     if changes.is_empty() {
-        return (format!("SASS (static counts): the same, {tc} instructions"), false);
+        return (format!("{what}: the same, {tc} instructions"), false);
     }
     let rel = |x: u32, y: u32| if x == 0 { f64::INFINITY } else { (f64::from(y) - f64::from(x)).abs() / f64::from(x) };
     changes.sort_by(|p, q| rel(q.1, q.2).total_cmp(&rel(p.1, p.2)).then(p.0.cmp(q.0)));
     let shown: Vec<String> = changes.iter().take(6).map(|(op, x, y)| format!("{op} {x} → {y}")).collect();
     let more = if changes.len() > 6 { format!(" and {} more", changes.len() - 6) } else { String::new() };
-    (format!("SASS (static counts): {tb} → {tc} instructions; {}{more}", shown.join(", ")), true)
+    (format!("{what}: {tb} → {tc} instructions; {}{more}", shown.join(", ")), true)
 }
 
 #[cfg(test)]
@@ -367,6 +381,8 @@ mod tests {
                 ..KernelResources::default()
             }),
             opcodes: Ok(ops.iter().map(|&(o, n)| (o.to_string(), n)).collect()),
+            // The key-tile loop: the first two opcodes' counts.
+            main_loop: Ok(ops.iter().take(2).map(|&(o, n)| (o.to_string(), n)).collect()),
         }
     }
 
@@ -376,6 +392,7 @@ mod tests {
         let lines = explain(launch(&k, 1, 132, &f), launch(&k, 3, 396, &f));
         assert_eq!(lines[1], "plan: splits 1 → 3, CTAs 132 → 396");
         assert!(lines[2].contains("the same") && lines[3].contains("the same, 164 instructions"), "{lines:?}");
+        assert_eq!(lines[4], "SASS key-tile loop: the same, 164 instructions");
         assert!(lines.last().unwrap().contains("the plan"), "{lines:?}");
     }
 
@@ -391,13 +408,18 @@ mod tests {
             lines[3],
             "SASS (static counts): 1164 → 1386 instructions; STL 0 → 12, FFMA 100 → 300, IMAD 1000 → 1010"
         );
-        assert_eq!(lines[4], "what changed: the entry's code");
+        assert_eq!(lines[4], "SASS key-tile loop: 164 → 364 instructions; FFMA 100 → 300");
+        assert_eq!(lines[5], "what changed: the entry's code");
     }
 
     #[test]
     fn another_entry_and_missing_facts_are_said_as_such() {
         let f = facts(168, 0, &[("HGMMA", 64)]);
-        let gone = Facts { resources: Err("no log".into()), opcodes: Err("no listing".into()) };
+        let gone = Facts {
+            resources: Err("no log".into()),
+            opcodes: Err("no listing".into()),
+            main_loop: Err("no listing".into()),
+        };
         let (a, b) = (entry("a"), entry("b"));
         let lines = explain(launch(&a, 1, 132, &gone), launch(&b, 1, 132, &f));
         assert_eq!(lines[0], "entry: a → b");
@@ -431,6 +453,8 @@ mod tests {
         let f = Facts::load(&dir, "9.0", "flash_fwd_hopper_f16_d64");
         let ops = f.opcodes.unwrap();
         assert_eq!(ops["HGMMA"], 4);
+        // The excerpt holds no whole key-tile loop: said, not guessed.
+        assert!(f.main_loop.unwrap_err().contains("no loop holds both"));
         assert_eq!(f.resources.unwrap().arch, "sm_90a");
         let unknown = Facts::load(&dir, "9.0", "flash_fwd_nope");
         assert!(unknown.opcodes.unwrap_err().contains("has no entry flash_fwd_nope"));

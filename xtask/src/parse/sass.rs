@@ -17,23 +17,35 @@ pub type OpcodeCounts = BTreeMap<String, BTreeMap<String, u32>>;
 pub const LOCAL_MEMORY: [&str; 2] = ["LDL", "STL"];
 
 pub fn opcode_counts(text: &str) -> Result<OpcodeCounts> {
-    let mut out = OpcodeCounts::new();
+    Ok(listing(text)?.into_iter().map(|(name, code)| (name, count(&code))).collect())
+}
+
+/// One instruction of a listing: its address, base opcode, and the address a
+/// branch names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instr {
+    pub addr: u32,
+    pub op: String,
+    pub target: Option<u32>,
+}
+
+/// Every function's instructions, in address order.
+pub fn listing(text: &str) -> Result<BTreeMap<String, Vec<Instr>>> {
+    let mut out = BTreeMap::new();
     // The function being read, until its `..........` line.
-    let mut current: Option<(String, BTreeMap<String, u32>)> = None;
+    let mut current: Option<(String, Vec<Instr>)> = None;
     for line in text.lines() {
         let line = line.trim();
         if let Some(name) = line.strip_prefix("Function :") {
             if let Some((open, _)) = &current {
                 bail!("cuobjdump -sass: function {open} has no end before function {}", name.trim());
             }
-            current = Some((name.trim().to_string(), BTreeMap::new()));
+            current = Some((name.trim().to_string(), Vec::new()));
         } else if line == ".........." {
-            let Some((name, counts)) = current.take() else {
-                bail!("cuobjdump -sass: a function end with no function")
-            };
-            out.insert(name, counts);
-        } else if let (Some((_, counts)), Some(op)) = (&mut current, instruction_opcode(line)) {
-            *counts.entry(op).or_default() += 1;
+            let Some((name, code)) = current.take() else { bail!("cuobjdump -sass: a function end with no function") };
+            out.insert(name, code);
+        } else if let (Some((_, code)), Some(instr)) = (&mut current, instruction(line)) {
+            code.push(instr);
         }
     }
     if let Some((open, _)) = current {
@@ -45,22 +57,63 @@ pub fn opcode_counts(text: &str) -> Result<OpcodeCounts> {
     Ok(out)
 }
 
-/// `/*0ab0*/  @!P0 HGMMA.64x128x16.F32 R24, … ;  /* 0x… */` → `HGMMA`. Lines
-/// without an address comment first (headers, encodings, labels) are not instructions.
-fn instruction_opcode(line: &str) -> Option<String> {
+/// Base opcode → count over `code`.
+pub fn count(code: &[Instr]) -> BTreeMap<String, u32> {
+    let mut counts = BTreeMap::new();
+    for i in code {
+        *counts.entry(i.op.clone()).or_default() += 1;
+    }
+    counts
+}
+
+/// Tensor-core instructions: mma.sync (HMMA) and wgmma (HGMMA).
+const MMA: [&str; 2] = ["HMMA", "HGMMA"];
+
+/// An attention kernel's key-tile loop: the innermost loop (from a backward
+/// branch's target to the branch) that holds both a tensor-core instruction
+/// and an exponential (MUFU); none where no loop does. (Every loop holding an
+/// MMA alone can be a rare path's, such as a recomputed score tile.)
+pub fn main_loop(code: &[Instr]) -> Option<&[Instr]> {
+    let at = |addr: u32| code.partition_point(|i| i.addr < addr);
+    code.iter()
+        .filter(|b| b.op == "BRA" && b.target.is_some_and(|t| t <= b.addr))
+        .filter_map(|b| {
+            let (from, to) = (at(b.target?), at(b.addr) + 1);
+            let body = code.get(from..to)?;
+            let has = |ops: &[&str]| body.iter().any(|i| ops.contains(&i.op.as_str()));
+            (has(&MMA) && has(&["MUFU"])).then_some(body)
+        })
+        .min_by_key(|body| body.len())
+}
+
+/// `/*0ab0*/  @!P0 HGMMA.64x128x16.F32 R24, … ;  /* 0x… */` → address 0xab0,
+/// `HGMMA`; `/*0460*/ @!P1 BRA 0x510 ;` → a branch to 0x510. Lines without an
+/// address comment first (headers, encodings, labels) are not instructions.
+fn instruction(line: &str) -> Option<Instr> {
     let rest = line.strip_prefix("/*")?;
     let (addr, rest) = rest.split_once("*/")?;
     if addr.is_empty() || !addr.chars().all(|c| c.is_ascii_hexdigit()) {
         return None;
     }
+    let addr = u32::from_str_radix(addr, 16).ok()?;
     let mut words = rest.split_whitespace();
     let mut word = words.next()?;
     if word.starts_with('@') {
         word = words.next()?;
     }
     let op = word.split('.').next()?.trim_end_matches(';');
-    (!op.is_empty() && op.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit()) && !op.starts_with("0X"))
-        .then(|| op.to_string())
+    if op.is_empty() || !op.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit()) || op.starts_with("0X") {
+        return None;
+    }
+    let target = (op == "BRA")
+        .then(|| {
+            words
+                .take_while(|w| !w.starts_with("/*"))
+                .find_map(|w| w.trim_end_matches([';', ',']).strip_prefix("0x"))
+                .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+        })
+        .flatten();
+    Some(Instr { addr, op: op.to_string(), target })
 }
 
 #[cfg(test)]
@@ -81,6 +134,27 @@ mod tests {
         assert_eq!((portable["HMMA"], portable["LDSM"]), (19, 16), "{portable:?}");
         assert!(portable.contains_key("LDSM") && portable.contains_key("LDGSTS"), "{portable:?}");
         assert!(counts.values().all(|c| LOCAL_MEMORY.iter().all(|op| !c.contains_key(*op))));
+    }
+
+    #[test]
+    fn the_main_loop_is_the_innermost_loop_with_mma_and_exponentials() {
+        // A loop with an MMA alone (a rare path's), a loop of FMAs nested in the
+        // key-tile loop, and the key-tile loop (MMA and MUFU) inside an outer one.
+        let text = "Function : k\n/*0000*/ HMMA.16816.F32 R0, R4, R8, R0 ;\n/*0010*/ @P3 BRA 0x0 ;\n\
+                    /*0020*/ HMMA.16816.F32 R0, R4, R8, R0 ;\n/*0030*/ FFMA R1, R1, R2, R3 ;\n\
+                    /*0040*/ @P0 BRA 0x30 ;\n/*0050*/ MUFU.EX2 R5, R5 ;\n/*0060*/ @P1 BRA P2, 0x20 ;\n\
+                    /*0070*/ @P4 BRA 0x0 ;\n/*0080*/ EXIT ;\n..........\n";
+        let code = &listing(text).unwrap()["k"];
+        assert_eq!(code[4].target, Some(0x30));
+        assert_eq!(code[6].target, Some(0x20), "a predicate operand before the target");
+        let body = main_loop(code).unwrap();
+        assert_eq!((body[0].addr, body.len()), (0x20, 5));
+        assert_eq!(count(body)["FFMA"], 1);
+        assert!(main_loop(&code[..2]).is_none(), "no exponential");
+        // The excerpt's functions are read with their branches.
+        let fns = listing(FIXTURE).unwrap();
+        assert!(fns.values().flatten().any(|i| i.op == "BRA" && i.target.is_some()));
+        assert_eq!(opcode_counts(FIXTURE).unwrap()["flash_fwd_f16_d64"], count(&fns["flash_fwd_f16_d64"]));
     }
 
     #[test]
