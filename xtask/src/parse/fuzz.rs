@@ -169,6 +169,9 @@ fn mutate(text: &str, edits: &[Edit]) -> String {
 fn parse_all(text: &str) {
     let _ = ptxas::parse(text);
     let _ = sass::opcode_counts(text);
+    for code in sass::listing(text).into_iter().flat_map(|fns| fns.into_values()) {
+        let _ = sass::main_loop(&code);
+    }
     let _ = sanitizer::parse_xml(text);
     let _ = sanitizer::parse_summary(text);
     let _ = smi::parse(text);
