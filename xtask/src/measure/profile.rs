@@ -137,6 +137,16 @@ pub struct ShapeProfile {
 }
 
 impl Launch {
+    /// The stall reason with the most warps waiting per issued instruction
+    /// (`selected` is issuing, not stalled).
+    pub fn top_stall(&self) -> Option<(&str, f64)> {
+        self.stalls
+            .iter()
+            .filter(|(r, _)| r.as_str() != "selected")
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(r, v)| (r.as_str(), *v))
+    }
+
     fn from_row(row: &Row, units: &BTreeMap<String, String>, requested: &[&str]) -> Launch {
         let duration = "gpu__time_duration.sum";
         let to_us = match units.get(duration).map(String::as_str) {
@@ -265,6 +275,9 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
                     pct(l.dram_throughput_pct),
                     pct(l.achieved_occupancy_pct),
                     pct(l.tensor_active_pct),
+                    pct(l.issue_active_pct),
+                    pct(l.l2_throughput_pct),
+                    l.top_stall().map_or("n/a".into(), |(r, v)| format!("{r} {v:.2}")),
                     num(l.grid),
                     num(l.block),
                     num(l.registers),
@@ -277,7 +290,23 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     println!(
         "{}",
         table::render(
-            &["shape", "kernel", "us", "SM", "DRAM", "occ", "tensor", "grid", "block", "regs", "smem", "waves"],
+            &[
+                "shape",
+                "kernel",
+                "us",
+                "SM",
+                "DRAM",
+                "occ",
+                "tensor",
+                "issue",
+                "L2",
+                "top stall",
+                "grid",
+                "block",
+                "regs",
+                "smem",
+                "waves"
+            ],
             &rows
         )
     );
@@ -478,6 +507,7 @@ pub(crate) mod tests {
         }
         // The Hopper kernel's wgmma counts as tensor-pipe activity.
         let hopper = p.iter().map(|s| &s.launches[0]).find(|l| l.kernel == "flash_fwd_hopper_f16_d128").unwrap();
+        assert_eq!(hopper.top_stall().map(|(r, _)| r), Some("wait"));
         assert!(hopper.tensor_active_pct.is_some_and(|t| t > 40.0), "{:?}", hopper.tensor_active_pct);
         assert!(hopper.stalls["gmma"] >= 0.0 && hopper.stalls["wait"] > 1.0);
     }
