@@ -27,6 +27,8 @@ pub struct Dealt<T, R> {
     pub done: Vec<(usize, R)>,
     pub lost: Vec<Lost<T>>,
     pub spans: Vec<Span>,
+    /// Each worker whose start failed, and why (as `say` heard it), sorted.
+    pub not_started: Vec<String>,
 }
 
 /// A stretch of one worker's time, in seconds from the start of the deal.
@@ -121,10 +123,12 @@ pub fn deal<T: Send, R: Send, S: Worker>(
     let done = Mutex::new(Vec::new());
     let lost = Mutex::new(Vec::new());
     let spans = Mutex::new(Vec::new());
+    let not_started = Mutex::new(Vec::new());
     let t0 = Instant::now();
     std::thread::scope(|s| {
         for gpu in gpus {
-            let (queue, done, lost, spans, start, work, say) = (&queue, &done, &lost, &spans, &start, &work, &say);
+            let (queue, done, lost, spans, not_started) = (&queue, &done, &lost, &spans, &not_started);
+            let (start, work, say) = (&start, &work, &say);
             s.spawn(move || {
                 let uuid = gpu.as_ref().map(|g| g.uuid.clone());
                 let timed = |item: Option<usize>, from: f64| {
@@ -139,7 +143,9 @@ pub fn deal<T: Send, R: Send, S: Worker>(
                     Err(why) => {
                         let which =
                             gpu.as_ref().map_or("the default GPU".into(), |g| format!("GPU {} ({})", g.uuid, g.name));
-                        say(&format!("{which}: {why}; its worker does not start"));
+                        let what = format!("{which}: {why}; its worker does not start");
+                        say(&what);
+                        not_started.lock().unwrap_or_else(|e| e.into_inner()).push(what);
                         return;
                     }
                 };
@@ -176,7 +182,9 @@ pub fn deal<T: Send, R: Send, S: Worker>(
     done.sort_by_key(|(index, _)| *index);
     let mut spans = spans.into_inner().unwrap_or_else(|e| e.into_inner());
     spans.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
-    Dealt { done, lost, spans }
+    let mut not_started = not_started.into_inner().unwrap_or_else(|e| e.into_inner());
+    not_started.sort();
+    Dealt { done, lost, spans, not_started }
 }
 
 #[cfg(test)]
@@ -229,6 +237,8 @@ mod tests {
             |_| {},
         );
         assert!(d.done.is_empty());
+        let why = |g: &str| format!("GPU {g} (G): no driver; its worker does not start");
+        assert_eq!(d.not_started, [why("GPU-0"), why("GPU-1")]);
         assert_eq!(d.lost.iter().map(|l| l.item).collect::<String>(), "abc");
         assert!(d.lost.iter().all(|l| l.gpu.is_none() && l.why.contains("no worker")));
     }

@@ -184,8 +184,7 @@ fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>
     drop(progress);
     let started = spawn.started.into_inner().unwrap_or_else(|e| e.into_inner());
     let Some(first) = started.first().map(|(_, ready)| ready.clone()) else {
-        let why: Vec<String> = dealt.lost.iter().map(|l| l.why.clone()).collect();
-        return Err(CannotRun(format!("no fa-test worker started: {}", why.join("; "))).into());
+        return Err(CannotRun(format!("no fa-test worker started: {}", dealt.not_started.join("; "))).into());
     };
     // A worker's start check is its first process's start; its set-up, that process's.
     let mut setup: std::collections::HashMap<Option<String>, f64> = Default::default();
@@ -615,8 +614,9 @@ mod tests {
         assert!(r.run.cases[2].error.as_deref().is_some_and(|e| e.contains("died or hung")), "{:?}", r.run.cases[2]);
         // No worker starts: the run cannot be made, and says why.
         write_file(&cx.kernels.join("die"), "start").unwrap();
-        let err = run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap_err();
-        assert!(format!("{err:#}").contains("no fa-test worker started"), "{err:#}");
+        let err = format!("{:#}", run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap_err());
+        assert!(err.contains("no fa-test worker started: GPU a (Fake GPU): "), "{err}");
+        assert_eq!(err.matches("does not start").count(), 2, "each worker's reason once: {err}");
     }
 
     #[test]
