@@ -72,7 +72,8 @@ pub fn attention_on(
 }
 
 /// Rows `first…` of the output (row = (batch · heads + head) · Sq + query),
-/// as many as `lse` holds, into `out` and `lse`.
+/// as many as `lse` holds, into `out` and `lse`. A (batch, K/V head)'s keys and
+/// values are widened to f64 once, for every row that reads them.
 #[allow(clippy::too_many_arguments)]
 fn rows_of(
     q: &HostTensor,
@@ -87,6 +88,9 @@ fn rows_of(
     let (d, sk) = (p.head_dim, p.seqlen_k);
     let group = p.heads / p.kv_heads.max(1);
     let mut scores = vec![0.0f64; sk];
+    let mut q_row = vec![0.0f64; d];
+    let (mut k64, mut v64) = (vec![0.0f64; sk * d], vec![0.0f64; sk * d]);
+    let mut widened: Option<(usize, usize)> = None;
     for (r, (o, row_lse)) in out.chunks_mut(d.max(1)).zip(lse.iter_mut()).enumerate() {
         let row = first + r;
         let (bh, i) = (row / p.seqlen_q, row % p.seqlen_q);
@@ -97,11 +101,23 @@ fn rows_of(
         if visible == 0 {
             continue;
         }
+        if widened != Some((b, kvh)) {
+            for j in 0..sk {
+                let (ko, vo) = (k.desc.offset(b, kvh, j), v.desc.offset(b, kvh, j));
+                for x in 0..d {
+                    k64[j * d + x] = f64::from(k.data[ko + x]);
+                    v64[j * d + x] = f64::from(v.data[vo + x]);
+                }
+            }
+            widened = Some((b, kvh));
+        }
         let qo = q.desc.offset(b, h, i);
+        for (x, w) in q_row.iter_mut().enumerate() {
+            *w = f64::from(q.data[qo + x]);
+        }
         let mut max = f64::NEG_INFINITY;
-        for (j, s) in scores[..visible].iter_mut().enumerate() {
-            let ko = k.desc.offset(b, kvh, j);
-            let dot: f64 = (0..d).map(|x| f64::from(q.data[qo + x]) * f64::from(k.data[ko + x])).sum();
+        for (s, key) in scores[..visible].iter_mut().zip(k64.chunks_exact(d.max(1))) {
+            let dot: f64 = q_row.iter().zip(key).map(|(a, b)| a * b).sum();
             *s = dot * f64::from(p.scale);
             max = max.max(*s);
         }
@@ -110,10 +126,9 @@ fn rows_of(
             *s = (*s - max).exp();
             sum += *s;
         }
-        for (j, w) in scores[..visible].iter().enumerate() {
-            let vo = v.desc.offset(b, kvh, j);
-            for (x, acc) in o.iter_mut().enumerate() {
-                *acc += w * f64::from(v.data[vo + x]);
+        for (w, value) in scores[..visible].iter().zip(v64.chunks_exact(d.max(1))) {
+            for (acc, x) in o.iter_mut().zip(value) {
+                *acc += w * x;
             }
         }
         o.iter_mut().for_each(|x| *x /= sum);
@@ -161,6 +176,49 @@ mod tests {
         assert!((lse[2] - 0.5 * 2.0 * 64.0 * 0.125).abs() < 1e-9);
     }
 
+    /// The reference as first written: every element widened where it is read.
+    fn plain(q: &HostTensor, k: &HostTensor, v: &HostTensor, p: &Problem, causal: bool) -> (Vec<f64>, Vec<f64>) {
+        let (d, sk) = (p.head_dim, p.seqlen_k);
+        let mut out = vec![0.0; p.batch * p.heads * p.seqlen_q * d];
+        let mut lse = vec![f64::NEG_INFINITY; p.batch * p.heads * p.seqlen_q];
+        let group = p.heads / p.kv_heads;
+        for b in 0..p.batch {
+            for h in 0..p.heads {
+                for i in 0..p.seqlen_q {
+                    let visible = if causal { (i + sk + 1).saturating_sub(p.seqlen_q).min(sk) } else { sk };
+                    let row = (b * p.heads + h) * p.seqlen_q + i;
+                    if visible == 0 {
+                        continue;
+                    }
+                    let qo = q.desc.offset(b, h, i);
+                    let mut scores = vec![0.0; visible];
+                    let mut max = f64::NEG_INFINITY;
+                    for (j, s) in scores.iter_mut().enumerate() {
+                        let ko = k.desc.offset(b, h / group, j);
+                        let dot: f64 = (0..d).map(|x| f64::from(q.data[qo + x]) * f64::from(k.data[ko + x])).sum();
+                        *s = dot * f64::from(p.scale);
+                        max = max.max(*s);
+                    }
+                    let mut sum = 0.0;
+                    for s in &mut scores {
+                        *s = (*s - max).exp();
+                        sum += *s;
+                    }
+                    let o = &mut out[row * d..(row + 1) * d];
+                    for (j, w) in scores.iter().enumerate() {
+                        let vo = v.desc.offset(b, h / group, j);
+                        for (x, acc) in o.iter_mut().enumerate() {
+                            *acc += w * f64::from(v.data[vo + x]);
+                        }
+                    }
+                    o.iter_mut().for_each(|x| *x /= sum);
+                    lse[row] = max + sum.ln();
+                }
+            }
+        }
+        (out, lse)
+    }
+
     #[test]
     fn any_thread_count_gives_the_same_bits() {
         // 2 × 3 heads (GQA 3:1) × 200 causal rows against 300 keys: enough work
@@ -171,6 +229,9 @@ mod tests {
         let (q, k, v) = (fill(2 * 3 * 200 * 64), fill(2 * 300 * 64), fill(2 * 300 * 64));
         let t = |h, s, data| HostTensor { desc: Desc::new([2, h, s, 64], Layout::Bshd), data };
         let one = attention_on(1, &t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, true);
+        let first = plain(&t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, true);
+        assert!(one.0.iter().zip(&first.0).all(|(a, b)| a.to_bits() == b.to_bits()), "as first written");
+        assert!(one.1.iter().zip(&first.1).all(|(a, b)| a.to_bits() == b.to_bits()), "as first written");
         for threads in [2, 3, 7, 64] {
             let many = attention_on(threads, &t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, true);
             assert!(one.0.iter().zip(&many.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
