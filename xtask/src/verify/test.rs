@@ -105,7 +105,7 @@ pub fn finish(cx: &Run, report: TestReport) -> Result<()> {
     if !run.skipped.is_empty() {
         let why: std::collections::BTreeSet<&str> = run.skipped.iter().map(|s| s.why.as_str()).collect();
         let why: Vec<&str> = why.into_iter().collect();
-        println!("{} cases not run here ({}); they are listed in the report", run.skipped.len(), why.join("; "));
+        println!("{} cases skipped, each listed in the report: {}", run.skipped.len(), why.join("; "));
     }
     println!(
         "{} cases{spread}, {} failed, seed {}; report: {}",

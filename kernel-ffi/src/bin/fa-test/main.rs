@@ -626,7 +626,10 @@ fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCa
         } else if let Item::Dense(d) = &c
             && !has_geometry(att, d)
         {
-            Some("its entry geometry is not in this build's configuration".to_string())
+            Some(
+                "it pins a tile geometry (block_m, key groups, persistence) this build's manifest does not configure"
+                    .to_string(),
+            )
         } else {
             None
         };
@@ -708,7 +711,7 @@ fn run() -> Result<()> {
     if !skipped.is_empty() {
         let why: std::collections::BTreeSet<&str> = skipped.iter().map(|s| s.why.as_str()).collect();
         let why: Vec<&str> = why.into_iter().collect();
-        eprintln!("fa-test: {} cases not run here: {}", skipped.len(), why.join("; "));
+        eprintln!("fa-test: {} cases skipped: {}", skipped.len(), why.join("; "));
     }
     let setup_s = started.elapsed().as_secs_f64();
     if worker {
