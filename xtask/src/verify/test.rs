@@ -51,33 +51,9 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     let raw = cx.reports().join("fa-test.json");
     let _ = std::fs::remove_file(&raw);
     let driver = drivers::binary(cx, "fa-test")?;
-    let report = if opts.gpus.is_none() && opts.shard.is_none() {
-        TestReport { run: run_whole(cx, opts, driver, &raw)?, shard: None, gpus: Vec::new(), timeline: Vec::new() }
-    } else {
-        let report = run_spread(cx, opts, &driver, &gpu::workers(opts.gpus.as_ref(), cx.device.as_deref(), "test")?)?;
-        write_file(&raw, serde_json::to_string_pretty(&report.run)?)?;
-        report
-    };
+    let report = run_spread(cx, opts, &driver, &gpu::workers(opts.gpus.as_ref(), cx.device.as_deref(), "test")?)?;
+    write_file(&raw, serde_json::to_string_pretty(&report.run)?)?;
     finish(cx, report)
-}
-
-/// The matrix in one fa-test process on one GPU.
-fn run_whole(cx: &Run, opts: &Options, driver: PathBuf, raw: &Path) -> Result<TestRun> {
-    let (progress, hook) = case_progress("test", None);
-    let out = command(driver, cx, opts, raw).on_line(hook).run()?;
-    drop(progress);
-    let text = match fa_schema::file::read_text(raw) {
-        Ok(text) if out.success() || out.status.code() == Some(1) => text, // 1: cases failed
-        _ => {
-            return Err(CannotRun(format!(
-                "fa-test exited with {} and wrote no results; last output:\n{}",
-                out.status,
-                out.tail()
-            ))
-            .into());
-        }
-    };
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", raw.display()))
 }
 
 /// Tables, `test.json`, and the verdict.
@@ -99,8 +75,10 @@ pub fn finish(cx: &Run, report: TestReport) -> Result<()> {
         (None, n) if n > 1 => format!(" on {n} GPUs"),
         _ => String::new(),
     };
-    for line in busy_lines(&report.timeline) {
-        println!("  {line}");
+    if !report.gpus.is_empty() {
+        for line in busy_lines(&report.timeline) {
+            println!("  {line}");
+        }
     }
     if !run.skipped.is_empty() {
         let why: std::collections::BTreeSet<&str> = run.skipped.iter().map(|s| s.why.as_str()).collect();
@@ -132,8 +110,8 @@ fn all_passed(cases: &[TestCase]) -> Result<()> {
 }
 
 /// The matrix (or this shard of it) dealt case by case, longest first, to one
-/// `fa-test --worker` per GPU, so the GPUs finish together and each process
-/// sets up once. A case whose worker dies or hangs on it is reported failed,
+/// `fa-test --worker` per GPU (one on the default GPU without `--gpus`), so the
+/// GPUs finish together and each process sets up once. A case whose worker dies or hangs on it is reported failed,
 /// and the worker starts a new process for the rest; a worker that cannot is
 /// retired, and the others take the rest. Every worker draws a case's inputs
 /// from the run's seed and the case's name, so `fa-test --seed S --filter NAME`
@@ -221,6 +199,9 @@ fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>
     let mut devices: Vec<DeviceInfo> = started.into_iter().map(|(_, r)| r.device).collect();
     devices.sort_by(|a, b| a.uuid.cmp(&b.uuid));
     devices.dedup_by(|a, b| a.uuid == b.uuid);
+    if devices.len() < 2 {
+        devices.clear(); // the run's device says it
+    }
     let run = TestRun { device: first.device, seed, setup_s: first.setup_s, cases, skipped };
     Ok(TestReport { run, shard, gpus: devices, timeline })
 }
@@ -284,10 +265,8 @@ impl Spawner<'_> {
         Ok(Worker { session: Some(session), gpu: gpu.cloned(), uuid, ended: 0, retired: None })
     }
 
-    /// A new process on `gpu`, once it says it is ready, and its device's UUID.
-    fn spawn(&self, gpu: Option<&ListedGpu>) -> std::result::Result<(Session, Option<String>), String> {
-        let k = self.spawned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let log = self.dir.join(format!("worker-{k}.log"));
+    /// The command of a worker's process on `gpu`, logging to `log`.
+    fn command(&self, gpu: Option<&ListedGpu>, log: PathBuf) -> Cmd {
         let cmd = Cmd::new(self.driver)
             .arg("--worker")
             .args(["--seed".to_string(), self.seed.to_string(), "--threads".into(), self.threads.to_string()])
@@ -296,7 +275,14 @@ impl Spawner<'_> {
         if let Some(f) = &self.opts.filter {
             cmd = cmd.arg("--filter").arg(f.clone());
         }
-        let mut session = drivers::on_gpu(cmd, gpu).session().map_err(|e| format!("{e:#}"))?;
+        drivers::on_gpu(cmd, gpu)
+    }
+
+    /// A new process on `gpu`, once it says it is ready, and its device's UUID.
+    fn spawn(&self, gpu: Option<&ListedGpu>) -> std::result::Result<(Session, Option<String>), String> {
+        let k = self.spawned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut session =
+            self.command(gpu, self.dir.join(format!("worker-{k}.log"))).session().map_err(|e| format!("{e:#}"))?;
         let ready = session
             .read_line(self.time_left()?.min(CASE_TIMEOUT))
             .map_err(|e| format!("{e:#}"))
@@ -480,19 +466,6 @@ fn fa_test_line(line: &str) -> Option<FaTestLine> {
     }
 }
 
-/// fa-test over the run's kernel set, writing its results to `raw`.
-fn command(driver: PathBuf, cx: &Run, opts: &Options, raw: &Path) -> Cmd {
-    let cmd = Cmd::new(driver).arg("--json").arg(raw.display().to_string());
-    let mut cmd = drivers::aim(cmd, &cx.kernels, cx.device.as_deref())
-        .timeout(opts.timeout)
-        .log(cx.reports().join("test.log"))
-        .echo();
-    if let Some(f) = &opts.filter {
-        cmd = cmd.arg("--filter").arg(f.clone());
-    }
-    cmd
-}
-
 fn case_table<'a>(cases: impl Iterator<Item = &'a TestCase>) -> String {
     let rows: Vec<Vec<String>> = cases
         .map(|c| {
@@ -597,6 +570,11 @@ mod tests {
         assert!(c0.error.as_deref().is_some_and(|e| e.contains("died or hung")), "{c0:?}");
         let failed: Vec<&str> = r.run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
         assert_eq!(failed, ["c0"], "a new process ran the rest, c4's too");
+        // So does the one worker of a run without --gpus: a fault hides no later case.
+        let one = run_spread(&cx, &opts(None), &driver, &[None]).unwrap();
+        assert_eq!(one.run.cases.len(), 10);
+        assert_eq!(one.run.cases.iter().filter(|c| !c.passed).count(), 1);
+        assert!(one.gpus.is_empty(), "one device: the run's own");
     }
 
     #[test]
@@ -677,7 +655,19 @@ mod tests {
         let mut cx = Run::discover().unwrap();
         cx.kernels = PathBuf::from("/elsewhere/kernels");
         let opts = Options { timeout: Duration::from_secs(1), ..super::tests::opts(None) };
-        let cmd = command(PathBuf::from("fa-test"), &cx, &opts, Path::new("raw.json"));
+        let spawn = Spawner {
+            cx: &cx,
+            opts: &opts,
+            driver: Path::new("fa-test"),
+            dir: Path::new("."),
+            seed: 1,
+            deadline: Instant::now(),
+            threads: 3,
+            started: Default::default(),
+            spawned: Default::default(),
+        };
+        let cmd = spawn.command(None, PathBuf::from("w.log"));
         assert_eq!(cmd.env_value("FA_KERNEL_DIR"), Some("/elsewhere/kernels"));
+        assert!(cmd.display().contains("--worker --seed 1 --threads 3"), "{}", cmd.display());
     }
 }
