@@ -507,6 +507,24 @@ mod tests {
         Some(ListedGpu { name: "Fake GPU".into(), uuid: uuid.into() })
     }
 
+    /// Every shard of `n` run on the default GPU, each written to `dir`, and
+    /// their merge (the shard files too, for merge's own checks).
+    fn merged_shards(cx: &Run, driver: &Path, dir: &Path, n: u32) -> (Vec<PathBuf>, TestReport) {
+        let mut files = Vec::new();
+        for i in 1..=n {
+            let part = run_spread(cx, &opts(Some(&format!("{i}/{n}"))), driver, &[None]).unwrap();
+            let file = dir.join(format!("shard-{i}.json"));
+            Envelope::new("test", crate::tools::process::git_state(&cx.root), Toolchain::default(), None, &part)
+                .write(&file)
+                .unwrap();
+            files.push(file);
+        }
+        let out = dir.join("merged.json");
+        merge(cx, &files, Some(&out)).unwrap();
+        let merged: Envelope<TestReport> = read_json(&out).unwrap();
+        (files, merged.payload)
+    }
+
     fn names(r: &TestReport) -> Vec<String> {
         r.run.cases.iter().map(|c| c.name.clone()).collect()
     }
@@ -532,24 +550,14 @@ mod tests {
         assert!(two.timeline.iter().all(|s| s.start_s <= s.end_s));
         assert_eq!(busy_lines(&two.timeline).len(), 2);
         // Shards on one GPU each: their union is the matrix, and they merge.
-        let mut files = Vec::new();
-        for i in 1..=3 {
-            let part = run_spread(&cx, &opts(Some(&format!("{i}/3"))), &driver, &[None]).unwrap();
-            let file = dir.path().join(format!("shard-{i}.json"));
-            Envelope::new("test", crate::tools::process::git_state(&cx.root), Toolchain::default(), None, &part)
-                .write(&file)
-                .unwrap();
-            files.push(file);
-        }
-        let out = dir.path().join("merged.json");
-        merge(&cx, &files, Some(&out)).unwrap();
-        let merged: Envelope<TestReport> = read_json(&out).unwrap();
-        let mut got = names(&merged.payload);
+        let (files, merged) = merged_shards(&cx, &driver, dir.path(), 3);
+        let mut got = names(&merged);
         got.sort();
         let mut want = all.clone();
         want.sort();
         assert_eq!(got, want);
-        assert!(merged.payload.shard.is_none());
+        assert!(merged.shard.is_none());
+        let out = dir.path().join("again.json");
         let gap = merge(&cx, &files[..2], Some(&out)).unwrap_err().to_string();
         assert!(gap.contains("missing shard report(s): 3/3"), "{gap}");
         let twice = merge(&cx, &[files[0].clone(), files[0].clone()], Some(&out)).unwrap_err().to_string();
@@ -612,21 +620,10 @@ mod tests {
         assert_eq!(skipped, ["c2", "c5"]);
         assert!(finish(&cx, r).is_ok());
         // Shards count their skips as reported, and the merge keeps every shard's.
-        let mut files = Vec::new();
-        for i in 1..=2 {
-            let part = run_spread(&cx, &opts(Some(&format!("{i}/2"))), &driver, &[None]).unwrap();
-            let file = dir.path().join(format!("shard-{i}.json"));
-            Envelope::new("test", crate::tools::process::git_state(&cx.root), Toolchain::default(), None, &part)
-                .write(&file)
-                .unwrap();
-            files.push(file);
-        }
-        let out = dir.path().join("merged.json");
-        merge(&cx, &files, Some(&out)).unwrap();
-        let merged: Envelope<TestReport> = read_json(&out).unwrap();
-        let mut skipped: Vec<String> = merged.payload.run.skipped.iter().map(|s| s.name.clone()).collect();
+        let (_, merged) = merged_shards(&cx, &driver, dir.path(), 2);
+        let mut skipped: Vec<String> = merged.run.skipped.iter().map(|s| s.name.clone()).collect();
         skipped.sort();
-        assert_eq!((merged.payload.run.cases.len(), skipped), (8, vec!["c2".to_string(), "c5".into()]));
+        assert_eq!((merged.run.cases.len(), skipped), (8, vec!["c2".to_string(), "c5".into()]));
     }
 
     #[test]
