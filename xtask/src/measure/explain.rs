@@ -215,8 +215,7 @@ pub fn profile_lines(base: &Profiled, cand: &Profiled) -> Vec<String> {
     .into_iter()
     .flatten()
     .collect();
-    let stalled = |l: &Profiled| l.stalls.iter().filter(|(r, _)| r.as_str() != "selected").map(|(_, v)| v).sum::<f64>();
-    let total = stalled(base).max(1e-9);
+    let total = base.stalls_ranked().iter().map(|(_, v)| v).sum::<f64>().max(1e-9);
     for (reason, &c) in &cand.stalls {
         let Some(&b) = base.stalls.get(reason) else { continue };
         let moved = (c - b) / total;
@@ -233,10 +232,8 @@ pub fn profile_lines(base: &Profiled, cand: &Profiled) -> Vec<String> {
     } else {
         format!("ncu moved most: {}", named.join("; "))
     });
-    let mut top: Vec<(&String, &f64)> = cand.stalls.iter().filter(|(r, _)| r.as_str() != "selected").collect();
-    top.sort_by(|a, b| b.1.total_cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    let top: Vec<String> = cand.stalls_ranked().iter().take(3).map(|(r, v)| format!("{r} {v:.2}")).collect();
     if !top.is_empty() {
-        let top: Vec<String> = top.iter().take(3).map(|(r, v)| format!("{r} {v:.2}")).collect();
         lines.push(format!("ncu top stalls (candidate, warps/issue): {}", top.join(", ")));
     }
     lines

@@ -137,14 +137,18 @@ pub struct ShapeProfile {
 }
 
 impl Launch {
-    /// The stall reason with the most warps waiting per issued instruction
-    /// (`selected` is issuing, not stalled).
+    /// The stall reasons, most warps waiting per issued instruction first (ties
+    /// by name); `selected` is issuing, not stalled, and is left out.
+    pub fn stalls_ranked(&self) -> Vec<(&str, f64)> {
+        let mut ranked: Vec<(&str, f64)> =
+            self.stalls.iter().filter(|(r, _)| r.as_str() != "selected").map(|(r, v)| (r.as_str(), *v)).collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        ranked
+    }
+
+    /// The stall reason with the most warps waiting per issued instruction.
     pub fn top_stall(&self) -> Option<(&str, f64)> {
-        self.stalls
-            .iter()
-            .filter(|(r, _)| r.as_str() != "selected")
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(r, v)| (r.as_str(), *v))
+        self.stalls_ranked().first().copied()
     }
 
     fn from_row(row: &Row, units: &BTreeMap<String, String>, requested: &[&str]) -> Launch {

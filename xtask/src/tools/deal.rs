@@ -72,7 +72,6 @@ pub struct Step {
 pub fn busy_lines(steps: &[Step]) -> Vec<String> {
     let wall = steps.iter().map(|s| s.end_s).fold(0.0, f64::max);
     let mut workers: Vec<Option<&str>> = steps.iter().map(|s| s.gpu.as_deref()).collect();
-    workers.dedup();
     workers.sort();
     workers.dedup();
     workers

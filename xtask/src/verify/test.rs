@@ -41,7 +41,7 @@ pub struct TestReport {
     /// The GPUs the cases were dealt to (each case names its own), where several were.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<DeviceInfo>,
-    /// Each worker's start and cases in time, where the run was spread.
+    /// Each worker's start and cases in time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timeline: Vec<Step>,
 }
@@ -51,7 +51,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     let raw = cx.reports().join("fa-test.json");
     let _ = std::fs::remove_file(&raw);
     let driver = drivers::binary(cx, "fa-test")?;
-    let report = run_spread(cx, opts, &driver, &gpu::workers(opts.gpus.as_ref(), cx.device.as_deref(), "test")?)?;
+    let report = run_workers(cx, opts, &driver, &gpu::workers(opts.gpus.as_ref(), cx.device.as_deref(), "test")?)?;
     write_file(&raw, serde_json::to_string_pretty(&report.run)?)?;
     finish(cx, report)
 }
@@ -111,13 +111,13 @@ fn all_passed(cases: &[TestCase]) -> Result<()> {
 
 /// The matrix (or this shard of it) dealt case by case, longest first, to one
 /// `fa-test --worker` per GPU (one on the default GPU without `--gpus`), so the
-/// GPUs finish together and each process sets up once. A case whose worker dies or hangs on it is reported failed,
-/// and the worker starts a new process for the rest; a worker that cannot is
-/// retired, and the others take the rest. Every worker draws a case's inputs
+/// GPUs finish together and each process sets up once. A case whose worker
+/// dies or hangs on it is reported failed, and the worker starts a new process
+/// for the rest; a worker that cannot is retired, and the others take the rest. Every worker draws a case's inputs
 /// from the run's seed and the case's name, so `fa-test --seed S --filter NAME`
 /// reproduces any case.
-fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>]) -> Result<TestReport> {
-    let dir = cx.reports().join("test-spread");
+fn run_workers(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>]) -> Result<TestReport> {
+    let dir = cx.reports().join("test-workers");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let listed = list_cases(driver, &dir, &[], opts.filter.as_deref())?;
@@ -142,8 +142,8 @@ fn run_spread(cx: &Run, opts: &Options, driver: &Path, gpus: &[Option<ListedGpu>
         gpus,
         queue.clone(),
         |gpu| spawn.start(gpu),
-        |w, _, name, _| {
-            let outcome = spawn.ask(w, name)?;
+        |w, _, name, gpu| {
+            let outcome = spawn.ask(w, name, gpu)?;
             match &outcome {
                 Outcome::Ran(c) if c.passed => progress.item(&format!("ok {}", c.name)),
                 Outcome::Ran(c) => progress.report(&format!(
@@ -215,7 +215,6 @@ enum Outcome {
 /// A worker's `fa-test --worker` process, while it has one.
 struct Worker {
     session: Option<Session>,
-    gpu: Option<ListedGpu>,
     /// The UUID of the device the process opened, as it reported it.
     uuid: Option<String>,
     /// Processes in a row that died, hung or lost their context on a case.
@@ -262,7 +261,7 @@ struct Spawner<'a> {
 impl Spawner<'_> {
     fn start(&self, gpu: Option<&ListedGpu>) -> std::result::Result<Worker, String> {
         let (session, uuid) = self.spawn(gpu)?;
-        Ok(Worker { session: Some(session), gpu: gpu.cloned(), uuid, ended: 0, retired: None })
+        Ok(Worker { session: Some(session), uuid, ended: 0, retired: None })
     }
 
     /// The command of a worker's process on `gpu`, logging to `log`.
@@ -309,7 +308,7 @@ impl Spawner<'_> {
     /// failed, and the worker goes on with a new process (the old one killed
     /// first, so it holds no GPU memory); it retires, keeping that result, when
     /// the new one cannot start, processes keep ending, or the run's time is up.
-    fn ask(&self, w: &mut Worker, name: &str) -> std::result::Result<Outcome, String> {
+    fn ask(&self, w: &mut Worker, name: &str, gpu: Option<&ListedGpu>) -> std::result::Result<Outcome, String> {
         let uuid = w.uuid.clone();
         let timeout = self.time_left()?.min(CASE_TIMEOUT);
         let session = w.session.as_mut().ok_or("the worker has no fa-test process")?;
@@ -335,7 +334,7 @@ impl Spawner<'_> {
         w.retired = if w.ended >= MAX_ENDED {
             Some(format!("{MAX_ENDED} fa-test processes in a row ended on their cases"))
         } else {
-            match self.spawn(w.gpu.as_ref()) {
+            match self.spawn(gpu) {
                 Ok((session, uuid)) => {
                     (w.session, w.uuid) = (Some(session), uuid);
                     None
@@ -512,7 +511,7 @@ mod tests {
     fn merged_shards(cx: &Run, driver: &Path, dir: &Path, n: u32) -> (Vec<PathBuf>, TestReport) {
         let mut files = Vec::new();
         for i in 1..=n {
-            let part = run_spread(cx, &opts(Some(&format!("{i}/{n}"))), driver, &[None]).unwrap();
+            let part = run_workers(cx, &opts(Some(&format!("{i}/{n}"))), driver, &[None]).unwrap();
             let file = dir.join(format!("shard-{i}.json"));
             Envelope::new("test", crate::tools::process::git_state(&cx.root), Toolchain::default(), None, &part)
                 .write(&file)
@@ -534,7 +533,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (cx, driver) = fake(dir.path());
         let all: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
-        let two = run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
+        let two = run_workers(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
         assert_eq!(names(&two), all);
         assert!(
             two.run.cases.iter().all(|c| c.passed && c.gpu.as_deref().is_some_and(|g| g == "GPU-a" || g == "GPU-b"))
@@ -571,7 +570,7 @@ mod tests {
         // c0 kills its process; c4 ends it as a CUDA error does.
         write_file(&cx.kernels.join("die"), "c0").unwrap();
         write_file(&cx.kernels.join("fault"), "c4").unwrap();
-        let r = run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
+        let r = run_workers(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
         assert_eq!(r.run.cases.len(), 10, "every case is reported");
         let c0 = &r.run.cases[0];
         assert!(!c0.passed && c0.rel_l2.is_nan(), "{c0:?}");
@@ -579,7 +578,7 @@ mod tests {
         let failed: Vec<&str> = r.run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
         assert_eq!(failed, ["c0"], "a new process ran the rest, c4's too");
         // So does the one worker of a run without --gpus: a fault hides no later case.
-        let one = run_spread(&cx, &opts(None), &driver, &[None]).unwrap();
+        let one = run_workers(&cx, &opts(None), &driver, &[None]).unwrap();
         assert_eq!(one.run.cases.len(), 10);
         assert_eq!(one.run.cases.iter().filter(|c| !c.passed).count(), 1);
         assert!(one.gpus.is_empty(), "one device: the run's own");
@@ -593,14 +592,14 @@ mod tests {
         // c2 hangs until the run's 2 s are up: it fails, and so does what no
         // worker had time left to run; nothing is dropped.
         let quick = Options { timeout: Duration::from_secs(2), ..opts(None) };
-        let r = run_spread(&cx, &quick, &driver, &[gpu("a")]).unwrap();
+        let r = run_workers(&cx, &quick, &driver, &[gpu("a")]).unwrap();
         assert_eq!(r.run.cases.len(), 10);
         let failed: Vec<&str> = r.run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
         assert_eq!(failed, ["c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9"]);
         assert!(r.run.cases[2].error.as_deref().is_some_and(|e| e.contains("died or hung")), "{:?}", r.run.cases[2]);
         // No worker starts: the run cannot be made, and says why.
         write_file(&cx.kernels.join("die"), "start").unwrap();
-        let err = format!("{:#}", run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap_err());
+        let err = format!("{:#}", run_workers(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap_err());
         assert!(err.contains("no fa-test worker started: GPU a (Fake GPU): "), "{err}");
         assert_eq!(err.matches("does not start").count(), 2, "each worker's reason once: {err}");
     }
@@ -613,7 +612,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (cx, driver) = fake(dir.path());
         write_file(&cx.kernels.join("skip"), "c2,c5").unwrap();
-        let r = run_spread(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
+        let r = run_workers(&cx, &opts(None), &driver, &[gpu("a"), gpu("b")]).unwrap();
         assert_eq!(r.run.cases.len(), 8);
         assert!(r.run.cases.iter().all(|c| c.passed));
         let skipped: Vec<&str> = r.run.skipped.iter().map(|s| s.name.as_str()).collect();
