@@ -49,11 +49,11 @@ namespace fa {
 // each P·V has landed in hopper_consumer) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax
 // scale), e.g. `cargo xtask ci --gpu --define FA_PLANT_WRONG_RESULT …`.
 
-template <typename T, int D, bool CAUSAL, int MT, int KG>
+template <typename T, int D, typename Mask, typename Mod, int MT, int KG>
 __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   using Cfg = FwdConfig<D, MT, KG>;
-  using Tiles = DenseTiles<T, Cfg, CAUSAL>;
-  using Mainloop = PortableMainloop<T, Cfg, Tiles>;
+  using Tiles = DenseTiles<T, Cfg, Mask>;
+  using Mainloop = PortableMainloop<T, Cfg, Tiles, Mod>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // The launcher takes smem and threads from the manifest; a mismatch is a build bug.
@@ -61,13 +61,13 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   launch_dependents();
   const KeyGroup<T, Cfg> grp(smem_raw);
   const WarpRows<MT> wr(grp.tid);
-  const PortableBlock<BM, CAUSAL> blk(p);
+  const PortableBlock<BM, Mask> blk(p);
 #ifdef FA_PLANT_WRONG_RESULT
   const float scale_log2 = p.scale_log2 * 1.01f;  // planted: a 1% wrong softmax scale
 #else
   const float scale_log2 = p.scale_log2;
 #endif
-  const KeyRange<BM, CAUSAL> keys(p, blk);
+  const KeyRange<BM, BN, Mask> keys(p, blk);
 #ifdef FA_DEFECT_UNINIT
   if (p.num_splits > 1 && keys.begin >= keys.end) return;
 #endif
@@ -90,7 +90,7 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   const Tiles tiles{p, blk, keys, loads};
   const FragAddr<D> k_frag = Mainloop::k_frag_addr(grp, wr.lane);
   const FragAddr<D> v_frag = Mainloop::v_frag_addr(grp, wr.lane);
-  const Mainloop mainloop{tiles, grp, wr, w0, scale_log2, k_frag, v_frag};
+  const Mainloop mainloop{tiles, grp, wr, w0, scale_log2, k_frag, v_frag, Mod(p)};
   {
     float s[MT][BN / 8][4];
     mainloop.run(o, softmax, qf, s);
@@ -107,19 +107,19 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 // A serving call's block (the `_varlen` entries): the same parts over a
 // sequence's packed query heads (VarlenBlock, SeqTiles, SeqRows), 16-row tiles
 // per warp and one key group.
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, typename Mask>
 __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   using Cfg = FwdConfig<D, 1, 1>;
-  using Tiles = SeqTiles<T, Cfg, CAUSAL>;
-  using Mainloop = PortableMainloop<T, Cfg, Tiles>;
+  using Tiles = SeqTiles<T, Cfg, Mask>;
+  using Mainloop = PortableMainloop<T, Cfg, Tiles, NoSoftcap>;
   const FlashParams& p = vp.p;
   const SeqParams& sp = vp.seq;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads) __trap();
   launch_dependents();
-  const VarlenBlock<Cfg::kBlockM, CAUSAL> blk(p, sp);
+  const VarlenBlock<Cfg::kBlockM, Mask> blk(p, sp);
   if (blk.m0 >= blk.rows) return;  // past the sequence's rows: nothing to write
-  const VarlenKeyRange<Cfg::kBlockM, CAUSAL> keys(p, sp, blk);
+  const VarlenKeyRange<Cfg::kBlockM, Mask> keys(p, sp, blk);
 #ifdef FA_DEFECT_UNINIT
   if (p.num_splits > 1 && keys.begin >= keys.end) return;
 #endif
@@ -133,43 +133,55 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   const Tiles tiles(p, sp, blk, keys, grp);
   const FragAddr<D> k_frag = Mainloop::k_frag_addr(grp, wr.lane);
   const FragAddr<D> v_frag = Mainloop::v_frag_addr(grp, wr.lane);
-  const Mainloop mainloop{tiles, grp, wr, w0, p.scale_log2, k_frag, v_frag};
+  const Mainloop mainloop{tiles, grp, wr, w0, p.scale_log2, k_frag, v_frag, NoSoftcap(p)};
   {
     float s[1][Cfg::kBlockN / 8][4];
     mainloop.run(o, softmax, qf, s);
   }
-  portable_epilogue<T, Cfg>(p, SeqRows<VarlenBlock<Cfg::kBlockM, CAUSAL>>{p, sp, blk}, blk.split, grp, wr, w0, o,
+  portable_epilogue<T, Cfg>(p, SeqRows<VarlenBlock<Cfg::kBlockM, Mask>>{p, sp, blk}, blk.split, grp, wr, w0, o,
                             softmax);
 }
 
 }  // namespace fa
 
-// One stable extern "C" forward entry: flash_fwd_<dtype>_d<D>[_causal][_m64|_kg2].
-// MT: 16-row tiles per warp; KG: key groups.
-#define FA_FWD_ENTRY(T, D, CAUSAL, MT, KG, NAME)                                                                      \
+// One stable extern "C" forward entry:
+// flash_fwd_<dtype>_d<D>[_causal|_local][_softcap][_m64|_kg2]. MASK: NoMask,
+// CausalMask or LocalMask; MOD: NoSoftcap or Softcap (mask.cuh). MT: 16-row tiles
+// per warp; KG: key groups.
+#define FA_FWD_ENTRY(T, D, MASK, MOD, MT, KG, NAME)                                                                   \
   extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG>::kThreads, 1) NAME(const fa::FlashParams p) { \
-    fa::flash_fwd<T, D, CAUSAL, MT, KG>(p);                                                                           \
+    fa::flash_fwd<T, D, fa::MASK, fa::MOD, MT, KG>(p);                                                                \
   }
 // The serving entries: flash_fwd_varlen_<dtype>_d<D>[_causal].
-#define FA_VARLEN_ENTRY(T, D, CAUSAL, NAME)                                                                          \
+#define FA_VARLEN_ENTRY(T, D, MASK, NAME)                                                                            \
   extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, 1, 1>::kThreads, 1) NAME(const fa::VarlenParams p) { \
-    fa::flash_fwd_varlen<T, D, CAUSAL>(p);                                                                           \
+    fa::flash_fwd_varlen<T, D, fa::MASK>(p);                                                                         \
   }
-#define FA_VARLEN_ENTRIES(T, DT)                                   \
-  FA_VARLEN_ENTRY(T, 64, false, flash_fwd_varlen_##DT##_d64)       \
-  FA_VARLEN_ENTRY(T, 64, true, flash_fwd_varlen_##DT##_d64_causal) \
-  FA_VARLEN_ENTRY(T, 128, false, flash_fwd_varlen_##DT##_d128)     \
-  FA_VARLEN_ENTRY(T, 128, true, flash_fwd_varlen_##DT##_d128_causal)
+#define FA_VARLEN_ENTRIES(T, DT)                                         \
+  FA_VARLEN_ENTRY(T, 64, NoMask, flash_fwd_varlen_##DT##_d64)            \
+  FA_VARLEN_ENTRY(T, 64, CausalMask, flash_fwd_varlen_##DT##_d64_causal) \
+  FA_VARLEN_ENTRY(T, 128, NoMask, flash_fwd_varlen_##DT##_d128)          \
+  FA_VARLEN_ENTRY(T, 128, CausalMask, flash_fwd_varlen_##DT##_d128_causal)
 // Every forward entry of one dtype: two 16-row tiles per warp, or one (`_m64`,
 // for problems that would not fill the GPU), or one with two key groups (`_kg2`,
-// for grids that leave SMs idle); causal D=64 one tile only (two lost 7%).
-#define FA_FWD_ENTRIES(T, DT)                                    \
-  FA_FWD_ENTRY(T, 64, false, 2, 1, flash_fwd_##DT##_d64)         \
-  FA_FWD_ENTRY(T, 64, false, 1, 1, flash_fwd_##DT##_d64_m64)     \
-  FA_FWD_ENTRY(T, 64, false, 1, 2, flash_fwd_##DT##_d64_kg2)     \
-  FA_FWD_ENTRY(T, 64, true, 1, 1, flash_fwd_##DT##_d64_causal)   \
-  FA_FWD_ENTRY(T, 128, false, 2, 1, flash_fwd_##DT##_d128)       \
-  FA_FWD_ENTRY(T, 128, false, 1, 1, flash_fwd_##DT##_d128_m64)   \
-  FA_FWD_ENTRY(T, 128, false, 1, 2, flash_fwd_##DT##_d128_kg2)   \
-  FA_FWD_ENTRY(T, 128, true, 2, 1, flash_fwd_##DT##_d128_causal) \
-  FA_FWD_ENTRY(T, 128, true, 1, 1, flash_fwd_##DT##_d128_causal_m64)
+// for grids that leave SMs idle); causal D=64 one tile only (two lost 7%). The
+// softcapped entries take the causal entries' tiles; the windowed (`_local`)
+// ones one tile (at D=128 two spilled 48 bytes on sm_80-89).
+#define FA_FWD_ENTRIES(T, DT)                                                                \
+  FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d64)                         \
+  FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_m64)                     \
+  FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 1, 2, flash_fwd_##DT##_d64_kg2)                     \
+  FA_FWD_ENTRY(T, 64, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_causal)              \
+  FA_FWD_ENTRY(T, 64, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_local)                \
+  FA_FWD_ENTRY(T, 64, NoMask, Softcap, 1, 1, flash_fwd_##DT##_d64_softcap)                   \
+  FA_FWD_ENTRY(T, 64, CausalMask, Softcap, 1, 1, flash_fwd_##DT##_d64_causal_softcap)        \
+  FA_FWD_ENTRY(T, 64, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d64_local_softcap)          \
+  FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d128)                       \
+  FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_m64)                   \
+  FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 1, 2, flash_fwd_##DT##_d128_kg2)                   \
+  FA_FWD_ENTRY(T, 128, CausalMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d128_causal)            \
+  FA_FWD_ENTRY(T, 128, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_causal_m64)        \
+  FA_FWD_ENTRY(T, 128, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_local)              \
+  FA_FWD_ENTRY(T, 128, NoMask, Softcap, 2, 1, flash_fwd_##DT##_d128_softcap)                 \
+  FA_FWD_ENTRY(T, 128, CausalMask, Softcap, 2, 1, flash_fwd_##DT##_d128_causal_softcap)      \
+  FA_FWD_ENTRY(T, 128, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d128_local_softcap)

@@ -89,7 +89,7 @@ __device__ __forceinline__ HopperSmem<Cfg> hopper_start() {
 // The CTA's work once its first item is known (`decode(k, entry(k))`: item k,
 // which the scheduler names): the producer warpgroup's loads, the consumers'
 // products and stores.
-template <typename T, typename Cfg, bool CAUSAL, typename Item, typename Decode, typename Entry>
+template <typename T, typename Cfg, typename Mask, typename Mod, typename Item, typename Decode, typename Entry>
 __device__ __forceinline__ void hopper_run(const HopperParams& hp, const HopperSmem<Cfg>& sm, const Item& first,
                                            const Decode& decode, const Entry& entry) {
   auto item = [&](int k) { return decode(k, entry(k)); };
@@ -109,25 +109,25 @@ __device__ __forceinline__ void hopper_run(const HopperParams& hp, const HopperS
 
   // ---- Consumers.
   regs_alloc<Cfg::kConsumerRegs>();
-  hopper_consumer<T, Cfg, CAUSAL>(hp.p, hp.o_map, sm, wg, decode, entry);
+  hopper_consumer<T, Cfg, Mask, Mod>(hp.p, hp.o_map, sm, wg, decode, entry);
 }
 
-template <typename T, int D, bool CAUSAL, int ROWS, bool PERSISTENT>
+template <typename T, int D, typename Mask, typename Mod, int ROWS, bool PERSISTENT>
 __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
-  using Cfg = HopperConfig<D, CAUSAL, ROWS, PERSISTENT>;
+  using Cfg = HopperConfig<D, Mask::kEnd, ROWS, PERSISTENT>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   constexpr bool kPersistent = Cfg::kPersistent;
   const HopperSmem<Cfg> sm = hopper_start<Cfg>();
   // The first item is decoded once, up front, by every thread.
-  constexpr bool kScheduled = CAUSAL && kPersistent && Cfg::kConsumers == 2;
+  constexpr bool kScheduled = Mask::kEnd && !Mask::kBegin && kPersistent && Cfg::kConsumers == 2;
   constexpr bool kTail = Cfg::kSplitTail;
   auto entry = [&](int k) { return hopper_entry<kPersistent, kScheduled>(hp.sched, k); };
-  const HopperItem first = hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(hp.p, hp.sched, 0, entry(0));
+  const HopperItem first = hopper_item<BM, BN, Mask, kPersistent, kScheduled, kTail>(hp.p, hp.sched, 0, entry(0));
   // Item k from its schedule entry (hopper_entry), which callers load ahead.
   auto decode = [&](int k, uint32_t e) {
-    return k == 0 ? first : hopper_item<BM, BN, CAUSAL, kPersistent, kScheduled, kTail>(hp.p, hp.sched, k, e);
+    return k == 0 ? first : hopper_item<BM, BN, Mask, kPersistent, kScheduled, kTail>(hp.p, hp.sched, k, e);
   };
-  hopper_run<T, Cfg, CAUSAL>(hp, sm, first, decode, entry);
+  hopper_run<T, Cfg, Mask, Mod>(hp, sm, first, decode, entry);
 }
 
 // A serving call's CTA (the `_varlen` entries): one item of 128 rows of one
@@ -135,11 +135,11 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
 // SeqParams says. Q and K/V tiles come in by TMA at the sequence's offsets
 // (paged: a tile lies in one page); O goes out from the accumulators, bounded
 // by the sequence (store_item).
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, typename Mask>
 __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams& vp) {
-  using Cfg = HopperConfig<D, CAUSAL, 128, false>;
+  using Cfg = HopperConfig<D, Mask::kEnd, 128, false>;
   const HopperSmem<Cfg> sm = hopper_start<Cfg>();
-  const VarlenItem first = varlen_item<Cfg::kBlockM, Cfg::kBlockN, CAUSAL>(vp.hp.p, vp.seq);
+  const VarlenItem first = varlen_item<Cfg::kBlockM, Cfg::kBlockN, Mask>(vp.hp.p, vp.seq);
   if (first.skip) return;  // a block past its sequence's rows
   auto entry = [](int) { return 0u; };
   auto decode = [&](int k, uint32_t) {
@@ -147,40 +147,51 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
     none.done = true;
     return k == 0 ? first : none;
   };
-  hopper_run<T, Cfg, CAUSAL>(vp.hp, sm, first, decode, entry);
+  hopper_run<T, Cfg, Mask, NoSoftcap>(vp.hp, sm, first, decode, entry);
 }
 
 }  // namespace fa
 
-// One stable extern "C" entry point: flash_fwd_hopper_<dtype>_d<D>[_causal][_m64][_persistent].
-#define FA_HOPPER_ENTRY(T, D, CAUSAL, ROWS, PERSISTENT, NAME)                                             \
-  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, CAUSAL, ROWS, PERSISTENT>::kThreads,   \
-                                               fa::HopperConfig<D, CAUSAL, ROWS, PERSISTENT>::kCtasPerSm) \
-      NAME(const __grid_constant__ fa::HopperParams p) {                                                  \
-    fa::flash_fwd_hopper<T, D, CAUSAL, ROWS, PERSISTENT>(p);                                              \
+// One stable extern "C" entry point:
+// flash_fwd_hopper_<dtype>_d<D>[_causal|_local][_softcap][_m64][_persistent].
+#define FA_HOPPER_ENTRY(T, D, MASK, MOD, ROWS, PERSISTENT, NAME)                                                  \
+  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, fa::MASK::kEnd, ROWS, PERSISTENT>::kThreads,   \
+                                               fa::HopperConfig<D, fa::MASK::kEnd, ROWS, PERSISTENT>::kCtasPerSm) \
+      NAME(const __grid_constant__ fa::HopperParams p) {                                                          \
+    fa::flash_fwd_hopper<T, D, fa::MASK, fa::MOD, ROWS, PERSISTENT>(p);                                           \
   }
 
 // One serving entry: flash_fwd_hopper_varlen_<dtype>_d<D>[_causal].
-#define FA_HOPPER_VARLEN_ENTRY(T, D, CAUSAL, NAME)                                                   \
-  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, CAUSAL, 128, false>::kThreads, 1) \
-      NAME(const __grid_constant__ fa::HopperVarlenParams p) {                                       \
-    fa::flash_fwd_hopper_varlen<T, D, CAUSAL>(p);                                                    \
+#define FA_HOPPER_VARLEN_ENTRY(T, D, MASK, NAME)                                                            \
+  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, fa::MASK::kEnd, 128, false>::kThreads, 1) \
+      NAME(const __grid_constant__ fa::HopperVarlenParams p) {                                              \
+    fa::flash_fwd_hopper_varlen<T, D, fa::MASK>(p);                                                         \
   }
 
 // Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM), non-causal
 // also persistent and in persistent 192-row CTAs, causal also in 128-row CTAs
 // (exp turns); D=128 in 128-row CTAs, plus 64-row ones for non-causal problems
-// that do not fill the GPU; the serving entries in 128-row CTAs.
-#define FA_HOPPER_ENTRIES(T, DT)                                                                        \
-  FA_HOPPER_ENTRY(T, 64, false, 64, false, flash_fwd_hopper_##DT##_d64_m64)                             \
-  FA_HOPPER_ENTRY(T, 64, false, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                   \
-  FA_HOPPER_ENTRY(T, 64, false, 192, true, flash_fwd_hopper_##DT##_d64)                                 \
-  FA_HOPPER_ENTRY(T, 64, true, 64, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal_m64) \
-  FA_HOPPER_ENTRY(T, 64, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal)    \
-  FA_HOPPER_ENTRY(T, 128, false, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)          \
-  FA_HOPPER_ENTRY(T, 128, false, 64, false, flash_fwd_hopper_##DT##_d128_m64)                           \
-  FA_HOPPER_ENTRY(T, 128, true, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal)  \
-  FA_HOPPER_VARLEN_ENTRY(T, 64, false, flash_fwd_hopper_varlen_##DT##_d64)                              \
-  FA_HOPPER_VARLEN_ENTRY(T, 64, true, flash_fwd_hopper_varlen_##DT##_d64_causal)                        \
-  FA_HOPPER_VARLEN_ENTRY(T, 128, false, flash_fwd_hopper_varlen_##DT##_d128)                            \
-  FA_HOPPER_VARLEN_ENTRY(T, 128, true, flash_fwd_hopper_varlen_##DT##_d128_causal)
+// that do not fill the GPU; the serving entries in 128-row CTAs. The windowed
+// (`_local`) and softcapped entries run persistent 128-row CTAs (units of one
+// query block; causal softcapped ones pairs or a host schedule, as causal).
+#define FA_HOPPER_ENTRIES(T, DT)                                                                                     \
+  FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 64, false, flash_fwd_hopper_##DT##_d64_m64)                              \
+  FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                    \
+  FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 192, true, flash_fwd_hopper_##DT##_d64)                                  \
+  FA_HOPPER_ENTRY(T, 64, CausalMask, NoSoftcap, 64, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal_m64) \
+  FA_HOPPER_ENTRY(T, 64, CausalMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal) \
+  FA_HOPPER_ENTRY(T, 64, LocalMask, NoSoftcap, 128, true, flash_fwd_hopper_##DT##_d64_local)                         \
+  FA_HOPPER_ENTRY(T, 64, NoMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d64_softcap)                            \
+  FA_HOPPER_ENTRY(T, 64, CausalMask, Softcap, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal_softcap) \
+  FA_HOPPER_ENTRY(T, 64, LocalMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d64_local_softcap)                   \
+  FA_HOPPER_ENTRY(T, 128, NoMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)           \
+  FA_HOPPER_ENTRY(T, 128, NoMask, NoSoftcap, 64, false, flash_fwd_hopper_##DT##_d128_m64)                            \
+  FA_HOPPER_ENTRY(T, 128, CausalMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal) \
+  FA_HOPPER_ENTRY(T, 128, LocalMask, NoSoftcap, 128, true, flash_fwd_hopper_##DT##_d128_local)                       \
+  FA_HOPPER_ENTRY(T, 128, NoMask, Softcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128_softcap)     \
+  FA_HOPPER_ENTRY(T, 128, CausalMask, Softcap, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal_softcap) \
+  FA_HOPPER_ENTRY(T, 128, LocalMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d128_local_softcap)                 \
+  FA_HOPPER_VARLEN_ENTRY(T, 64, NoMask, flash_fwd_hopper_varlen_##DT##_d64)                                          \
+  FA_HOPPER_VARLEN_ENTRY(T, 64, CausalMask, flash_fwd_hopper_varlen_##DT##_d64_causal)                               \
+  FA_HOPPER_VARLEN_ENTRY(T, 128, NoMask, flash_fwd_hopper_varlen_##DT##_d128)                                        \
+  FA_HOPPER_VARLEN_ENTRY(T, 128, CausalMask, flash_fwd_hopper_varlen_##DT##_d128_causal)

@@ -23,7 +23,11 @@ struct FlashParams {
   int32_t batch, heads, kv_heads, seqlen_q, seqlen_k;
   int32_t num_splits;
   int32_t keys_per_split;  // multiple of the kernel's kBlockN
-  float scale_log2;        // softmax scale × log2(e)
+  float scale_log2;        // softmax scale × log2(e); with a softcap c, c × log2(e) (mask.cuh)
+  // The `_local` entries' window (LocalMask): row i sees keys i + diag − window_left
+  // … i + diag + window_right, each clamped so that no bound overflows.
+  int32_t window_left, window_right;
+  float softcap_pre;  // the `_softcap` entries' scale / c (Softcap)
 };
 
 // A CUtensorMap's bytes, encoded on the host by cuTensorMapEncodeTiled and read
@@ -130,8 +134,9 @@ struct ReferenceParams {
   int64_t k_batch_stride, k_head_stride, k_row_stride;
   int64_t v_batch_stride, v_head_stride, v_row_stride;
   int32_t batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
-  int32_t causal;
+  int32_t window_left, window_right;  // keys row i sees: i + diag − left … i + diag + right; −1: unbounded
   float scale;
+  float softcap;  // scores become softcap · tanh(score / softcap) after scaling; 0: none
 };
 
 }  // namespace fa

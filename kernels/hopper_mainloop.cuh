@@ -42,8 +42,9 @@ __device__ __forceinline__ void clear_v_tail(const VarlenItem& it, const HopperS
 
 // Consumer warpgroup wg (1 to 3) runs every item of this CTA (`decode(k,
 // entry(k))`, the scheduler's) in order; the K/V ring runs on across items (g0:
-// ring position of an item's first tile).
-template <typename T, typename Cfg, bool CAUSAL, typename Decode, typename Entry>
+// ring position of an item's first tile). Mask and Mod: the mask policy and
+// score modifier (mask.cuh).
+template <typename T, typename Cfg, typename Mask, typename Mod, typename Decode, typename Entry>
 __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
                                                 int wg, const Decode& decode, const Entry& entry) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
@@ -64,6 +65,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const float scale_log2 = p.scale_log2;
+  const Mod mod(p);
 
   // Descriptors (see GmmaDesc): Q rows of this warpgroup, K rows, V transposed.
   // A k-step of 16 columns advances 32 bytes inside a 128-byte swizzled row;
@@ -210,7 +212,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       wgmma_fence_operands(s);
       mbar_arrive_warp(slot_empty_k(cur));
       if (j + 3 >= it.tiles) mbar_arrive_warp(empty_q);  // this warpgroup's last Q·Kᵀ
-      mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, it.keys(p), it.diag(dense_diag));
+      mod.apply(s);
+      mask_tile(s, it.n_begin + j * BN, it.m0, row_lo, t, it.keys(p), Mask(p, it.diag(dense_diag)));
       softmax.update(0, s, correction, scale_log2);
       softmax.rescale(o, correction);
       pack_p();
@@ -284,12 +287,22 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
     // they come last, and only the barrier protocol runs for them. Ping-pong needs
     // both warpgroups to take the same number of turns, so it computes them (masked).
-    const int live = CAUSAL && !kPingPong
-                         ? max(0, min(it.tiles, (wg_last_row + it.diag(dense_diag) + 1 - it.n_begin + BN - 1) / BN))
-                         : it.tiles;
+    // The item's mask is formed where it is used: held across the loop, it
+    // changed the SASS of every entry (ptxas's register assignment).
+    const int live =
+        Mask::kEnd && !kPingPong
+            ? max(0, min(it.tiles, (Mask(p, it.diag(dense_diag)).end_after(wg_last_row) - it.n_begin + BN - 1) / BN))
+            : it.tiles;
+    // Tile j's scores modified and masked.
     auto mask = [&](int j) {
-      mask_tile<CAUSAL>(s, it.n_begin + j * BN, it.m0, row_lo, t, it.keys(p), it.diag(dense_diag));
+      mod.apply(s);
+      mask_tile(s, it.n_begin + j * BN, it.m0, row_lo, t, it.keys(p), Mask(p, it.diag(dense_diag)));
     };
+    // A mask that drops a row's leading keys (kBegin) leaves rows that have seen
+    // no key yet at max −inf; the kept-max update would shift them by 0 and
+    // could lose a later tile to underflow, so a warp with such a row takes the
+    // exact update (SoftmaxState::update_kept). Warp-uniform.
+    auto needs_exact = [&] { return Mask::kBegin && softmax.any_unseen(0); };
     auto mask_softmax = [&](int j) {
       mask(j);
       softmax.update(0, s, correction, scale_log2);
@@ -350,6 +363,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
         mask(j);
         // An item's first tile keeps the max of its own scores, taken ahead of
         // the turn (which holds only exponentials).
+        const bool exact = needs_exact();
         if (j == 0) softmax.first_max(0, s, scale_log2);
         take_turn();
         // The scale read from shared memory after the barrier: ptxas moves no
@@ -368,7 +382,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
                                                  : NamedBarrier::TurnSink,
                          256);
         // A later tile without headroom is redone exactly, outside the turn.
-        if (!softmax.commit_kept(0, sum)) {
+        if (exact || !softmax.commit_kept(0, sum)) {
           softmax.update_max(0, s, correction, turn_scale);
           softmax.update_exp_pack<T>(0, s, correction, turn_scale, pf);
           softmax.rescale(o, correction);
@@ -410,16 +424,20 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
         wgmma_wait<1>();  // S_j has landed (groups complete in order); P·V_{j−1} may still run
         wgmma_fence_operands(s);
         mask(j);
-        const bool kept = softmax.update_kept(0, s, scale_log2);
+        const bool exact = needs_exact();
+        const bool kept = !exact && softmax.update_kept(0, s, scale_log2);
         if (kept) qk_landed(cur, j);
         next = next_slot(cur);
         k_ready = mbar_test(next.bar, next.phase);
         v_ready = mbar_test(slot_full_v(cur), cur.phase);
         pv_landed(prev);
         pack_p();
-        if (!kept) {  // no headroom: this warp's S_j again, then the exact update
-          recompute_s(cur);
-          mask_softmax(j);
+        if (!kept) {  // the exact update: without headroom, from this warp's S_j again (P overwrote it)
+          if (!exact) {
+            recompute_s(cur);
+            mask(j);
+          }
+          softmax.update(0, s, correction, scale_log2);
           softmax.rescale(o, correction);
           pack_p();
           qk_landed(cur, j);

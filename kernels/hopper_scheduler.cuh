@@ -68,8 +68,11 @@ __device__ __forceinline__ uint32_t hopper_entry(const HopperSched& sc, int k) {
   return 0;  // no schedule, or past the CTA's row (the decode reports done)
 }
 
-template <int BM, int BN, bool CAUSAL, bool PERSISTENT, bool SCHEDULED, bool SPLIT_TAIL>
+template <int BM, int BN, typename Mask, bool PERSISTENT, bool SCHEDULED, bool SPLIT_TAIL>
 __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const HopperSched& sc, int k, uint32_t entry) {
+  // Causal units pair a long block with a short one; a band's blocks cost about
+  // the same, so its units are single blocks, as without a mask.
+  constexpr bool kPairs = Mask::kEnd && !Mask::kBegin;
   HopperItem r{};
   int m_idx, sub = 0;
   if constexpr (PERSISTENT) {
@@ -89,7 +92,7 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
       m_idx = (int)block - sbh * sc.blocks.div;
       bh = split_off(sbh);
     } else {
-      int unit = blockIdx.x + (CAUSAL ? k >> 1 : k) * gridDim.x;
+      int unit = blockIdx.x + (kPairs ? k >> 1 : k) * gridDim.x;
       if (SPLIT_TAIL && unit >= sc.whole_units) {  // three items a unit: its 64-row thirds
         const int t = unit - sc.whole_units;
         unit = sc.whole_units + t / 3;
@@ -101,7 +104,7 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
       // Causal: bh (a unit's items span the splits); else split × (batch × heads) + bh.
       const int sbh = fast_div(sc.per_head, unit);
       const int i = unit - sbh * sc.per_head.div;
-      if (CAUSAL) {
+      if (kPairs) {
         const int items = sc.blocks.div * p.num_splits;  // (split, block) items of a head
         const int z = (k & 1) == 0 ? items - 1 - i : i;
         r.skip = (k & 1) == 1 && z == items - 1 - i;  // an odd item count's middle item: once
@@ -123,7 +126,7 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
     r.h = blockIdx.y % p.heads;
     r.kvh = r.h / (p.heads / p.kv_heads);
     r.split = blockIdx.z;
-    m_idx = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    m_idx = Mask::kEnd ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   }
   r.m0 = m_idx * BM;
   if (SPLIT_TAIL && r.split_tail) {
@@ -133,7 +136,11 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
   }
   r.n_begin = r.split * p.keys_per_split;
   int n_end = min(p.seqlen_k, r.n_begin + p.keys_per_split);
-  if (CAUSAL) n_end = min(n_end, r.m0 + BM + (p.seqlen_k - p.seqlen_q));
+  const Mask mask(p, p.seqlen_k - p.seqlen_q);
+  if (Mask::kEnd) n_end = min(n_end, mask.end_after(r.m0 + BM - 1));
+  // Tiles left of every row's band: none. A band that starts inside the split
+  // starts at its key tile, so that tiles never reach into the next split.
+  if (Mask::kBegin) r.n_begin = max(r.n_begin, max(mask.first_key(r.m0), 0) / BN * BN);
   r.tiles = n_end > r.n_begin ? (n_end - r.n_begin + BN - 1) / BN : 0;
   return r;
 }
@@ -174,21 +181,22 @@ __device__ __forceinline__ SeqKeyTiles<BN> key_tiles(const VarlenItem& it) {
 // blockIdx.x (causal: the last blocks first) of sequence blockIdx.y / heads,
 // head blockIdx.y % heads, key split blockIdx.z. A block past the sequence's
 // rows is skipped (the grid covers max_seqlen_q).
-template <int BM, int BN, bool CAUSAL>
+template <int BM, int BN, typename Mask>
 __device__ __forceinline__ VarlenItem varlen_item(const FlashParams& p, const SeqParams& sp) {
+  static_assert(!Mask::kBegin, "serving entries: no mask, or causal");
   VarlenItem r{};
   r.sp = &sp;
   r.b = blockIdx.y / p.heads;
   r.h = blockIdx.y - r.b * p.heads;
   r.kvh = fast_div(sp.group, r.h);
   r.split = blockIdx.z;
-  r.m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+  r.m0 = (Mask::kEnd ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
   r.info = SeqInfo(p, sp, r.b);
   r.skip = r.m0 >= r.info.q_len;
   if (r.skip) return r;
   r.n_begin = r.split * p.keys_per_split;
   int n_end = min(r.info.k_len, r.n_begin + p.keys_per_split);
-  if (CAUSAL) n_end = min(n_end, r.m0 + BM + r.info.diag());
+  if (Mask::kEnd) n_end = min(n_end, r.m0 + BM + r.info.diag());
   r.tiles = n_end > r.n_begin ? (n_end - r.n_begin + BN - 1) / BN : 0;
   return r;
 }

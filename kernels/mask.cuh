@@ -1,31 +1,97 @@
-// Boundary masking of score accumulators (mma.sync C layout, which wgmma's
-// accumulators share per warp): keys past the sequence end and, causal, right of
-// the diagonal.
+// Masks and score modifiers, the parts that decide which scores a row keeps and
+// what they are before the softmax. The mainloops take both as types: a new mask
+// (or modifier) is a new type, not a branch in a mainloop.
+//
+// A mask policy bounds the keys a query row sees beyond the sequence end, as
+// FlashAttention's `window_size = (left, right)`, bottom-right aligned like
+// causal: row i sees keys j with i + lo <= j <= i + hi, lo = diag − left and
+// hi = diag + right, diag = seqlen_k − seqlen_q.
+//   NoMask      every key
+//   CausalMask  window (∞, 0): hi = diag, a compile-time right of 0
+//   LocalMask   window (left, right), both from FlashParams, which kernel-ffi
+//               clamps so that no bound overflows (left ≤ seqlen_k, right ≤ seqlen_q)
+// kEnd: the policy bounds a row's last key; kBegin: its first. The scheduler
+// and planner take a block's key range from them (tiles outside every row's
+// band are never loaded), mask_tile masks the band's edges exactly.
+//
+// Accumulators are in the mma.sync C layout, which wgmma's share per warp.
 #pragma once
 
 #include <math.h>
 
+#include "flash_params.h"
+
 namespace fa {
 
-// Scores of keys past the sequence end, or (causal) right of the diagonal, to
-// −inf. Rows row_lo and row_lo + 8; keys n0 … n0 + 8·NT − 1. Only tiles that cross
-// the sequence end or the diagonal of some row ≥ first_row get the per-element
+template <bool END, bool BEGIN>
+struct KeyBand {
+  static constexpr bool kEnd = END, kBegin = BEGIN;
+  int lo, hi;  // row i sees keys i + lo … i + hi (each where the policy bounds it)
+
+  KeyBand() = default;
+  __device__ __forceinline__ KeyBand(const FlashParams& p, int diag)
+      : lo(diag - p.window_left), hi(BEGIN ? diag + p.window_right : diag) {}
+
+  // One past the last key rows up to `last_row` see (kEnd).
+  __device__ __forceinline__ int end_after(int last_row) const { return last_row + 1 + hi; }
+  // The first key row `first_row` sees (kBegin); rows after it see none before.
+  __device__ __forceinline__ int first_key(int first_row) const { return first_row + lo; }
+};
+using NoMask = KeyBand<false, false>;
+using CausalMask = KeyBand<true, false>;
+using LocalMask = KeyBand<true, true>;
+
+// Score modifiers, applied to a tile's raw scores q·k before masking; the
+// softmax then scales what they return by FlashParams::scale_log2.
+//   NoSoftcap  the raw score (scale_log2 = softmax scale × log2 e)
+//   Softcap    Gemma 2's logit softcapping, c · tanh(score · scale / c): the tile
+//              becomes tanh(score · softcap_pre), softcap_pre = scale / c, and
+//              kernel-ffi passes scale_log2 = c × log2 e. tanh.approx's relative
+//              error (2^−11) is a relative error in the capped score, so at most
+//              about |score · scale| × 5e−4 absolute: below bf16's rounding of P
+//              for scores within the cap.
+struct NoSoftcap {
+  static constexpr bool kOn = false;
+  __device__ __forceinline__ explicit NoSoftcap(const FlashParams&) {}
+  template <int NT>
+  __device__ __forceinline__ void apply(float (&)[NT][4]) const {}
+};
+struct Softcap {
+  static constexpr bool kOn = true;
+  float pre;
+  __device__ __forceinline__ explicit Softcap(const FlashParams& p) : pre(p.softcap_pre) {}
+  template <int NT>
+  __device__ __forceinline__ void apply(float (&s)[NT][4]) const {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm("tanh.approx.f32 %0, %1;" : "=f"(s[nt][e]) : "f"(s[nt][e] * pre));
+    }
+  }
+};
+
+// Scores outside the mask to −inf: keys past the sequence end and outside each
+// row's band. Rows row_lo and row_lo + 8; keys n0 … n0 + 8·NT − 1. Only tiles
+// that cross the sequence end, or a band edge of some row of the block (the end
+// from `first_row` on; the beginning: this thread's rows), get the per-element
 // test; the others (all but one or two per row block) return at once.
-template <bool CAUSAL, int NT>
+template <typename Mask, int NT>
 __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_row, int row_lo, int t, int seqlen_k,
-                                          int diag) {
+                                          const Mask& m) {
   const bool tail = n0 + 8 * NT > seqlen_k;
-  const bool crosses = CAUSAL && n0 + 8 * NT - 1 > first_row + diag;
+  const bool crosses =
+      (Mask::kEnd && n0 + 8 * NT - 1 > first_row + m.hi) || (Mask::kBegin && n0 < m.first_key(row_lo + 8));
   if (!tail && !crosses) return;
   // Limits relative to this thread's first key, so that the loop compares
-  // compile-time offsets against two values.
-  const int end = seqlen_k - n0 - 2 * t, last = row_lo + diag - n0 - 2 * t;
+  // compile-time offsets against a few values.
+  const int end = seqlen_k - n0 - 2 * t, last = row_lo + m.hi - n0 - 2 * t, first = row_lo + m.lo - n0 - 2 * t;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = nt * 8 + (e % 2);
-      if (key >= end || (CAUSAL && key > last + (e / 2) * 8)) s[nt][e] = -INFINITY;
+      if (key >= end || (Mask::kEnd && key > last + (e / 2) * 8) || (Mask::kBegin && key < first + (e / 2) * 8))
+        s[nt][e] = -INFINITY;
     }
   }
 }

@@ -32,8 +32,8 @@ struct DenseRows {
   const FlashParams& p;
   const int b, h, m0;
 
-  template <int BM, bool CAUSAL>
-  __device__ __forceinline__ DenseRows(const FlashParams& p, const PortableBlock<BM, CAUSAL>& blk)
+  template <int BM, typename Mask>
+  __device__ __forceinline__ DenseRows(const FlashParams& p, const PortableBlock<BM, Mask>& blk)
       : p(p), b(blk.b), h(blk.h), m0(blk.m0) {}
 
   __device__ __forceinline__ bool stored(int r) const { return row_stored(m0 + r, p.seqlen_q); }

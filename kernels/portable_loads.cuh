@@ -85,8 +85,8 @@ struct HeadTensors {
   const T* const k;
   const T* const v;
 
-  template <int BM, bool CAUSAL>
-  __device__ __forceinline__ HeadTensors(const FlashParams& p, const PortableBlock<BM, CAUSAL>& blk)
+  template <int BM, typename Mask>
+  __device__ __forceinline__ HeadTensors(const FlashParams& p, const PortableBlock<BM, Mask>& blk)
       : q(static_cast<const T*>(p.q) + blk.b * p.q_batch_stride + blk.h * p.q_head_stride),
         k(static_cast<const T*>(p.k) + blk.b * p.k_batch_stride + blk.kvh * p.k_head_stride),
         v(static_cast<const T*>(p.v) + blk.b * p.v_batch_stride + blk.kvh * p.v_head_stride) {}
@@ -121,13 +121,13 @@ struct TileLoads {
 };
 
 // The tiles of a dense block (PortableBlock): its rows' Q, its key range's K and
-// V, and the sequence-end and causal masks. What PortableMainloop walks.
-template <typename T, typename Cfg, bool CAUSAL>
+// V, and the sequence end and the mask policy. What PortableMainloop walks.
+template <typename T, typename Cfg, typename Mask>
 struct DenseTiles {
-  using Block = PortableBlock<Cfg::kBlockM, CAUSAL>;
+  using Block = PortableBlock<Cfg::kBlockM, Mask>;
   const FlashParams& p;
   const Block& blk;
-  const KeyRange<Cfg::kBlockM, CAUSAL>& keys;
+  const KeyRange<Cfg::kBlockM, Cfg::kBlockN, Mask>& keys;
   const TileLoads<T, Cfg>& loads;
 
   __device__ __forceinline__ int begin() const { return keys.begin; }
@@ -140,10 +140,10 @@ struct DenseTiles {
   __device__ __forceinline__ void load_k(int n) const { loads.load_k(n); }
   __device__ __forceinline__ void load_v(int n) const { loads.load_v(n); }
   // Scores of keys n0 … of the block's rows `row` and `row` + 8; only tiles that
-  // cross the sequence end or the causal diagonal are masked.
+  // cross the sequence end or a band edge are masked.
   template <int NT>
   __device__ __forceinline__ void mask(float (&s)[NT][4], int n0, int row, int t) const {
-    mask_tile<CAUSAL>(s, n0, blk.m0, blk.m0 + row, t, p.seqlen_k, keys.diag);
+    mask_tile(s, n0, blk.m0, blk.m0 + row, t, p.seqlen_k, keys.mask);
   }
 };
 
@@ -153,14 +153,14 @@ struct DenseTiles {
 // multiple of the key tile (one block-table read per tile), else each row is
 // found through the block table. Rows past the sequence, and keys on a page the
 // table does not name, are zero-filled.
-template <typename T, typename Cfg, bool CAUSAL>
+template <typename T, typename Cfg, typename Mask>
 struct SeqTiles {
   static constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, GT = Cfg::kGroupThreads;
-  using Block = VarlenBlock<BM, CAUSAL>;
+  using Block = VarlenBlock<BM, Mask>;
   const FlashParams& p;
   const SeqParams& sp;
   const Block& blk;
-  const VarlenKeyRange<BM, CAUSAL>& keys;
+  const VarlenKeyRange<BM, Mask>& keys;
   const KeyGroup<T, Cfg>& grp;
   const T* const k_head;  // K/V head kvh of k and v (of the sequence's batch and first row when not paged)
   const T* const v_head;
@@ -176,7 +176,7 @@ struct SeqTiles {
   const int last_in_block;  // the last key any row of the block sees (−1: none), for skipping the mask
 
   __device__ __forceinline__ SeqTiles(const FlashParams& p, const SeqParams& sp, const Block& blk,
-                                      const VarlenKeyRange<BM, CAUSAL>& keys, const KeyGroup<T, Cfg>& grp)
+                                      const VarlenKeyRange<BM, Mask>& keys, const KeyGroup<T, Cfg>& grp)
       : p(p),
         sp(sp),
         blk(blk),
@@ -200,7 +200,7 @@ struct SeqTiles {
   // The last key packed row i (of the block's sequence) sees.
   __device__ __forceinline__ int last_key(int i) const {
     const int last = blk.info.k_len - 1;
-    return CAUSAL ? min(last, blk.token(i, sp) + keys.diag) : last;
+    return Mask::kEnd ? min(last, blk.token(i, sp) + keys.diag) : last;
   }
 
   __device__ __forceinline__ int begin() const { return keys.begin; }

@@ -107,8 +107,9 @@ struct WarpMma {
 
 // The consumer mainloop of a key group's warps over their key tiles of the
 // split: group g takes tiles g, g + KG, …. `Tiles` (DenseTiles, SeqTiles) loads
-// the block's Q, K and V tiles, names its key range and masks its scores.
-template <typename T, typename Cfg, typename Tiles>
+// the block's Q, K and V tiles, names its key range and masks its scores; `Mod`
+// (NoSoftcap, Softcap) changes the raw scores before the mask.
+template <typename T, typename Cfg, typename Tiles, typename Mod>
 struct PortableMainloop {
   static constexpr int D = Cfg::kHeadDim, MT = Cfg::kRowTiles, BM = Cfg::kBlockM, BN = Cfg::kBlockN, NT = BN / 8;
   static constexpr int kStep = Cfg::kKeyGroups * BN;  // between a group's key tiles
@@ -123,6 +124,7 @@ struct PortableMainloop {
   const float scale_log2;
   const FragAddr<D>& k_frag;
   const FragAddr<D>& v_frag;
+  const Mod mod;
 
   // K fragments: matrices (keys +0..7, d +0..7), (keys +0..7, d +8..15), (keys +8..15, d +0..7), (…, d +8..15).
   __device__ __forceinline__ static FragAddr<D> k_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
@@ -180,6 +182,7 @@ struct PortableMainloop {
         mma.qk(s);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
+          mod.apply(s[mt]);
           tiles.mask(s[mt], n0, w0 + 16 * mt + wr.g, wr.t);
           softmax.step(mt, s[mt], o[mt], scale_log2);
         }

@@ -10,11 +10,11 @@
 namespace fa {
 
 // Query rows m0 … m0 + BM − 1 of (b, h) in key split `split`.
-template <int BM, bool CAUSAL>
+template <int BM, typename Mask>
 struct PortableBlock {
   const int b, h, kvh, split;
-  // Causal: the last query blocks see the most keys; hand them out first so the
-  // longest CTAs do not start in the final wave.
+  // Masks that bound a row's last key (causal): the last query blocks see the
+  // most keys; hand them out first so the longest CTAs do not start in the final wave.
   const int m0;
 
   __device__ __forceinline__ explicit PortableBlock(const FlashParams& p)
@@ -22,21 +22,24 @@ struct PortableBlock {
         h(blockIdx.y % p.heads),
         kvh(h / (p.heads / p.kv_heads)),
         split(blockIdx.z),
-        m0((CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM) {}
+        m0((Mask::kEnd ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM) {}
 };
 
-// The keys [begin, end) a block's rows see in its split.
-template <int BM, bool CAUSAL>
+// The keys [begin, end) a block's rows see in its split, and its mask. A band
+// that starts inside the split starts the range at its key tile (BN keys), so
+// that tiles never reach into the next split.
+template <int BM, int BN, typename Mask>
 struct KeyRange {
-  const int diag;  // bottom-right causal alignment: row i sees keys j <= i + diag
-  const int begin;
+  const Mask mask;  // bottom-right aligned: diag = seqlen_k − seqlen_q
+  int begin;
   int end;
 
-  __device__ __forceinline__ KeyRange(const FlashParams& p, const PortableBlock<BM, CAUSAL>& blk)
-      : diag(p.seqlen_k - p.seqlen_q),
+  __device__ __forceinline__ KeyRange(const FlashParams& p, const PortableBlock<BM, Mask>& blk)
+      : mask(p, p.seqlen_k - p.seqlen_q),
         begin(blk.split * p.keys_per_split),
         end(min(p.seqlen_k, begin + p.keys_per_split)) {
-    if (CAUSAL) end = min(end, blk.m0 + BM + diag);  // one past the last key any row here sees
+    if (Mask::kEnd) end = min(end, mask.end_after(blk.m0 + BM - 1));  // one past the last key any row here sees
+    if (Mask::kBegin) begin = max(begin, max(mask.first_key(blk.m0), 0) / BN * BN);  // the first key tile any row sees
   }
 };
 
@@ -44,7 +47,7 @@ struct KeyRange {
 // `split`. The sequence's query rows are packed with the group of query heads
 // that share the K/V head, each K/V tile serving all of them: packed row i is
 // token i / group of query head kvh · group + i % group.
-template <int BM, bool CAUSAL>
+template <int BM, typename Mask>
 struct VarlenBlock {
   const int seq, kvh, split;
   const int m0;  // causal: the last blocks first, as PortableBlock
@@ -55,24 +58,25 @@ struct VarlenBlock {
       : seq(blockIdx.y / p.kv_heads),
         kvh(blockIdx.y % p.kv_heads),
         split(blockIdx.z),
-        m0((CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM),
+        m0((Mask::kEnd ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM),
         info(p, sp, seq),
         rows(info.q_len * sp.group.div) {}
 
   __device__ __forceinline__ int token(int i, const SeqParams& sp) const { return fast_div(sp.group, i); }
 };
 
-// The keys [begin, end) a varlen block's rows see in its split.
-template <int BM, bool CAUSAL>
+// The keys [begin, end) a varlen block's rows see in its split. (Masks that
+// bound a row's first key have no `_varlen` entries.)
+template <int BM, typename Mask>
 struct VarlenKeyRange {
+  static_assert(!Mask::kBegin, "serving entries: no mask, or causal");
   const int diag;
   const int begin;
   int end;
 
-  __device__ __forceinline__ VarlenKeyRange(const FlashParams& p, const SeqParams& sp,
-                                            const VarlenBlock<BM, CAUSAL>& blk)
+  __device__ __forceinline__ VarlenKeyRange(const FlashParams& p, const SeqParams& sp, const VarlenBlock<BM, Mask>& blk)
       : diag(blk.info.diag()), begin(blk.split * p.keys_per_split), end(min(blk.info.k_len, begin + p.keys_per_split)) {
-    if (CAUSAL && blk.m0 < blk.rows) end = min(end, blk.token(min(blk.m0 + BM, blk.rows) - 1, sp) + diag + 1);
+    if (Mask::kEnd && blk.m0 < blk.rows) end = min(end, blk.token(min(blk.m0 + BM, blk.rows) - 1, sp) + diag + 1);
   }
 };
 

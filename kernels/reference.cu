@@ -30,16 +30,19 @@ __device__ void reference(const ReferenceParams& p) {
   const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + (int64_t)row * p.q_row_stride;
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + kvh * p.k_head_stride;
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + kvh * p.v_head_stride;
-  const int last_key = p.causal ? row + p.seqlen_k - p.seqlen_q : p.seqlen_k - 1;
+  const int diag = p.seqlen_k - p.seqlen_q;
+  const int first_key = p.window_left < 0 ? 0 : max(0, row + diag - p.window_left);
+  const int last_key = p.window_right < 0 ? p.seqlen_k - 1 : min(p.seqlen_k - 1, row + diag + p.window_right);
 
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < p.seqlen_k; j += kRefThreads) {
     float s = -INFINITY;
-    if (j <= last_key) {
+    if (j >= first_key && j <= last_key) {
       s = 0.f;
       for (int d = 0; d < p.head_dim; ++d)
         s += Dtype<T>::to_float(q[d]) * Dtype<T>::to_float(k[(int64_t)j * p.k_row_stride + d]);
       s *= p.scale;
+      if (p.softcap > 0.f) s = p.softcap * tanhf(s / p.softcap);
     }
     scores[j] = s;
     mx = fmaxf(mx, s);
@@ -55,7 +58,7 @@ __device__ void reference(const ReferenceParams& p) {
   const int64_t out_row = ((int64_t)b * p.heads + h) * p.seqlen_q + row;
   for (int d = threadIdx.x; d < p.head_dim; d += kRefThreads) {
     float acc = 0.f;
-    for (int j = 0; j <= last_key && j < p.seqlen_k; ++j)
+    for (int j = first_key; j <= last_key; ++j)
       acc += scores[j] * Dtype<T>::to_float(v[(int64_t)j * p.v_row_stride + d]);
     p.o[out_row * p.head_dim + d] = sum > 0.f ? acc / sum : 0.f;
   }

@@ -104,8 +104,9 @@ struct SoftmaxState {
   // with update. An item's first key tile must be exact: every mask here keeps
   // a prefix of an item's keys (causal, sequence end), so a row that sees any
   // key sees that tile, and its max, a real score, keeps the row a sum when a
-  // later tile's p underflow. A mask that drops leading keys (a sliding window)
-  // would need the first tile a row sees to be exact instead.
+  // later tile's p underflow. A mask that drops a row's leading keys
+  // (LocalMask) breaks that: its callers take the exact update while any row of
+  // the warp has seen no key (any_unseen).
   static constexpr float kHeadroom = 32768.f;
   template <int NT>
   __device__ __forceinline__ bool update_kept(int mt, float (&s)[NT][4], float scale_log2) {
@@ -113,6 +114,10 @@ struct SoftmaxState {
 #pragma unroll
     for (int r = 0; r < 2; ++r) sum[r] = exp_row(s, r, exp_base(row_max[mt][r]), scale_log2);
     return commit_kept(mt, sum);
+  }
+  // Whether any row of tile mt, in any lane of the warp, has seen no key yet.
+  __device__ __forceinline__ bool any_unseen(int mt) const {
+    return __any_sync(0xffffffffu, row_max[mt][0] == -INFINITY || row_max[mt][1] == -INFINITY);
   }
   // The warp's verdict on a kept-max tile, and its sums where it holds. A row
   // that had seen only masked keys was shifted by 0 (exp_base): its max now.

@@ -15,7 +15,7 @@ pub struct DeviceInfo {
 }
 
 /// The problem a case ran.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShapeRecord {
     pub batch: usize,
     pub heads: usize,
@@ -24,6 +24,12 @@ pub struct ShapeRecord {
     pub seqlen_k: usize,
     pub head_dim: usize,
     pub causal: bool,
+    /// FlashAttention's `window_size` (−1: unbounded), where the case had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<[i64; 2]>,
+    /// The logit softcap, where the case had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub softcap: Option<f32>,
 }
 
 /// The kernel entry that ran a case; every field is absent (its default) where
@@ -268,6 +274,8 @@ mod tests {
                 seqlen_k: 1,
                 head_dim: 64,
                 causal: false,
+                window: Some([128, 0]),
+                softcap: Some(50.0),
             },
             layout: "bhsd".into(),
             entry: EntryRecord {

@@ -1,5 +1,6 @@
-//! The shapes the bench and the gate time: `B,H,S,D[,causal]` as flags and
-//! names, checked by the launch API's rules (`tensor::validate`) when parsed.
+//! The shapes the bench and the gate time: `B,H,S,D[,causal][,window=W][,softcap=C]`
+//! as flags and names, checked by the launch API's rules (`tensor::validate`)
+//! when parsed.
 
 use crate::tensor::{Arg, Desc, Dtype, Layout, validate};
 
@@ -16,6 +17,28 @@ pub fn attention_flops(
 ) -> f64 {
     let f = 4.0 * (batch * heads) as f64 * seqlen_q as f64 * seqlen_k as f64 * head_dim as f64;
     if causal { f / 2.0 } else { f }
+}
+
+/// Query-key pairs a band keeps: row i of `sq` sees keys i + sk − sq − left …
+/// i + sk − sq + right of `sk` (bottom-right aligned, as the kernels), `None`
+/// unbounded. What a windowed shape's FLOPs are counted on.
+///
+/// ```
+/// use fa_schema::shape::kept_pairs;
+///
+/// assert_eq!(kept_pairs(4, 4, None, Some(0)), 10); // causal: 1 + 2 + 3 + 4
+/// assert_eq!(kept_pairs(4, 4, Some(1), Some(0)), 7); // 1 + 2 + 2 + 2
+/// assert_eq!(kept_pairs(3, 5, None, None), 15);
+/// ```
+pub fn kept_pairs(sq: usize, sk: usize, left: Option<usize>, right: Option<usize>) -> u64 {
+    (0..sq as i64)
+        .map(|i| {
+            let diag = i + sk as i64 - sq as i64;
+            let lo = left.map_or(0, |l| (diag - l as i64).max(0));
+            let hi = right.map_or(sk as i64 - 1, |r| (diag + r as i64).min(sk as i64 - 1));
+            (hi - lo + 1).max(0) as u64
+        })
+        .sum()
 }
 
 /// How a bench shape's sequences lie: one dense batch, or a serving batch of
@@ -41,8 +64,10 @@ pub enum Batching {
     },
 }
 
-/// A shape the bench times: a dense self-attention batch (`B,H,S,D[,causal]`),
-/// or a serving batch, `varlen:B,H,HKV,S,D[,causal]` (prefill of B packed
+/// A shape the bench times: a dense self-attention batch
+/// (`B,H,S,D[,causal][,window=W][,softcap=C]`: a sliding window of W keys each
+/// side of the diagonal, left only when causal, FlashAttention's `window_size`
+/// (W, W) or (W, 0); Gemma 2's logit softcap C), or a serving batch, `varlen:B,H,HKV,S,D[,causal]` (prefill of B packed
 /// sequences, the longest S) or `paged:B,H,HKV,S,D,PAGE` (decode of B sequences
 /// against a paged cache, the longest S keys).
 ///
@@ -56,6 +81,10 @@ pub enum Batching {
 /// assert_eq!(s.name(Dtype::F16), "f16-b2h16s8192d128-causal");
 /// // Refused when parsed: the kernels have no head dim 96.
 /// assert!(Shape::parse("1,1,128,96").unwrap_err().contains("head dims [64, 128]"));
+///
+/// let w = Shape::parse("1,16,32768,128,causal,window=4096,softcap=50").unwrap();
+/// assert_eq!((w.window, w.softcap), (Some(4096), Some(50)));
+/// assert_eq!(w.name(Dtype::Bf16), "bf16-b1h16s32768d128-causal-w4096-cap50");
 ///
 /// let d = Shape::parse("paged:64,32,8,32768,128,16").unwrap();
 /// assert_eq!(d.name(Dtype::Bf16), "bf16-paged16-b64h32kv8s32768d128");
@@ -73,6 +102,11 @@ pub struct Shape {
     pub head_dim: usize,
     /// Whether the causal mask applies.
     pub causal: bool,
+    /// Dense only: a sliding window of this many keys each side of the
+    /// diagonal (left only when causal).
+    pub window: Option<usize>,
+    /// Dense only: the logit softcap.
+    pub softcap: Option<u32>,
     /// Dense or a serving batch.
     pub batching: Batching,
 }
@@ -80,7 +114,7 @@ pub struct Shape {
 impl Shape {
     /// A dense shape.
     pub fn dense(batch: usize, heads: usize, seqlen: usize, head_dim: usize, causal: bool) -> Shape {
-        Shape { batch, heads, seqlen, head_dim, causal, batching: Batching::Dense }
+        Shape { batch, heads, seqlen, head_dim, causal, window: None, softcap: None, batching: Batching::Dense }
     }
 
     /// K/V heads.
@@ -119,8 +153,14 @@ impl Shape {
         }
     }
 
+    /// FlashAttention's `window_size` of a windowed shape: (W, W), or (W, 0) when causal.
+    pub fn window_size(&self) -> Option<(usize, usize)> {
+        self.window.map(|w| (w, if self.causal { 0 } else { w }))
+    }
+
     /// The name reports and the gate key results by, e.g.
-    /// `f16-b2h16s8192d128-causal`, `bf16-varlen-b16h32kv8s8192d128-causal`.
+    /// `f16-b2h16s8192d128-causal`, `bf16-varlen-b16h32kv8s8192d128-causal`,
+    /// `bf16-b1h16s32768d128-causal-w4096-cap50`.
     pub fn name(&self, dtype: Dtype) -> String {
         let (kind, kv) = match self.batching {
             Batching::Dense => (String::new(), String::new()),
@@ -128,13 +168,15 @@ impl Shape {
             Batching::Paged { kv_heads, page_size } => (format!("paged{page_size}-"), format!("kv{kv_heads}")),
         };
         format!(
-            "{}-{kind}b{}h{}{kv}s{}d{}{}",
+            "{}-{kind}b{}h{}{kv}s{}d{}{}{}{}",
             dtype.name(),
             self.batch,
             self.heads,
             self.seqlen,
             self.head_dim,
-            if self.causal { "-causal" } else { "" }
+            if self.causal { "-causal" } else { "" },
+            self.window.map_or(String::new(), |w| format!("-w{w}")),
+            self.softcap.map_or(String::new(), |c| format!("-cap{c}")),
         )
     }
 
@@ -142,15 +184,22 @@ impl Shape {
     pub fn spec(&self) -> String {
         let causal = if self.causal { ",causal" } else { "" };
         let (b, h, s, d) = (self.batch, self.heads, self.seqlen, self.head_dim);
+        let window = self.window.map_or(String::new(), |w| format!(",window={w}"));
+        let softcap = self.softcap.map_or(String::new(), |c| format!(",softcap={c}"));
         match self.batching {
-            Batching::Dense => format!("{b},{h},{s},{d}{causal}"),
+            Batching::Dense => format!("{b},{h},{s},{d}{causal}{window}{softcap}"),
             Batching::Varlen { kv_heads } => format!("varlen:{b},{h},{kv_heads},{s},{d}{causal}"),
             Batching::Paged { kv_heads, page_size } => format!("paged:{b},{h},{kv_heads},{s},{d},{page_size}"),
         }
     }
 
-    /// Matrix-product FLOPs: [`attention_flops`] per sequence, summed.
+    /// Matrix-product FLOPs: [`attention_flops`] per sequence, summed; a
+    /// windowed shape's on the pairs its band keeps ([`kept_pairs`]).
     pub fn flops(&self) -> f64 {
+        if let Some((left, right)) = self.window_size() {
+            let pairs = kept_pairs(self.seqlen, self.seqlen, Some(left), Some(right)) as f64;
+            return 4.0 * (self.batch * self.heads * self.head_dim) as f64 * pairs;
+        }
         let (q, k) = self.lengths();
         q.iter().zip(&k).map(|(&sq, &sk)| attention_flops(1, self.heads, sq, sk, self.head_dim, self.causal)).sum()
     }
@@ -180,24 +229,46 @@ impl Shape {
         };
         let shape = match kind {
             None => {
-                if !(4..=5).contains(&parts.len()) {
-                    return Err(format!("shape `{s}` must be B,H,S,D or B,H,S,D,causal"));
+                if parts.len() < 4 {
+                    return Err(format!("shape `{s}` must be B,H,S,D[,causal][,window=W][,softcap=C]"));
                 }
-                Shape::dense(n(0)?, n(1)?, n(2)?, n(3)?, causal_at(4)?)
+                let mut shape = Shape::dense(n(0)?, n(1)?, n(2)?, n(3)?, false);
+                for &part in &parts[4..] {
+                    let count = |v: &str| {
+                        v.parse::<usize>()
+                            .ok()
+                            .filter(|&x| x >= 1)
+                            .ok_or_else(|| format!("`{part}` in shape `{s}`: expected a whole number ≥ 1"))
+                    };
+                    match part.split_once('=') {
+                        None if part == "causal" && !shape.causal => shape.causal = true,
+                        Some(("window", v)) if shape.window.is_none() => shape.window = Some(count(v)?),
+                        Some(("softcap", v)) if shape.softcap.is_none() => {
+                            shape.softcap =
+                                Some(u32::try_from(count(v)?).map_err(|_| format!("softcap {v} is too large"))?)
+                        }
+                        _ => {
+                            return Err(format!(
+                                "`{part}` in shape `{s}`: after B,H,S,D come `causal`, `window=W` and `softcap=C`, each once"
+                            ));
+                        }
+                    }
+                }
+                shape
             }
             Some("varlen") => {
                 if !(5..=6).contains(&parts.len()) {
                     return Err(format!("shape `{s}` must be varlen:B,H,HKV,S,D or varlen:B,H,HKV,S,D,causal"));
                 }
                 let batching = Batching::Varlen { kv_heads: n(2)? };
-                Shape { batch: n(0)?, heads: n(1)?, seqlen: n(3)?, head_dim: n(4)?, causal: causal_at(5)?, batching }
+                Shape { batching, ..Shape::dense(n(0)?, n(1)?, n(3)?, n(4)?, causal_at(5)?) }
             }
             Some("paged") => {
                 if parts.len() != 6 {
                     return Err(format!("shape `{s}` must be paged:B,H,HKV,S,D,PAGE"));
                 }
                 let batching = Batching::Paged { kv_heads: n(2)?, page_size: n(5)? };
-                Shape { batch: n(0)?, heads: n(1)?, seqlen: n(3)?, head_dim: n(4)?, causal: false, batching }
+                Shape { batching, ..Shape::dense(n(0)?, n(1)?, n(3)?, n(4)?, false) }
             }
             Some(other) => return Err(format!("`{other}:` in shape `{s}`: the kinds are varlen: and paged:")),
         };
@@ -222,8 +293,9 @@ impl Shape {
     }
 }
 
-/// The default set: the seed's small shapes, the large ones, and two serving
-/// batches (a ragged causal prefill and a paged decode).
+/// The default set: the seed's small shapes, the large ones, a windowed and a
+/// softcapped one, and two serving batches (a ragged causal prefill and a
+/// paged decode).
 pub fn default_shapes() -> Vec<Shape> {
     let s = Shape::dense;
     let mut v: Vec<Shape> = [32, 64, 128, 256, 512].iter().map(|&n| s(1, 1, n, 64, false)).collect();
@@ -238,6 +310,9 @@ pub fn default_shapes() -> Vec<Shape> {
         // Causal grids that leave SMs idle when unsplit (planner::plan_simulated).
         s(1, 4, 2048, 64, true),
         s(1, 1, 8192, 128, true),
+        // Mistral's sliding window on a long sequence; Gemma 2's softcap.
+        Shape { window: Some(4096), ..s(1, 16, 32768, 128, true) },
+        Shape { softcap: Some(50), ..s(2, 16, 4096, 128, true) },
     ]);
     v.extend(serving_shapes());
     v
@@ -272,6 +347,23 @@ mod tests {
         assert!(Shape::parse("2,16,8192").unwrap_err().contains("B,H,S,D"));
         assert!(Shape::parse("2,16,x,128").unwrap_err().contains("`x`"));
         assert!(Shape::parse("2,16,8,128,sideways").unwrap_err().contains("causal"));
+        let w = Shape::parse("1,2,64,64,window=8,softcap=30").unwrap();
+        assert_eq!((w.causal, w.window_size(), w.softcap), (false, Some((8, 8)), Some(30)));
+        assert_eq!(Shape::parse(&w.spec()), Ok(w));
+        assert!(Shape::parse("1,2,64,64,window=0").unwrap_err().contains("≥ 1"));
+        assert!(Shape::parse("1,2,64,64,causal,causal").unwrap_err().contains("each once"));
+        assert!(Shape::parse("1,2,64,64,softcap=x").unwrap_err().contains("`softcap=x`"));
+    }
+
+    #[test]
+    fn windowed_flops_count_the_band() {
+        let causal = Shape::dense(1, 2, 1000, 64, true);
+        // A window as long as the sequence keeps every causal pair.
+        let all = Shape { window: Some(1000), ..causal };
+        assert_eq!(all.flops(), 4.0 * 2.0 * 64.0 * (1000.0 * 1001.0 / 2.0));
+        let band = Shape { window: Some(99), ..causal };
+        // 100 keys a row from row 99 on, 1 … 99 before.
+        assert_eq!(band.flops(), 4.0 * 2.0 * 64.0 * (901.0 * 100.0 + 99.0 * 100.0 / 2.0));
     }
 
     #[test]

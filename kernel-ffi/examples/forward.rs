@@ -75,8 +75,9 @@ fn run() -> Result<bool, Box<dyn Error>> {
         opts.scale,
     )?;
     let host = |desc, data| HostTensor { desc, data };
+    let scores = opts.scores(seqlen_q, seqlen_k)?;
     let (want_out, want_lse) =
-        reference::attention(&host(q_desc, &qf), &host(kv_desc, &kf), &host(kv_desc, &vf), &problem, causal);
+        reference::attention(&host(q_desc, &qf), &host(kv_desc, &kf), &host(kv_desc, &vf), &problem, scores);
 
     let errors = check::compare(out.iter().map(|&b| f64::from(dtype.to_f32(b))), &want_out);
     let (lse_max, lse_bad) = check::compare_lse(&lse, &want_lse);

@@ -64,7 +64,7 @@ fn run() -> Result<(), Box<dyn Error>> {
             family.name(),
             plan.num_splits,
             plan.keys_per_split,
-            att.geometries(family, Dtype::F16, head_dim, causal)
+            att.geometries(family, Dtype::F16, head_dim, opts.scores(seqlen, seqlen)?)
         );
     }
     Ok(())

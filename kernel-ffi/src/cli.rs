@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::attention::{Family, KernelChoice};
 use crate::manifest::Manifest;
+use crate::scores::Scores;
 use crate::tensor::Dtype;
 
 pub use fa_schema::exit::CheckFailed;
@@ -57,13 +58,13 @@ pub fn check_choice(
     choice: &KernelChoice,
     dtype: Dtype,
     head_dim: usize,
-    causal: bool,
+    scores: Scores,
 ) -> Result<()> {
     if *choice == KernelChoice::default() {
         return Ok(());
     }
     let families = choice.variant.family().map_or(Family::ALL.to_vec(), |f| vec![f]);
-    let geometries = entry_geometries(manifest, &families, dtype, head_dim, causal);
+    let geometries = entry_geometries(manifest, &families, dtype, head_dim, scores);
     let fits = |&(_, m, g, p): &(Family, u32, u32, bool)| {
         choice.block_m.is_none_or(|want| want == m)
             && choice.key_groups.is_none_or(|want| want == g)
@@ -79,7 +80,7 @@ pub fn check_choice(
         choice.persistent.map(|p| format!("--persistent {p}")),
     ];
     let asked: Vec<String> = asked.into_iter().flatten().collect();
-    let problem = format!("{} D={head_dim}{}", dtype.name(), if causal { " causal" } else { "" });
+    let problem = format!("{} D={head_dim}{}", dtype.name(), scores.suffix().replace('_', " "));
     if geometries.is_empty() {
         bail!("{}: the kernel manifest has no such forward entry for {problem}", asked.join(" "));
     }
@@ -95,17 +96,17 @@ pub fn check_choice(
 }
 
 /// (family, query rows, key groups, persistent) of the manifest's forward entries
-/// of `families` for (dtype, head dim, causal).
+/// of `families` for (dtype, head dim, scores).
 fn entry_geometries(
     manifest: &Manifest,
     families: &[Family],
     dtype: Dtype,
     head_dim: usize,
-    causal: bool,
+    scores: Scores,
 ) -> Vec<(Family, u32, u32, bool)> {
     let mut out = Vec::new();
     for &family in families {
-        let base = family.entry_stem(dtype, head_dim, causal);
+        let base = family.entry_stem(dtype, head_dim, scores);
         for name in [format!("{base}_m64"), base.clone(), format!("{base}_kg2")] {
             for name in [name.clone(), format!("{name}_persistent")] {
                 if let Some(l) = manifest.kernel(&name).and_then(|k| k.launch) {
@@ -150,8 +151,10 @@ mod tests {
     #[test]
     fn entry_flags_no_compiled_entry_has_are_refused_before_the_gpu() {
         let m = manifest();
-        let check =
-            |c: KernelChoice, causal| check_choice(&m, &c, Dtype::F16, 64, causal).map_err(|e| format!("{e:#}"));
+        let check = |c: KernelChoice, causal: bool| {
+            let scores = Scores { band: if causal { crate::Band::Causal } else { crate::Band::Full }, softcap: None };
+            check_choice(&m, &c, Dtype::F16, 64, scores).map_err(|e| format!("{e:#}"))
+        };
         assert!(check(KernelChoice::default(), false).is_ok());
         assert!(check(choice(Variant::Portable, Some(32), Some(2), None), false).is_ok());
         assert!(check(choice(Variant::Portable, None, Some(2), None), false).is_ok());

@@ -104,6 +104,7 @@ pub mod planner;
 pub mod probe;
 pub mod reference;
 pub mod rng;
+pub mod scores;
 pub mod sequences;
 
 pub use attention::{
@@ -116,4 +117,5 @@ pub use error::{Error, Result};
 #[doc(inline)]
 pub use fa_schema::{manifest, schema, tensor};
 pub use schema::DeviceInfo;
+pub use scores::{Band, Scores, Window};
 pub use tensor::{Desc, Dtype, Layout, Problem};

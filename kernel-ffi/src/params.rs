@@ -46,8 +46,15 @@ pub struct FlashParams {
     pub num_splits: i32,
     /// Keys per split, a multiple of the entry's key tile.
     pub keys_per_split: i32,
-    /// The softmax scale × log2(e): the kernels exponentiate in base 2.
+    /// The softmax scale × log2(e): the kernels exponentiate in base 2. With a
+    /// softcap c: c × log2(e) (`Scores::kernel_scales`).
     pub scale_log2: f32,
+    /// The `_local` entries' window (`Band::window`), clamped so that no bound overflows.
+    pub window_left: i32,
+    /// See `window_left`.
+    pub window_right: i32,
+    /// The `_softcap` entries' scale / c.
+    pub softcap_pre: f32,
 }
 
 /// The bytes of a `CUtensorMap` (fa::TmaDesc).
@@ -258,10 +265,14 @@ pub struct ReferenceParams {
     pub seqlen_k: i32,
     /// D.
     pub head_dim: i32,
-    /// 1 for the bottom-right causal mask, else 0.
-    pub causal: i32,
+    /// Keys row i sees: i + Sk − Sq − window_left … i + Sk − Sq + window_right; −1: unbounded.
+    pub window_left: i32,
+    /// See `window_left`.
+    pub window_right: i32,
     /// The softmax scale.
     pub scale: f32,
+    /// Scores become softcap · tanh(score / softcap) after scaling; 0: none.
+    pub softcap: f32,
 }
 
 // SAFETY: plain-old-data with the C layout of the structs in flash_params.h
@@ -282,8 +293,8 @@ unsafe impl DeviceRepr for CombineParams {}
 // SAFETY: as above, mirrors fa::ReferenceParams.
 unsafe impl DeviceRepr for ReferenceParams {}
 
-// 7 pointers + 12 strides + 8 four-byte fields.
-const _: () = assert!(std::mem::size_of::<FlashParams>() == 7 * 8 + 12 * 8 + 8 * 4);
+// 7 pointers + 12 strides + 11 four-byte fields, padded to 8 bytes.
+const _: () = assert!(std::mem::size_of::<FlashParams>() == 7 * 8 + 12 * 8 + 12 * 4);
 // Four tensor maps, FlashParams at offset 512, HopperSched right after it, padded
 // to the 64-byte alignment.
 const _: () = assert!(std::mem::size_of::<HopperSched>() == 4 + 5 * 12 + 8 + 2 * 4);
@@ -298,7 +309,7 @@ const _: () = assert!(std::mem::size_of::<CombineParams>() == 4 * 8 + 3 * 8 + 4 
 const _: () = assert!(std::mem::size_of::<SeqParams>() == 4 * 8 + 5 * 4 + 2 * 12 + 4);
 const _: () = assert!(std::mem::offset_of!(VarlenParams, seq) == std::mem::size_of::<FlashParams>());
 const _: () = assert!(std::mem::offset_of!(HopperVarlenParams, seq) == std::mem::size_of::<HopperParams>());
-const _: () = assert!(std::mem::size_of::<ReferenceParams>() == 5 * 8 + 9 * 8 + 8 * 4);
+const _: () = assert!(std::mem::size_of::<ReferenceParams>() == 5 * 8 + 9 * 8 + 10 * 4);
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,8 @@
 //! The CPU reference: attention in f64 on the dtype-rounded inputs, with the
-//! same semantics as the kernels (bottom-right causal, GQA, zeros and −inf LSE
-//! for rows that see no key).
+//! same semantics as the kernels (bottom-right causal and windows, softcap,
+//! GQA, zeros and −inf LSE for rows that see no key).
 
+use crate::scores::Scores;
 use crate::tensor::{Desc, Problem};
 
 /// A host tensor of f32 values (already rounded to the kernel's dtype).
@@ -13,7 +14,8 @@ pub struct HostTensor<'a> {
 }
 
 /// Returns (out [B, H, Sq, D] contiguous, lse [B, H, Sq]) in f64, for the
-/// problem `tensor::validate` made of q, k, v (its scale and GQA group).
+/// problem `tensor::validate` made of q, k, v (its scale and GQA group) and
+/// `scores` (its mask and softcap).
 /// O(B·H·Sq·Sk·D): for shapes the GPU reference
 /// ([`Attention::reference`](crate::Attention::reference)) is there for larger
 /// ones.
@@ -30,12 +32,12 @@ pub struct HostTensor<'a> {
 /// let arg = |name, desc: Desc| Arg { name, dtype: Dtype::F16, desc, len: desc.span() };
 /// let p = tensor::validate(arg("q", qd), arg("k", kd), arg("v", kd), arg("out", qd), None).unwrap();
 /// let t = |desc, data| HostTensor { desc, data };
-/// let (out, lse) = attention(&t(qd, &q), &t(kd, &k), &t(kd, &v), &p, false);
+/// let (out, lse) = attention(&t(qd, &q), &t(kd, &k), &t(kd, &v), &p, Default::default());
 /// assert!(out.iter().all(|&x| (x - 2.0).abs() < 1e-12));
 /// assert!((lse[0] - 2f64.ln()).abs() < 1e-12);
 /// ```
-pub fn attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, p: &Problem, causal: bool) -> (Vec<f64>, Vec<f64>) {
-    attention_on(std::thread::available_parallelism().map_or(1, |n| n.get()), q, k, v, p, causal)
+pub fn attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, p: &Problem, scores: Scores) -> (Vec<f64>, Vec<f64>) {
+    attention_on(std::thread::available_parallelism().map_or(1, |n| n.get()), q, k, v, p, scores)
 }
 
 /// Fewest multiply-adds worth a thread of their own (a thread costs tens of µs).
@@ -50,7 +52,7 @@ pub fn attention_on(
     k: &HostTensor,
     v: &HostTensor,
     p: &Problem,
-    causal: bool,
+    scores: Scores,
 ) -> (Vec<f64>, Vec<f64>) {
     let rows = p.batch * p.heads * p.seqlen_q;
     let d = p.head_dim;
@@ -59,13 +61,13 @@ pub fn attention_on(
     let work = rows.saturating_mul(p.seqlen_k).saturating_mul(d);
     let threads = threads.min(work / WORK_PER_THREAD).clamp(1, rows.max(1));
     if threads == 1 || d == 0 {
-        rows_of(q, k, v, p, causal, 0, &mut out, &mut lse);
+        rows_of(q, k, v, p, scores, 0, &mut out, &mut lse);
         return (out, lse);
     }
     let per = rows.div_ceil(threads);
     std::thread::scope(|s| {
         for (c, (o, l)) in out.chunks_mut(per * d).zip(lse.chunks_mut(per)).enumerate() {
-            s.spawn(move || rows_of(q, k, v, p, causal, c * per, o, l));
+            s.spawn(move || rows_of(q, k, v, p, scores, c * per, o, l));
         }
     });
     (out, lse)
@@ -80,7 +82,7 @@ fn rows_of(
     k: &HostTensor,
     v: &HostTensor,
     p: &Problem,
-    causal: bool,
+    mask: Scores,
     first: usize,
     out: &mut [f64],
     lse: &mut [f64],
@@ -96,9 +98,8 @@ fn rows_of(
         let (bh, i) = (row / p.seqlen_q, row % p.seqlen_q);
         let (b, h) = (bh / p.heads, bh % p.heads);
         let kvh = h / group;
-        // Keys j ≤ i + (Sk − Sq) are visible when causal.
-        let visible = if causal { (i + sk + 1).saturating_sub(p.seqlen_q).min(sk) } else { sk };
-        if visible == 0 {
+        let keys = mask.band.keys(i, p.seqlen_q, sk);
+        if keys.is_empty() {
             continue;
         }
         if widened != Some((b, kvh)) {
@@ -115,18 +116,19 @@ fn rows_of(
         for (x, w) in q_row.iter_mut().enumerate() {
             *w = f64::from(q.data[qo + x]);
         }
+        let (seen, d1) = (&mut scores[..keys.len()], d.max(1));
         let mut max = f64::NEG_INFINITY;
-        for (s, key) in scores[..visible].iter_mut().zip(k64.chunks_exact(d.max(1))) {
+        for (s, key) in seen.iter_mut().zip(k64[keys.start * d..].chunks_exact(d1)) {
             let dot: f64 = q_row.iter().zip(key).map(|(a, b)| a * b).sum();
-            *s = dot * f64::from(p.scale);
+            *s = mask.modify(dot * f64::from(p.scale));
             max = max.max(*s);
         }
         let mut sum = 0.0;
-        for s in &mut scores[..visible] {
+        for s in seen.iter_mut() {
             *s = (*s - max).exp();
             sum += *s;
         }
-        for (w, value) in scores[..visible].iter().zip(v64.chunks_exact(d.max(1))) {
+        for (w, value) in seen.iter().zip(v64[keys.start * d..].chunks_exact(d1)) {
             for (acc, x) in o.iter_mut().zip(value) {
                 *acc += w * x;
             }
@@ -139,7 +141,12 @@ fn rows_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scores::{Band, Window};
     use crate::tensor::Layout;
+
+    fn causal(on: bool) -> Scores {
+        Scores { band: if on { Band::Causal } else { Band::Full }, softcap: None }
+    }
 
     fn problem(h: usize, hkv: usize, sq: usize, sk: usize) -> Problem {
         Problem { batch: 1, heads: h, kv_heads: hkv, seqlen_q: sq, seqlen_k: sk, head_dim: 64, scale: 0.125 }
@@ -154,11 +161,11 @@ mod tests {
         let v: Vec<f32> = (0..4 * 64).map(|x| (x / 64) as f32).collect();
         let desc = |s| Desc::new([1, 1, s, 64], Layout::Bhsd);
         let t = |s, data| HostTensor { desc: desc(s), data };
-        let (out, lse) = attention(&t(1, &q), &t(4, &k), &t(4, &v), &p, false);
+        let (out, lse) = attention(&t(1, &q), &t(4, &k), &t(4, &v), &p, causal(false));
         assert!(out.iter().all(|&x| (x - 1.5).abs() < 1e-12));
         assert!((lse[0] - 4f64.ln()).abs() < 1e-12);
         // Causal, bottom-right: the single query row is the last row, so it sees all 4 keys.
-        let (out, _) = attention(&t(1, &q), &t(4, &k), &t(4, &v), &p, true);
+        let (out, _) = attention(&t(1, &q), &t(4, &k), &t(4, &v), &p, causal(true));
         assert!((out[0] - 1.5).abs() < 1e-12);
     }
 
@@ -169,15 +176,16 @@ mod tests {
         let q = vec![0.5; 3 * 64];
         let kv = vec![2.0; 64];
         let t = |s, data| HostTensor { desc: Desc::new([1, 1, s, 64], Layout::Bshd), data };
-        let (out, lse) = attention(&t(3, &q), &t(1, &kv), &t(1, &kv), &p, true);
+        let (out, lse) = attention(&t(3, &q), &t(1, &kv), &t(1, &kv), &p, causal(true));
         assert!(out[..128].iter().all(|&x| x == 0.0));
         assert_eq!(&lse[..2], &[f64::NEG_INFINITY; 2]);
         assert!(out[128..].iter().all(|&x| (x - 2.0).abs() < 1e-12));
         assert!((lse[2] - 0.5 * 2.0 * 64.0 * 0.125).abs() < 1e-9);
     }
 
-    /// The reference as first written: every element widened where it is read.
-    fn plain(q: &HostTensor, k: &HostTensor, v: &HostTensor, p: &Problem, causal: bool) -> (Vec<f64>, Vec<f64>) {
+    /// The reference written plainly: every element widened where it is read,
+    /// every key tested against the mask's definition.
+    fn plain(q: &HostTensor, k: &HostTensor, v: &HostTensor, p: &Problem, mask: Scores) -> (Vec<f64>, Vec<f64>) {
         let (d, sk) = (p.head_dim, p.seqlen_k);
         let mut out = vec![0.0; p.batch * p.heads * p.seqlen_q * d];
         let mut lse = vec![f64::NEG_INFINITY; p.batch * p.heads * p.seqlen_q];
@@ -185,18 +193,22 @@ mod tests {
         for b in 0..p.batch {
             for h in 0..p.heads {
                 for i in 0..p.seqlen_q {
-                    let visible = if causal { (i + sk + 1).saturating_sub(p.seqlen_q).min(sk) } else { sk };
+                    let visible: Vec<usize> =
+                        (0..sk).filter(|&j| mask.band.keys(i, p.seqlen_q, sk).contains(&j)).collect();
                     let row = (b * p.heads + h) * p.seqlen_q + i;
-                    if visible == 0 {
+                    if visible.is_empty() {
                         continue;
                     }
                     let qo = q.desc.offset(b, h, i);
-                    let mut scores = vec![0.0; visible];
+                    let mut scores = vec![0.0; visible.len()];
                     let mut max = f64::NEG_INFINITY;
-                    for (j, s) in scores.iter_mut().enumerate() {
+                    for (&j, s) in visible.iter().zip(scores.iter_mut()) {
                         let ko = k.desc.offset(b, h / group, j);
                         let dot: f64 = (0..d).map(|x| f64::from(q.data[qo + x]) * f64::from(k.data[ko + x])).sum();
                         *s = dot * f64::from(p.scale);
+                        if let Some(c) = mask.softcap {
+                            *s = f64::from(c) * (*s / f64::from(c)).tanh();
+                        }
                         max = max.max(*s);
                     }
                     let mut sum = 0.0;
@@ -205,7 +217,7 @@ mod tests {
                         sum += *s;
                     }
                     let o = &mut out[row * d..(row + 1) * d];
-                    for (j, w) in scores.iter().enumerate() {
+                    for (&j, w) in visible.iter().zip(&scores) {
                         let vo = v.desc.offset(b, h / group, j);
                         for (x, acc) in o.iter_mut().enumerate() {
                             *acc += w * f64::from(v.data[vo + x]);
@@ -220,20 +232,26 @@ mod tests {
     }
 
     #[test]
-    fn any_thread_count_gives_the_same_bits() {
-        // 2 × 3 heads (GQA 3:1) × 200 causal rows against 300 keys: enough work
-        // for several threads, split mid-head.
+    fn any_thread_count_and_mask_gives_the_plain_bits() {
+        // 2 × 3 heads (GQA 3:1) × 200 rows against 300 keys: enough work for
+        // several threads, split mid-head.
         let p = Problem { batch: 2, heads: 3, kv_heads: 1, seqlen_q: 200, seqlen_k: 300, head_dim: 64, scale: 0.125 };
         let mut rng = crate::rng::Rng::new(5);
         let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect() };
         let (q, k, v) = (fill(2 * 3 * 200 * 64), fill(2 * 300 * 64), fill(2 * 300 * 64));
         let t = |h, s, data| HostTensor { desc: Desc::new([2, h, s, 64], Layout::Bshd), data };
-        let one = attention_on(1, &t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, true);
-        let first = plain(&t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, true);
-        assert!(one.0.iter().zip(&first.0).all(|(a, b)| a.to_bits() == b.to_bits()), "as first written");
-        assert!(one.1.iter().zip(&first.1).all(|(a, b)| a.to_bits() == b.to_bits()), "as first written");
+        let window = Window { left: Some(37), right: Some(5) };
+        let local = Scores::resolve(false, window, Some(2.0), 200, 300).unwrap();
+        assert_eq!(local.band, Band::Local { left: 37, right: 5 });
+        for mask in [causal(true), local] {
+            let first = plain(&t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, mask);
+            let one = attention_on(1, &t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, mask);
+            assert!(one.0.iter().zip(&first.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{mask:?}");
+            assert!(one.1.iter().zip(&first.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{mask:?}");
+        }
+        let one = attention_on(1, &t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, causal(true));
         for threads in [2, 3, 7, 64] {
-            let many = attention_on(threads, &t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, true);
+            let many = attention_on(threads, &t(3, 200, &q), &t(1, 300, &k), &t(1, 300, &v), &p, causal(true));
             assert!(one.0.iter().zip(&many.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
             assert!(one.1.iter().zip(&many.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
         }
@@ -246,7 +264,7 @@ mod tests {
         let k = vec![0.0; 2 * 64];
         let v: Vec<f32> = (0..2 * 64).map(|x| (x / 64) as f32 + 1.0).collect();
         let t = |h, data| HostTensor { desc: Desc::new([1, h, 1, 64], Layout::Bhsd), data };
-        let (out, _) = attention(&t(4, &q), &t(2, &k), &t(2, &v), &p, false);
+        let (out, _) = attention(&t(4, &q), &t(2, &k), &t(2, &v), &p, causal(false));
         let heads: Vec<f64> = (0..4).map(|h| out[h * 64]).collect();
         assert_eq!(heads, vec![1.0, 1.0, 2.0, 2.0]);
     }

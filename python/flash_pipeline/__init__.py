@@ -4,12 +4,15 @@
     out = flash_attn_func(q, k, v, causal=True)   # q: (batch, seqlen, nheads, headdim)
 
 Supported: CUDA float16/bfloat16, head dims of ``supported()["head_dims"]``
-(64 and 128), causal (bottom-right aligned) or not, GQA/MQA, seqlen_q != seqlen_k,
-any strides whose head_dim stride is 1. Forward only (inference).
+(64 and 128), causal (bottom-right aligned) or not, sliding windows
+(``window_size``, aligned as causal) and logit softcapping (``softcap``),
+GQA/MQA, seqlen_q != seqlen_k, any strides whose head_dim stride is 1.
+Forward only (inference).
 
 Raises NotImplementedError for what is not supported yet (dropout_p != 0,
-window_size, softcap > 0, alibi_slopes, inputs that require grad) and
-ValueError for shapes, dtypes or devices the kernels cannot run.
+alibi_slopes, window_size or softcap in the serving calls, inputs that
+require grad) and ValueError for shapes, dtypes, windows or devices the
+kernels cannot run.
 
 Serving calls: ``flash_attn_varlen_func`` (sequences packed with cu_seqlens,
 optionally a paged K/V cache) and ``flash_attn_with_kvcache`` (decode and
@@ -23,6 +26,7 @@ Importing needs torch but no GPU; the transformers backend lives in
 import torch
 
 from . import ops
+from ._args import check_window as _check_window
 from .ops import kernel_dir, supported
 
 try:
@@ -44,21 +48,26 @@ __all__ = [
 ]
 
 
-def _check_unsupported(dropout_p, window_size, softcap, alibi_slopes):
+def _check_unsupported(dropout_p, alibi_slopes):
     if dropout_p != 0.0:
         raise NotImplementedError(
             f"dropout_p={dropout_p}: flash_pipeline has no attention dropout; pass dropout_p=0.0 "
             "(flash-attn's value for evaluation)"
         )
-    if window_size[0] >= 0 or window_size[1] >= 0:  # negative = infinite, as flash-attn
-        raise NotImplementedError(
-            f"window_size={tuple(window_size)}: sliding-window (local) attention is not supported yet; "
-            "pass window_size=(-1, -1)"
-        )
-    if softcap > 0.0:
-        raise NotImplementedError(f"softcap={softcap}: softcapping is not supported yet; pass softcap=0.0")
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi is not supported yet; pass alibi_slopes=None")
+
+
+def _check_serving_unsupported(window_size, softcap):
+    if window_size[0] >= 0 or window_size[1] >= 0:  # negative = infinite, as flash-attn
+        raise NotImplementedError(
+            f"window_size={tuple(window_size)}: the serving calls have no sliding window yet; pass "
+            "window_size=(-1, -1), or flash_attn_func for equal-length batches"
+        )
+    if softcap > 0.0:
+        raise NotImplementedError(
+            f"softcap={softcap}: the serving calls have no softcapping yet; pass softcap=0.0, or flash_attn_func"
+        )
 
 
 def _check_no_grad(*tensors):
@@ -93,8 +102,10 @@ def flash_attn_func(
         causal: causal mask aligned to the bottom right of the (seqlen_q, seqlen_k) matrix,
             as flash-attn >= 2.1: with seqlen_q = 2, seqlen_k = 5 row 0 sees keys 0..3.
             A row that sees no key gives out = 0 (and lse = -inf).
-        window_size: must be infinite, (-1, -1) (NotImplementedError otherwise).
-        softcap: must be <= 0.0, i.e. off (NotImplementedError otherwise).
+        window_size: (left, right): row i sees keys i + seqlen_k - seqlen_q - left through
+            i + seqlen_k - seqlen_q + right (-1: unbounded), aligned as causal; with causal,
+            right is 0. A row whose window holds no key gives out = 0 (and lse = -inf).
+        softcap: c > 0 makes the scores c * tanh(q·kᵀ·softmax_scale / c) (Gemma 2); 0.0: off.
         alibi_slopes: must be None (NotImplementedError otherwise).
         deterministic: accepted and ignored: the forward is deterministic (it is a
             flag of flash-attn's backward, which flash_pipeline does not have).
@@ -107,9 +118,10 @@ def flash_attn_func(
 
     Inputs that require grad (with grad mode on) raise NotImplementedError: there is no backward.
     """
-    _check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    _check_unsupported(dropout_p, alibi_slopes)
     _check_no_grad(q, k, v)
-    out, softmax_lse = torch.ops.flash_pipeline.fwd(q, k, v, softmax_scale, causal)
+    left, right = _check_window(window_size)
+    out, softmax_lse = torch.ops.flash_pipeline.fwd(q, k, v, softmax_scale, causal, left, right, float(softcap))
     return (out, softmax_lse, None) if return_attn_probs else out
 
 
@@ -200,7 +212,8 @@ def flash_attn_varlen_func(
     Offsets, lengths and pages are read on the GPU: bad ones give wrong rows, never a
     fault; FLASH_PIPELINE_VALIDATE=1 checks them on the host first (a synchronisation).
     """
-    _check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    _check_unsupported(dropout_p, alibi_slopes)
+    _check_serving_unsupported(window_size, softcap)
     _check_no_grad(q, k, v)
     ops.check_index_types(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, block_table=block_table,
                           seqused_k=seqused_k)
@@ -292,7 +305,8 @@ def flash_attn_with_kvcache(
     Not supported yet (NotImplementedError): rotary_cos/rotary_sin (rotary_interleaved is
     then unused), cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes.
     """
-    _check_unsupported(0.0, window_size, softcap, alibi_slopes)
+    _check_unsupported(0.0, alibi_slopes)
+    _check_serving_unsupported(window_size, softcap)
     for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
                         ("cache_leftpad", cache_leftpad)):
         if value is not None:

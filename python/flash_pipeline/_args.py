@@ -83,6 +83,8 @@ def forward_args(
     stream: int,
     kernel_dir: str,
     head_dims: Sequence[int] = DEFAULT_HEAD_DIMS,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> tuple:
     """The positional arguments of ``_C.forward``, in its order.
 
@@ -90,11 +92,33 @@ def forward_args(
     lens the elements reachable from the q, k, v, out addresses.
     """
     dtype, dims = check(q, k, v, head_dims)
+    window = check_window(window_size)
+    softcap = check_softcap(softcap)
     if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"out is {tuple(out.shape)} {out.dtype} on {out.device}; it must match q")
     strides = tuple(bhs_strides(n, m) for n, m in (("q", q), ("k", k), ("v", v), ("out", out)))
     scale = None if softmax_scale is None else float(softmax_scale)
-    return (*ptrs, dtype, dims, *strides, tuple(lens), bool(causal), scale, device, stream, kernel_dir)
+    return (*ptrs, dtype, dims, *strides, tuple(lens), bool(causal), window, softcap, scale, device, stream, kernel_dir)
+
+
+def check_window(window_size) -> Tuple[int, int]:
+    """FlashAttention's window_size: two key counts, negative (-1) for unbounded."""
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size={window_size!r}: it must be a pair (left, right) of ints, -1 for unbounded")
+    for name, x in (("left", left), ("right", right)):
+        if x >= 2**32:
+            raise ValueError(f"window_size {name} is {x}; it must be below 2^32 (or -1, unbounded)")
+    return max(left, -1), max(right, -1)
+
+
+def check_softcap(softcap) -> float:
+    """FlashAttention's softcap: a finite cap > 0, or off (0.0; negative is off too, as flash-attn)."""
+    c = float(softcap)
+    if c != c or c == float("inf"):
+        raise ValueError(f"softcap is {softcap}; it must be finite (0.0: off)")
+    return max(c, 0.0)
 
 
 # ---------------------------------------------------------------- serving --

@@ -1,6 +1,6 @@
 """The torch custom op ``flash_pipeline::fwd`` over the compiled kernels.
 
-``torch.ops.flash_pipeline.fwd(q, k, v, softmax_scale, causal) -> (out, lse)``
+``torch.ops.flash_pipeline.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap) -> (out, lse)``
 
 * q (batch, seqlen_q, heads, head_dim), k and v (batch, seqlen_k, kv_heads,
   head_dim): CUDA, float16 or bfloat16, one dtype and one device, heads a
@@ -11,7 +11,10 @@
 * out is a new contiguous (batch, seqlen_q, heads, head_dim) tensor of q's
   dtype; lse is a new float32 (batch, heads, seqlen_q) tensor, the log-sum-exp
   of each row of q·kᵀ·scale. ``causal`` masks bottom-right aligned (as
-  FlashAttention >= 2.1); rows that see no key get out = 0 and lse = -inf.
+  FlashAttention >= 2.1), and so does the sliding window (window_left,
+  window_right), FlashAttention's ``window_size`` (-1: unbounded); a softcap
+  c > 0 makes the scores c·tanh(q·kᵀ·scale / c) (0: off). Rows that see no key
+  get out = 0 and lse = -inf.
 * The work is enqueued on PyTorch's current stream of q's device: nothing
   synchronises, so the op works under ``torch.compile`` (it is opaque to
   Dynamo, with a fake implementation for tracing) and in CUDA graphs. Warm up
@@ -102,8 +105,17 @@ def _extent(t: torch.Tensor) -> int:
 
 @torch.library.custom_op("flash_pipeline::fwd", mutates_args=())
 def fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    window_left, window_right = _args.check_window((window_left, window_right))
+    softcap = _args.check_softcap(softcap)
     q, k, v, dims = _inputs(q, k, v)
     out, lse = _outputs(q, dims)
     if out.numel() == 0:  # no batch, no heads or no queries: nothing to compute
@@ -120,6 +132,8 @@ def fwd(
             ptrs=(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()),
             lens=(_extent(q), _extent(k), _extent(v), _extent(out)),
             causal=causal,
+            window_size=(window_left, window_right),
+            softcap=softcap,
             softmax_scale=softmax_scale,
             device=device.index,
             stream=torch.cuda.current_stream(device).cuda_stream,
@@ -131,7 +145,7 @@ def fwd(
 
 
 @fwd.register_fake
-def _(q, k, v, softmax_scale, causal):
+def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap):
     q, k, v, dims = _inputs(q, k, v)
     return _outputs(q, dims)
 

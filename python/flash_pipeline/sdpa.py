@@ -94,7 +94,7 @@ def _forward(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mas
     sq, sk = query.shape[2], key.shape[2]
     if _kernels_run(query, key, dropout_p, is_causal, return_debug_mask):
         out, lse = torch.ops.flash_pipeline.fwd(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scale, is_causal
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scale, is_causal, -1, -1, 0.0
         )
         out = out.transpose(1, 2)  # BHSD view of the (b, s, h, d) buffer: aten's flash output layout
     else:

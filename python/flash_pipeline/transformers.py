@@ -35,18 +35,23 @@ How each call runs:
   integration does) and run by the serving kernel
   (``flash_attn_varlen_func``), the padded query rows getting zeros. Any other
   mask (right padding, whose padded queries still see keys; packed
-  sequences, a sliding window that cuts, static-cache slots)
-  falls back to transformers' ``sdpa_attention_forward`` with the mask.
+  sequences, static-cache slots) falls back to transformers'
+  ``sdpa_attention_forward`` with the mask.
+* ``sliding_window`` (W: a row sees itself and the W − 1 keys before it):
+  transformers materialises a mask whenever the window cuts a key, so a
+  ``None`` mask means it cuts none; a mask equal to the bottom-right causal
+  band of W keys runs the kernel with ``window_size = (W − 1, 0)``.
+* ``softcap`` (Gemma 2's attention logit softcapping) runs in the kernel;
+  where the call would fall back (padded batches included), it raises
+  NotImplementedError instead, as SDPA has no softcapping (use 'eager').
   While compiling (``torch.compile``) or capturing a CUDA graph a given mask is
   not inspected: those calls fall back to SDPA.
 * also falling back to SDPA, with a one-time warning: non-CUDA inputs, dtypes
   other than float16/bfloat16, head dims the kernels lack (they run 64 and
   128), inputs that need gradients (the kernels are forward-only), a
   ``position_bias``.
-* ``sliding_window`` is honoured through the mask: transformers materialises
-  a mask whenever the window cuts a key, so a ``None`` mask means it cuts none.
 * raising NotImplementedError: ``dropout`` > 0 (attention dropout in training),
-  ``softcap`` (SDPA has no softcapping either: use eager), ``s_aux`` (sinks).
+  ``s_aux`` (sinks).
 
 GQA runs natively (no ``repeat_kv``); ``scaling`` is the kernel's softmax scale.
 The output is (batch, seqlen_q, heads, head_dim) contiguous and the weights
@@ -112,9 +117,18 @@ def _unusable(query, key, value, kwargs):
     return None
 
 
-def _pattern(query, key, value, attention_mask, is_causal):
-    """Map the call onto the kernel: (causal, key, value), a padded batch (_Padded) for the
-    serving kernel, or a reason (str) to fall back to SDPA."""
+class _Dense(NamedTuple):
+    """The dense kernel's call: causal, the window's left side (-1: none), and the keys and values."""
+
+    causal: bool
+    left: int
+    key: torch.Tensor
+    value: torch.Tensor
+
+
+def _pattern(query, key, value, attention_mask, is_causal, sliding_window=None):
+    """Map the call onto the kernel: _Dense, a padded batch (_Padded) for the serving
+    kernel, or a reason (str) to fall back to SDPA."""
     sq, sk = query.shape[2], key.shape[2]
     if attention_mask is None:
         if is_causal and sq > 1 and sk > sq:
@@ -122,16 +136,20 @@ def _pattern(query, key, value, attention_mask, is_causal):
             key, value = key[:, :, :sq], value[:, :, :sq]
         if is_causal and sq > 1 and sk < sq:
             return "causal with fewer keys than queries and no mask, which SDPA aligns top-left"
-        return bool(is_causal and sq > 1), key, value
+        return _Dense(bool(is_causal and sq > 1), -1, key, value)
     if torch.compiler.is_compiling() or (query.is_cuda and torch.cuda.is_current_stream_capturing()):
         return "a mask is given while compiling or capturing, where it cannot be inspected"
     if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or tuple(attention_mask.shape[-2:]) != (sq, sk):
         return f"the mask ({attention_mask.dtype}, {tuple(attention_mask.shape)}) is not a boolean (.., {sq}, {sk}) mask"
     causal = torch.ones(sq, sk, dtype=torch.bool, device=attention_mask.device).tril(sk - sq)
     if torch.equal(attention_mask, causal.expand_as(attention_mask)):
-        return True, key, value
+        return _Dense(True, -1, key, value)
+    if sliding_window is not None and sliding_window >= 1:
+        band = causal.triu(sk - sq - (sliding_window - 1))
+        if torch.equal(attention_mask, band.expand_as(attention_mask)):
+            return _Dense(True, sliding_window - 1, key, value)
     if bool(attention_mask.all()):
-        return False, key, value
+        return _Dense(False, -1, key, value)
     padded = _padded_batch(attention_mask, is_causal)
     if padded is not None:
         return padded
@@ -197,8 +215,6 @@ def attention_forward(
             f"attention dropout {dropout}: flash_pipeline is forward-only; call model.eval() (or set "
             "attention_dropout=0), or train with attn_implementation='sdpa'"
         )
-    if softcap:
-        raise NotImplementedError(f"softcap={softcap}: attention softcapping is not supported; use 'eager'")
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("s_aux (attention sinks) is not supported; use 'eager'")
     if kwargs.get("output_attentions", False):
@@ -207,20 +223,23 @@ def attention_forward(
 
     bad = _unusable(query, key, value, kwargs)
     if bad is None:
-        plan = _pattern(query, key, value, attention_mask, is_causal)
-        if isinstance(plan, _Padded):
+        plan = _pattern(query, key, value, attention_mask, is_causal, sliding_window)
+        if isinstance(plan, _Dense):
+            q, k, v = (t.transpose(1, 2) for t in (query, plan.key, plan.value))
+            out, _ = torch.ops.flash_pipeline.fwd(q, k, v, scaling, plan.causal, plan.left, -1, float(softcap or 0.0))
+            _note("kernel")
+            return out, None
+        if isinstance(plan, _Padded) and not softcap:
             out = _varlen(query, key, value, *plan, bool(is_causal and query.shape[2] > 1), scaling)
             _note("varlen")
             return out, None
-        if not isinstance(plan, str):
-            causal, k, v = plan
-            out, _ = torch.ops.flash_pipeline.fwd(
-                query.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scaling, causal
-            )
-            _note("kernel")
-            return out, None
-        bad = ("mask", plan)
+        bad = ("mask", "a padded batch" if isinstance(plan, _Padded) else plan)
     category, detail = bad
+    if softcap:
+        raise NotImplementedError(
+            f"softcap={softcap} with {detail}: only the dense kernel softcaps (SDPA and the serving kernel do "
+            "not); use attn_implementation='eager'"
+        )
     _note(f"sdpa: {category}", f"flash_pipeline falls back to SDPA: {detail}")
     return sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use kernel_ffi::tensor::{Desc, Dtype, HEAD_DIMS};
-use kernel_ffi::{Attention, BlockTable, Error, Gpu, KernelChoice, Options, Sequences, Splits};
+use kernel_ffi::{Attention, BlockTable, Error, Gpu, KernelChoice, Options, Sequences, Splits, Window};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -46,9 +46,10 @@ fn py_err(e: Error) -> PyErr {
 /// out = softmax(q·kᵀ·scale [+ bottom-right causal mask])·v on `stream`, and
 /// the per-row log-sum-exp into `lse` where it is not 0. Addresses are device
 /// pointers; strides are in elements, of (batch, head, seq); `lens` are the
-/// elements reachable from each of q, k, v and out.
+/// elements reachable from each of q, k, v and out. `window` is
+/// FlashAttention's `window_size` (−1: unbounded), `softcap` 0 for none.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, dtype, dims, q_strides, k_strides, v_strides, out_strides, lens, causal, scale, device, stream, kernel_dir))]
+#[pyo3(signature = (q, k, v, out, lse, dtype, dims, q_strides, k_strides, v_strides, out_strides, lens, causal, window, softcap, scale, device, stream, kernel_dir))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
     q: u64,
@@ -64,12 +65,16 @@ fn forward(
     out_strides: [usize; 3],
     lens: [usize; 4],
     causal: bool,
+    window: (i64, i64),
+    softcap: f32,
     scale: Option<f32>,
     device: usize,
     stream: u64,
     kernel_dir: PathBuf,
 ) -> PyResult<()> {
     let dtype = Dtype::parse(dtype).map_err(PyValueError::new_err)?;
+    let window = Window::from_pair(window.0, window.1).map_err(PyValueError::new_err)?;
+    let softcap = (softcap != 0.0).then_some(softcap);
     let (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim) = dims;
     let desc = |dims, strides| Desc { dims, strides };
     let [q_desc, o_desc] = [q_strides, out_strides].map(|s| desc([batch, heads, seqlen_q, head_dim], s));
@@ -78,7 +83,7 @@ fn forward(
         return Err(PyValueError::new_err("a tensor's device address is 0 (an empty or freed tensor)"));
     }
     let att = attention(device, &kernel_dir).map_err(py_err)?;
-    let opts = Options { causal, scale, splits: Splits::Auto, choice: KernelChoice::default() };
+    let opts = Options { causal, window, softcap, scale, splits: Splits::Auto, choice: KernelChoice::default() };
     // SAFETY: the caller (flash_pipeline.ops) passes PyTorch's current stream of
     // `device` and tensors of that device whose storage holds `lens` elements from
     // each address; they stay alive while the stream runs this work, because
@@ -145,7 +150,7 @@ fn forward_varlen(
     }
     let att = attention(device, &kernel_dir).map_err(py_err)?;
     let splits = if num_splits == 0 { Splits::Auto } else { Splits::Fixed(num_splits) };
-    let opts = Options { causal, scale, splits, choice: KernelChoice::default() };
+    let opts = Options { causal, scale, splits, ..Options::default() };
     let (table, table_len, max_pages, table_stride) = block_table;
     // SAFETY: as in `forward`: the caller (flash_pipeline.ops) passes PyTorch's current
     // stream of `device` and tensors and int32 arrays of that device whose storage holds

@@ -94,11 +94,26 @@ def test_forward_args_packed_qkv_slice():
     assert args == (
         10, 20, 30, 40, 0, "f16", (b, h, h, s, s, d),
         (s * 3 * h * d, d, 3 * h * d), (s * 3 * h * d, d, 3 * h * d), (s * 3 * h * d, d, 3 * h * d),
-        (s * h * d, d, h * d), (100, 90, 80, 70), True, None, 0, 1234, "/k",
+        (s * h * d, d, h * d), (100, 90, 80, 70), True, (-1, -1), 0.0, None, 0, 1234, "/k",
     )
-    assert len(args) == 17  # _C.forward's parameter count
+    assert len(args) == 19  # _C.forward's parameter count
     assert A.forward_args(q, k, v, out, ptrs=(1, 2, 3, 4, 5), lens=(1, 1, 1, 1), causal=False, softmax_scale=0.5,
-                          device=1, stream=0, kernel_dir="k")[13] == 0.5
+                          device=1, stream=0, kernel_dir="k")[15] == 0.5
+
+
+def test_windows_and_softcaps_as_flash_attn_takes_them():
+    assert A.check_window((-1, -1)) == (-1, -1)
+    assert A.check_window([4096, 0]) == (4096, 0)
+    assert A.check_window((-5, 3)) == (-1, 3)  # any negative is unbounded, as flash-attn
+    for bad in [(1,), (1, 2, 3), None, ("a", 0)]:
+        with pytest.raises(ValueError, match="it must be a pair"):
+            A.check_window(bad)
+    with pytest.raises(ValueError, match="window_size right is 4294967296"):
+        A.check_window((0, 2**32))
+    assert A.check_softcap(50) == 50.0 and A.check_softcap(0) == 0.0 and A.check_softcap(-3.0) == 0.0
+    for bad in [float("nan"), float("inf")]:
+        with pytest.raises(ValueError, match="must be finite"):
+            A.check_softcap(bad)
 
 
 def test_forward_args_rejects_head_dim_stride_and_bad_out():
@@ -224,7 +239,10 @@ def test_op_schema():
     import torch
 
     schema = str(torch.ops.flash_pipeline.fwd.default._schema)
-    assert schema.startswith("flash_pipeline::fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal)")
+    assert schema.startswith(
+        "flash_pipeline::fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, SymInt window_left, "
+        "SymInt window_right, float softcap)"
+    )
     assert schema.endswith("-> (Tensor, Tensor)")
 
 
@@ -238,11 +256,11 @@ def test_fake_impl_shapes():
             q = torch.empty(3, 7, 8, 128, dtype=torch.bfloat16, device="cuda")
             k = torch.empty(3, 512, 2, 128, dtype=torch.bfloat16, device="cuda")
             qkv = torch.empty(3, 7, 3, 8, 128, dtype=torch.bfloat16, device="cuda")
-            out, lse = torch.ops.flash_pipeline.fwd(q, k, k, None, True)
-            out2, _ = torch.ops.flash_pipeline.fwd(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], 0.1, False)
+            out, lse = torch.ops.flash_pipeline.fwd(q, k, k, None, True, 64, -1, 30.0)
+            out2, _ = torch.ops.flash_pipeline.fwd(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], 0.1, False, -1, -1, 0.0)
             with pytest.raises(ValueError, match="head dim is 96"):
                 x = torch.empty(1, 4, 2, 96, dtype=torch.float16, device="cuda")
-                torch.ops.flash_pipeline.fwd(x, x, x, None, False)
+                torch.ops.flash_pipeline.fwd(x, x, x, None, False, -1, -1, 0.0)
     except (RuntimeError, AssertionError) as e:  # torch builds that cannot make fake CUDA tensors
         if "CUDA" not in str(e) and "cuda" not in str(e):
             raise
@@ -260,17 +278,21 @@ def test_flash_attn_func_unsupported_arguments():
     q = torch.zeros(1, 4, 2, 64, dtype=torch.float16)
     cases = [
         (dict(dropout_p=0.1), "dropout_p=0.1"),
-        (dict(window_size=(16, 0)), r"window_size=\(16, 0\).*not supported yet"),
-        (dict(softcap=30.0), "softcap=30.0.*not supported yet"),
         (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes.*not supported yet"),
     ]
     for kwargs, match in cases:
         with pytest.raises(NotImplementedError, match=match):
             fa.flash_attn_func(q, q, q, **kwargs)
-    # accepted: deterministic (the forward is deterministic), negative softcap/window (= off, as flash-attn);
-    # these then fail only on the device rule, checked by the op
-    with pytest.raises(ValueError, match="q is on cpu"):
-        fa.flash_attn_func(q, q, q, deterministic=True, softcap=-1.0, window_size=(-1, -1), return_attn_probs=True)
+    # windows and softcaps are checked before the tensors
+    with pytest.raises(ValueError, match=r"window_size=\(16,\): it must be a pair"):
+        fa.flash_attn_func(q, q, q, window_size=(16,))
+    with pytest.raises(ValueError, match="softcap is nan; it must be finite"):
+        fa.flash_attn_func(q, q, q, softcap=float("nan"))
+    # accepted: deterministic (the forward is deterministic), negative softcap/window (= off, as
+    # flash-attn), windows and softcaps; these then fail only on the device rule, checked by the op
+    for kwargs in (dict(softcap=-1.0, window_size=(-2, -1)), dict(softcap=30.0, window_size=(16, 0))):
+        with pytest.raises(ValueError, match="q is on cpu"):
+            fa.flash_attn_func(q, q, q, deterministic=True, return_attn_probs=True, **kwargs)
 
 
 def test_flash_attn_func_requires_grad_raises():
@@ -300,9 +322,11 @@ def test_op_errors_name_value_and_rule():
 
     x = torch.zeros(1, 4, 2, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="q is on cpu"):
-        torch.ops.flash_pipeline.fwd(x, x, x, None, False)
+        torch.ops.flash_pipeline.fwd(x, x, x, None, False, -1, -1, 0.0)
     with pytest.raises(ValueError, match="q has 3 dims"):
-        torch.ops.flash_pipeline.fwd(x[0], x, x, None, False)
+        torch.ops.flash_pipeline.fwd(x[0], x, x, None, False, -1, -1, 0.0)
+    with pytest.raises(ValueError, match="window_size left is 4294967296"):
+        torch.ops.flash_pipeline.fwd(x, x, x, None, False, 2**32, -1, 0.0)
 
 
 def fake_cuda():
@@ -374,8 +398,8 @@ def test_serving_unsupported_arguments():
     q, cu = torch.zeros(4, 2, 64, dtype=torch.float16), torch.tensor([0, 4], dtype=torch.int32)
     for kwargs, match in [
         (dict(dropout_p=0.1), "dropout_p=0.1"),
-        (dict(window_size=(8, 0)), r"window_size=\(8, 0\).*not supported yet"),
-        (dict(softcap=30.0), "softcap=30.0.*not supported yet"),
+        (dict(window_size=(8, 0)), r"window_size=\(8, 0\): the serving calls have no sliding window yet"),
+        (dict(softcap=30.0), "softcap=30.0: the serving calls have no softcapping yet"),
         (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes.*not supported yet"),
     ]:
         with pytest.raises(NotImplementedError, match=match):
@@ -386,8 +410,8 @@ def test_serving_unsupported_arguments():
         (dict(rotary_sin=torch.zeros(8, 32)), "rotary_sin: not supported yet"),
         (dict(cache_batch_idx=torch.zeros(1, dtype=torch.int32)), "cache_batch_idx: not supported yet"),
         (dict(cache_leftpad=torch.zeros(1, dtype=torch.int32)), "cache_leftpad: not supported yet"),
-        (dict(window_size=(-1, 0)), r"window_size=\(-1, 0\).*not supported yet"),
-        (dict(softcap=5.0), "softcap=5.0.*not supported yet"),
+        (dict(window_size=(-1, 0)), r"window_size=\(-1, 0\): the serving calls have no sliding window yet"),
+        (dict(softcap=5.0), "softcap=5.0: the serving calls have no softcapping yet"),
         (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes.*not supported yet"),
     ]:
         with pytest.raises(NotImplementedError, match=match):
@@ -522,8 +546,13 @@ def test_transformers_mask_patterns():
     assert isinstance(fpt._pattern(q, kv, kv, holed, True), str)
     assert isinstance(fpt._pattern(q, kv, kv, torch.zeros(2, 1, 3, 5), True), str)  # float mask
     # mask None with seqlen_k > seqlen_q > 1: transformers' empty-static-cache prefill, first seqlen_q keys
-    causal_flag, k, v = fpt._pattern(q, kv, kv, None, True)
-    assert causal_flag and k.shape[2] == 3 and v.shape[2] == 3
+    causal_flag, left, k, v = fpt._pattern(q, kv, kv, None, True)
+    assert causal_flag and left == -1 and k.shape[2] == 3 and v.shape[2] == 3
+    # a sliding window of 2 (each row sees itself and 1 key before): the band of window_size (1, 0)
+    band = causal & torch.ones(3, 5, dtype=torch.bool).triu(2 - 1)
+    assert fpt._pattern(q, kv, kv, band, True, sliding_window=2)[:2] == (True, 1)
+    assert isinstance(fpt._pattern(q, kv, kv, band, True, sliding_window=3), str)  # a different window
+    assert isinstance(fpt._pattern(q, kv, kv, band, True), str)  # no window named
     # fewer keys than queries, causal, no mask: SDPA aligns top-left, the kernels bottom-right
     assert "top-left" in fpt._pattern(torch.zeros(2, 8, 5, 64), kv[:, :, :3], kv[:, :, :3], None, True)
 
@@ -580,7 +609,7 @@ def test_the_installed_extension_loads_without_torch():
     assert (folder / "kernels" / "kernel-set.json").is_file()
     with pytest.raises(ValueError, match="unknown dtype"):
         ext.forward(1, 1, 1, 1, 0, "f32", (1, 1, 1, 8, 8, 64), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0),
-                    (8, 8, 8, 8), False, None, 0, 0, str(folder / "kernels"))
+                    (8, 8, 8, 8), False, (-1, -1), 0.0, None, 0, 0, str(folder / "kernels"))
     t = (1, [1, 1, 8, 64], [0, 0, 64], 512)
     varlen = dict(cu_seqlens_q=(0, 0), cu_seqlens_k=(0, 0), seqused_k=(0, 0), block_table=(0, 0, 0, 0), seqs=1,
                   max_seqlen_q=8, max_seqlen_k=8, causal=False, scale=None, num_splits=0, validate=False, device=0,

@@ -36,7 +36,7 @@ TOL = {torch.float16: dict(atol=2e-3, rtol=2e-3), torch.bfloat16: dict(atol=1.6e
 LSE_TOL = dict(atol=2e-3, rtol=1e-3)
 
 
-def reference(q, k, v, causal, scale=None):
+def reference(q, k, v, causal, scale=None, window=(-1, -1), softcap=0.0):
     """out (b, sq, h, d) and lse (b, h, sq) in float64; rows seeing no key: out 0, lse -inf."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -45,17 +45,24 @@ def reference(q, k, v, causal, scale=None):
     kf = k.double().transpose(1, 2).repeat_interleave(h // hk, dim=1)
     vf = v.double().transpose(1, 2).repeat_interleave(h // hk, dim=1)
     s = qf @ kf.transpose(-1, -2) * scale
-    if causal:  # bottom-right aligned: query i sees keys j <= i + sk - sq
-        i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i, float("-inf"))
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    # bottom-right aligned: query i's diagonal is key i + sk - sq
+    i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=q.device)[None, :]
+    left, right = window
+    right = 0 if causal else right
+    if right >= 0:
+        s = s.masked_fill(j > i + right, float("-inf"))
+    if left >= 0:
+        s = s.masked_fill(j < i - left, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # fully masked rows: -inf - -inf
     return (p @ vf).transpose(1, 2), lse
 
 
-def check(out, lse, q, k, v, causal, scale=None):
-    ref_out, ref_lse = reference(q, k, v, causal, scale)
+def check(out, lse, q, k, v, causal, scale=None, **mask):
+    ref_out, ref_lse = reference(q, k, v, causal, scale, **mask)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref_out, **TOL[q.dtype])
@@ -90,6 +97,34 @@ def test_matches_reference(shape, causal, d, dtype):
         out, lse, s_dmask = fa.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     assert s_dmask is None
     check(out, lse, q, k, v, causal)
+
+
+# (window_size, causal, softcap): bands inside a tile and across many, one-sided ones, a softcap alone
+# and with each mask
+MASKS = [
+    ((0, 0), False, 0.0),
+    ((40, 0), False, 0.0),
+    ((300, 9), False, 0.0),
+    ((129, -1), True, 0.0),
+    ((-1, 70), False, 0.0),
+    ((-1, -1), False, 5.0),
+    ((-1, -1), True, 50.0),
+    ((100, 0), True, 30.0),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", MASKS, ids=lambda m: f"w{m[0][0]}_{m[0][1]}{'-causal' if m[1] else ''}-cap{m[2]:g}")
+@pytest.mark.parametrize("shape", [(2, 8, 2, 300, 700), (1, 4, 4, 1000, 1000), (2, 8, 2, 5, 513)],
+                         ids=["300x700", "1000", "decode5"])
+def test_window_and_softcap_match_reference(shape, mask, d, dtype):
+    b, h, hk, sq, sk = shape
+    window, causal, softcap = mask
+    q, k, v = rand(b, sq, h, d, dtype=dtype), rand(b, sk, hk, d, dtype=dtype), rand(b, sk, hk, d, dtype=dtype)
+    out, lse, _ = fa.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                     return_attn_probs=True)
+    check(out, lse, q, k, v, causal, window=window, softcap=softcap)
 
 
 def test_softmax_scale_and_plain_return():
@@ -164,7 +199,7 @@ def test_requires_grad_is_an_error_never_a_wrong_gradient():
     with pytest.raises(NotImplementedError, match="forward-only"):
         fa.flash_attn_func(q, k, v)
     # the op itself runs forward, and its backward raises
-    out, lse = torch.ops.flash_pipeline.fwd(q, k, v, None, True)
+    out, lse = torch.ops.flash_pipeline.fwd(q, k, v, None, True, -1, -1, 0.0)
     assert out.requires_grad
     with pytest.raises(NotImplementedError, match="no backward"):
         out.float().sum().backward()
@@ -525,7 +560,7 @@ def test_serving_errors(monkeypatch):
 # ------------------------------------------------------------------ transformers models
 
 try:
-    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     import flash_pipeline.transformers as fpt
 except ImportError:
@@ -539,7 +574,14 @@ CONFIGS = {
     "llama-d128": lambda: LlamaConfig(head_dim=128, **SMALL),
     "qwen2": lambda: Qwen2Config(**SMALL),  # q/k/v biases; head dim 512 / 8 = 64
     "mistral": lambda: MistralConfig(head_dim=64, sliding_window=4096, **SMALL),  # window wider than the text
+    # windows that cut the text (96-token prompts, 48-token generations): the kernel's sliding window
+    "mistral-window": lambda: MistralConfig(head_dim=64, sliding_window=24, **SMALL),
+    # Gemma 2: logit softcapping in every layer, sliding and global layers alternating
+    "gemma2": lambda: Gemma2Config(head_dim=128, query_pre_attn_scalar=128, sliding_window=24,
+                                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **SMALL),
 }
+# The backend the kernel is compared with: SDPA, or eager where SDPA lacks a feature (softcapping).
+REFERENCE = {"gemma2": "eager"}
 _models = {}
 
 
@@ -574,7 +616,7 @@ def assert_logits_close(got, ref):
 def test_model_prefill_logits(name):
     model = model_for(name)
     ids = torch.randint(0, 1000, (2, 96), device=DEV, generator=torch.Generator(DEV).manual_seed(5))
-    ref, _ = run(model, "sdpa", lambda: model(ids).logits)
+    ref, _ = run(model, REFERENCE.get(name, "sdpa"), lambda: model(ids).logits)
     got, stats = run(model, NAME, lambda: model(ids).logits)
     assert stats == {"kernel": model.config.num_hidden_layers}, stats
     assert_logits_close(got, ref)
@@ -591,7 +633,7 @@ def test_model_greedy_generation(name):
     # ids from 3 on: no token equals pad (0), bos (1) or eos (2), so generate builds no padding mask
     kw = dict(max_new_tokens=32, min_new_tokens=32, do_sample=False, output_logits=True,
               return_dict_in_generate=True, pad_token_id=0)
-    ref, _ = run(model, "sdpa", lambda: model.generate(prompt, **kw))
+    ref, _ = run(model, REFERENCE.get(name, "sdpa"), lambda: model.generate(prompt, **kw))
     got, stats = run(model, NAME, lambda: model.generate(prompt, **kw))
     assert set(stats) == {"kernel"}, stats  # prefill and every decode step on our kernel
     a, b = ref.sequences[0, 16:], got.sequences[0, 16:]
@@ -674,13 +716,13 @@ def test_model_generates_a_left_padded_batch_on_the_serving_kernel():
 
 @needs_transformers
 def test_model_fallbacks():
-    # a window that cuts keys: transformers builds a mask, our backend hands it to SDPA
+    # a window that cuts keys: transformers builds the band's mask, which runs the kernel's window
     model = model_for("mistral-sw8", lambda: MistralConfig(head_dim=64, sliding_window=8, **SMALL))
     ids = torch.randint(0, 1000, (1, 32), device=DEV, generator=torch.Generator(DEV).manual_seed(9))
     ref, _ = run(model, "sdpa", lambda: model(ids).logits)
     got, stats = run(model, NAME, lambda: model(ids).logits)
-    assert stats == {"sdpa: mask": 2}, stats
-    torch.testing.assert_close(got, ref, atol=0, rtol=0)
+    assert stats == {"kernel": 2}, stats
+    assert_logits_close(got, ref)
     # head dim 32: not compiled, SDPA with a warning
     model = model_for("llama-d32", lambda: LlamaConfig(**{**SMALL, "head_dim": 32}))
     fpt._warned.discard("sdpa: head dim")

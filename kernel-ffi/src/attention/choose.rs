@@ -4,6 +4,7 @@
 use super::{Attention, Chosen, Family, Kernel, Options, Splits, Variant};
 use crate::error::{Error, Result, invalid};
 use crate::planner::{self, Plan};
+use crate::scores::{Band, Scores};
 use crate::tensor::{Dtype, Problem};
 
 impl Attention {
@@ -28,11 +29,11 @@ impl Attention {
     }
 
     /// (query rows per CTA, key groups, persistent) of the loaded entries for
-    /// (dtype, head dim, causal) and their persistent twins: what
+    /// (dtype, head dim, scores) and their persistent twins: what
     /// `KernelChoice::block_m`, `KernelChoice::key_groups` and
     /// `KernelChoice::persistent` may name.
-    pub fn geometries(&self, family: Family, dtype: Dtype, head_dim: usize, causal: bool) -> Vec<(u32, u32, bool)> {
-        let entries = self.fwd_entries(family, dtype, head_dim, causal).1;
+    pub fn geometries(&self, family: Family, dtype: Dtype, head_dim: usize, scores: Scores) -> Vec<(u32, u32, bool)> {
+        let entries = self.fwd_entries(family, dtype, head_dim, scores).1;
         let mut out = Vec::new();
         for (name, k) in entries {
             out.push((k.launch.block_m, k.launch.key_groups, k.launch.persistent));
@@ -43,7 +44,7 @@ impl Attention {
         out
     }
 
-    /// The loaded forward entries of a family for (dtype, head dim, causal), one-group
+    /// The loaded forward entries of a family for (dtype, head dim, scores), one-group
     /// entries first (64 rows, 128 rows, then the two-group `_kg2`), and their
     /// common name stem.
     fn fwd_entries(
@@ -51,9 +52,9 @@ impl Attention {
         family: Family,
         dtype: Dtype,
         head_dim: usize,
-        causal: bool,
+        scores: Scores,
     ) -> (String, Vec<(String, &Kernel)>) {
-        let base = family.entry_stem(dtype, head_dim, causal);
+        let base = family.entry_stem(dtype, head_dim, scores);
         let loaded = [format!("{base}_m64"), base.clone(), format!("{base}_kg2")]
             .into_iter()
             .filter_map(|name| self.kernels.get(&name).map(|k| (name, k)))
@@ -79,8 +80,9 @@ impl Attention {
     /// key groups: `key_groups`, or else `choose_groups`. With the entry's split
     /// plan (the twin's, where that was already made).
     pub(super) fn choose_entry(&self, family: Family, dtype: Dtype, p: &Problem, opts: &Options) -> Result<Chosen<'_>> {
-        let causal = opts.causal;
-        let (base, loaded) = self.fwd_entries(family, dtype, p.head_dim, causal);
+        let scores = opts.scores(p.seqlen_q, p.seqlen_k)?;
+        let causal = scores.band == Band::Causal;
+        let (base, loaded) = self.fwd_entries(family, dtype, p.head_dim, scores);
         let single: Vec<&Kernel> = loaded.iter().map(|(_, k)| *k).filter(|k| k.launch.key_groups == 1).collect();
         let slots = |k: &Kernel| u64::from(self.device.sm_count) * u64::from(k.ctas_per_sm.max(1));
         let rows = opts.choice.block_m.or_else(|| match single.as_slice() {
@@ -145,8 +147,8 @@ impl Attention {
             }
         };
         match twin {
-            Some(twin) if persistent => Ok(Chosen { name: format!("{name}_persistent"), kern: twin, plan }),
-            _ => Ok(Chosen { name, kern, plan }),
+            Some(twin) if persistent => Ok(Chosen { name: format!("{name}_persistent"), kern: twin, plan, scores }),
+            _ => Ok(Chosen { name, kern, plan, scores }),
         }
     }
 
@@ -218,19 +220,25 @@ impl Attention {
     }
 
     /// The split plan of entry `k` of `family` for this problem: `opts.splits`, or
-    /// the model and constants `planner::grid_cost` picks for the family.
+    /// the model and constants `planner::grid_cost` picks for the family. A
+    /// windowed call takes one split: splits of the key range do not divide a
+    /// band, whose rows each see a window's keys wherever it lies.
     fn plan_for(&self, family: Family, k: &Kernel, p: &Problem, opts: &Options) -> Result<Plan> {
         let block_n = k.launch.block_n;
         let n_blocks = (p.seqlen_k as u32).div_ceil(block_n).max(1);
+        let band = opts.scores(p.seqlen_q, p.seqlen_k)?.band;
         let plan = match opts.splits {
             Splits::Fixed(0) => invalid!("a fixed split count must be at least 1"),
             Splits::Fixed(n) => {
                 let per = n_blocks.div_ceil(n.min(planner::MAX_SPLITS));
                 Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n }
             }
-            Splits::Auto => match planner::grid_cost(family == Family::Hopper, p.head_dim, opts.causal) {
+            Splits::Auto if matches!(band, Band::Local { .. }) => {
+                Plan { num_splits: 1, keys_per_split: n_blocks * block_n }
+            }
+            Splits::Auto => match planner::grid_cost(family == Family::Hopper, p.head_dim, band == Band::Causal) {
                 Some(cost) => {
-                    let grid = Self::launch_grid(k, p, opts.causal);
+                    let grid = Self::launch_grid(k, p, band == Band::Causal);
                     // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
                     let mut plans = self.sim_plans.lock().unwrap_or_else(|e| e.into_inner());
                     *plans

@@ -7,6 +7,7 @@ use super::memory::{device_ptr, strides};
 use super::{Attention, Tensor};
 use crate::error::{CudaContext, Result, invalid};
 use crate::params::ReferenceParams;
+use crate::scores::{Band, Scores};
 use crate::tensor;
 
 impl Attention {
@@ -16,7 +17,7 @@ impl Attention {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        causal: bool,
+        scores: Scores,
         scale: Option<f32>,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let p = tensor::validate(q.arg("q"), k.arg("k"), v.arg("v"), q.arg("q (as out)"), scale)?;
@@ -36,6 +37,11 @@ impl Attention {
         if rows == 0 {
             return Ok((Vec::new(), Vec::new()));
         }
+        let (window_left, window_right) = match scores.band {
+            Band::Full => (-1, -1),
+            Band::Causal => (-1, 0),
+            Band::Local { left, right } => (left as i32, right as i32),
+        };
         let s = &self.stream;
         let o = s.alloc_zeros::<f32>(rows * p.head_dim).cuda("allocating the reference output")?;
         let l = s.alloc_zeros::<f32>(rows).cuda("allocating the reference LSE")?;
@@ -54,8 +60,10 @@ impl Attention {
             seqlen_q: p.seqlen_q as i32,
             seqlen_k: p.seqlen_k as i32,
             head_dim: p.head_dim as i32,
-            causal: causal.into(),
+            window_left,
+            window_right,
             scale: p.scale,
+            softcap: scores.softcap.unwrap_or(0.0),
         };
         let cfg = LaunchConfig {
             grid_dim: (p.seqlen_q as u32, (p.batch * p.heads) as u32, 1),

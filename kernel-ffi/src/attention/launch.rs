@@ -16,6 +16,7 @@ use crate::error::{CudaContext, Error, Result};
 use crate::params::{CombineParams, FastDiv, FlashParams, HopperParams, HopperSched, TmaDesc};
 use crate::planner::{self, Plan};
 use crate::schema::EntryRecord;
+use crate::scores::Scores;
 use crate::tensor::{Desc, Dtype, Problem};
 
 /// What a forward call launched: the entry the planner (or the caller's
@@ -124,7 +125,7 @@ impl Attention {
     }
 
     /// The forward entries' parameters for these buffers (`lse`: its device
-    /// address, 0 for none) and this plan.
+    /// address, 0 for none), this plan and these scores.
     pub(super) fn flash_params(
         s: &CudaStream,
         [q, k, v, out]: [&Tensor; 4],
@@ -132,8 +133,11 @@ impl Attention {
         partials: Option<&Partials>,
         p: &Problem,
         plan: &Plan,
+        scores: Scores,
     ) -> FlashParams {
         let ptr = |t: &Tensor| device_ptr(&t.data, s);
+        let (scale_log2, softcap_pre) = scores.kernel_scales(p.scale);
+        let (window_left, window_right) = scores.band.window();
         FlashParams {
             q: ptr(q),
             k: ptr(k),
@@ -153,12 +157,15 @@ impl Attention {
             seqlen_k: p.seqlen_k as i32,
             num_splits: plan.num_splits as i32,
             keys_per_split: plan.keys_per_split as i32,
-            scale_log2: p.scale * std::f32::consts::LOG2_E,
+            scale_log2,
+            window_left,
+            window_right,
+            softcap_pre,
         }
     }
 
     pub(super) fn launch_portable(s: &CudaStream, c: &Chosen, grid: &Grid, params: &FlashParams) -> Result<()> {
-        // SAFETY: matches `flash_fwd_<dtype>_d<D>[_causal][_m64|_kg2](const FlashParams p)` in
+        // SAFETY: matches `flash_fwd_<dtype>_d<D>[_causal|_local][_softcap][_m64|_kg2](const FlashParams p)` in
         // kernels/flash_fwd_<dtype>.cu. tensor::validate proved every (b, h, s) row of q/k/v/out
         // lies inside its buffer and strides are 16-byte multiples, validate::aligned that
         // pointers are 16-byte aligned; lse (if any) holds B·H·Sq floats; the partials hold

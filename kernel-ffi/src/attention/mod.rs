@@ -40,6 +40,7 @@ use crate::error::{CudaContext, Error, Result};
 use crate::manifest::Launch;
 use crate::planner::{LaunchGrid, Plan};
 use crate::schema::DeviceInfo;
+use crate::scores::{Band, Scores};
 
 /// A loaded entry: its function, launch geometry and residency.
 struct Kernel {
@@ -55,6 +56,8 @@ struct Chosen<'a> {
     name: String,
     kern: &'a Kernel,
     plan: Plan,
+    /// The mask and modifier the entry compiles in, and their values.
+    scores: Scores,
 }
 
 /// A persistent causal launch's schedule on the device: (row length, the rows).
@@ -194,13 +197,14 @@ impl Attention {
         // Every rule is checked before the first allocation or launch.
         let s = stream;
         validate::aligned([("q", q), ("k", k), ("v", v), ("out", out)], s)?;
-        let grid = Grid::new(self.device.sm_count, &chosen, &p, opts.causal)?;
+        let causal = chosen.scores.band == Band::Causal;
+        let grid = Grid::new(self.device.sm_count, &chosen, &p, causal)?;
         let partials = self.alloc_partials(s, &p, chosen.plan.num_splits)?;
         let lse = lse.map_or(0, |l| device_ptr(l, s));
-        let params = Self::flash_params(s, [q, k, v, out], lse, partials.as_ref(), &p, &chosen.plan);
+        let params = Self::flash_params(s, [q, k, v, out], lse, partials.as_ref(), &p, &chosen.plan, chosen.scores);
         match family {
             Family::Portable => Self::launch_portable(s, &chosen, &grid, &params)?,
-            Family::Hopper => self.launch_hopper(s, &chosen, &grid, [q, k, v, out], &p, params, opts.causal)?,
+            Family::Hopper => self.launch_hopper(s, &chosen, &grid, [q, k, v, out], &p, params, causal)?,
         }
         if let Some(partials) = &partials {
             self.launch_combine(s, q.dtype, &p, chosen.plan.num_splits, partials, out, lse, None)?;

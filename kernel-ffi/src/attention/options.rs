@@ -1,6 +1,7 @@
 //! What a forward call asks for (`Options`: mask, scale, splits, `KernelChoice`)
 //! and the kernel families a `Variant` resolves to.
 
+use crate::scores::{Scores, Window};
 use crate::tensor::Dtype;
 
 /// What a forward call asks for beyond its tensors. The default is
@@ -19,6 +20,11 @@ pub struct Options {
     /// Apply the causal mask, bottom-right aligned: query row i sees keys
     /// j ≤ i + seqlen_k − seqlen_q (PyTorch's `causal_lower_right`).
     pub causal: bool,
+    /// A sliding window around that diagonal (FlashAttention's `window_size`);
+    /// the default is unbounded. With `causal` its right side is 0.
+    pub window: Window,
+    /// Logit softcapping: scores become c · tanh(score · scale / c) (Gemma 2).
+    pub softcap: Option<f32>,
     /// The softmax scale; `None` is 1/sqrt(head_dim). Must be finite and positive.
     pub scale: Option<f32>,
     /// How many parts the keys are split into (a second, combine launch merges
@@ -26,6 +32,13 @@ pub struct Options {
     pub splits: Splits,
     /// Which compiled entry runs the call; the default leaves it to the planner.
     pub choice: KernelChoice,
+}
+
+impl Options {
+    /// The mask and score modifier these options give `sq` query rows on `sk` keys.
+    pub fn scores(&self, sq: usize, sk: usize) -> crate::Result<Scores> {
+        Scores::resolve(self.causal, self.window, self.softcap, sq, sk)
+    }
 }
 
 /// How many parts a forward call splits the keys into. Parses from `auto` or
@@ -174,22 +187,25 @@ impl Family {
         }
     }
 
-    /// The name stem of its forward entries for (dtype, head dim, causal),
-    /// `flash_fwd[_hopper]_<dtype>_d<D>[_causal]`, which `_m64` (64-row CTAs),
-    /// `_kg2` (two key groups) and `_persistent` extend.
+    /// The name stem of its forward entries for (dtype, head dim, scores),
+    /// `flash_fwd[_hopper]_<dtype>_d<D>[_causal|_local][_softcap]`, which `_m64`
+    /// (64-row CTAs), `_kg2` (two key groups) and `_persistent` extend.
     ///
     /// ```
-    /// use kernel_ffi::{Dtype, Family};
+    /// use kernel_ffi::{Band, Dtype, Family, Scores};
     ///
-    /// assert_eq!(Family::Hopper.entry_stem(Dtype::Bf16, 128, true), "flash_fwd_hopper_bf16_d128_causal");
-    /// assert_eq!(Family::Portable.entry_stem(Dtype::F16, 64, false), "flash_fwd_f16_d64");
+    /// let causal = Scores { band: Band::Causal, softcap: None };
+    /// assert_eq!(Family::Hopper.entry_stem(Dtype::Bf16, 128, causal), "flash_fwd_hopper_bf16_d128_causal");
+    /// assert_eq!(Family::Portable.entry_stem(Dtype::F16, 64, Scores::default()), "flash_fwd_f16_d64");
+    /// let capped = Scores { band: Band::Local { left: 8, right: 0 }, softcap: Some(50.0) };
+    /// assert_eq!(Family::Portable.entry_stem(Dtype::F16, 64, capped), "flash_fwd_f16_d64_local_softcap");
     /// ```
-    pub fn entry_stem(self, dtype: Dtype, head_dim: usize, causal: bool) -> String {
+    pub fn entry_stem(self, dtype: Dtype, head_dim: usize, scores: Scores) -> String {
         let family = match self {
             Family::Portable => "flash_fwd",
             Family::Hopper => "flash_fwd_hopper",
         };
-        format!("{family}_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" })
+        format!("{family}_{}_d{head_dim}{}", dtype.name(), scores.suffix())
     }
 }
 

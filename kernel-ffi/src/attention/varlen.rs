@@ -12,6 +12,7 @@ use super::{Attention, Family, Launched, Options, Splits, Tensor, Variant, valid
 use crate::error::{CudaContext, Error, Result, invalid};
 use crate::params::{FastDiv, HopperParams, HopperSched, HopperVarlenParams, SeqParams, TmaDesc, VarlenParams};
 use crate::planner::{self, Plan};
+use crate::scores::{Band, Scores, Window};
 use crate::sequences::{self, Indices, PageTable, SeqLayout, VarlenProblem};
 use crate::tensor::Dtype;
 
@@ -124,6 +125,13 @@ impl Attention {
         {
             invalid!("lse holds {} floats but batch × heads × rows of q = {}", l.len(), p.rows());
         }
+        if opts.window != Window::default() || opts.softcap.is_some() {
+            return Err(Error::Unsupported(
+                "window_size and softcap are not supported by variable-length or paged calls yet; \
+                 use the dense forward (equal lengths)"
+                    .into(),
+            ));
+        }
         let family = self.varlen_family(opts, &p, q.dtype)?;
         let name = varlen_entry(family, q.dtype, p.tensors.head_dim, opts.causal);
         let kern = self.kernel(&name)?;
@@ -151,7 +159,9 @@ impl Attention {
         let s = stream;
         let partials = self.alloc_partials(s, &p.tensors, plan.num_splits)?;
         let lse = lse.map_or(0, |l| device_ptr(l, s));
-        let params = Self::flash_params(s, [q, k, v, out], lse, partials.as_ref(), &p.tensors, &plan);
+        let band = if opts.causal { Band::Causal } else { Band::Full };
+        let scores = Scores { band, softcap: None };
+        let params = Self::flash_params(s, [q, k, v, out], lse, partials.as_ref(), &p.tensors, &plan, scores);
         let seq = seq_params(s, seqs, &p);
         let cfg = LaunchConfig {
             grid_dim: (m_blocks, seq_heads, plan.num_splits),

@@ -26,8 +26,8 @@ use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{BenchCase, BenchRun, SERVE_PROTOCOL, ServeReply, ServeRequest, ShapeRecord};
 use kernel_ffi::tensor::HEAD_DIMS;
 use kernel_ffi::{
-    Attention, BlockTable, Desc, Dtype, KernelChoice, Launched, Layout, Options, Sequences, Splits, Tensor, cli,
-    kernel_dir, sequences,
+    Attention, Band, BlockTable, Desc, Dtype, KernelChoice, Launched, Layout, Options, Scores, Sequences, Splits,
+    Tensor, Window, cli, kernel_dir, sequences,
 };
 
 #[derive(Parser)]
@@ -106,7 +106,8 @@ fn check_choice(manifest: &Manifest, args: &Args, shapes: &[Shape]) -> Result<()
     if !args.serve {
         for &dtype in &args.dtype {
             for s in shapes {
-                cli::check_choice(manifest, &args.choice, dtype, s.head_dim, s.causal)
+                let scores = masking(s).scores(s.seqlen, s.seqlen)?;
+                cli::check_choice(manifest, &args.choice, dtype, s.head_dim, scores)
                     .with_context(|| format!("--shape {}", s.spec()))?;
             }
         }
@@ -115,8 +116,8 @@ fn check_choice(manifest: &Manifest, args: &Args, shapes: &[Shape]) -> Result<()
     let mut first_err = None;
     for dtype in [Dtype::F16, Dtype::Bf16] {
         for head_dim in HEAD_DIMS {
-            for causal in [false, true] {
-                match cli::check_choice(manifest, &args.choice, dtype, head_dim, causal) {
+            for band in [Band::Full, Band::Causal] {
+                match cli::check_choice(manifest, &args.choice, dtype, head_dim, Scores { band, softcap: None }) {
                     Ok(()) => return Ok(()),
                     Err(e) => first_err = first_err.or(Some(e)),
                 }
@@ -307,6 +308,13 @@ struct Case<'a> {
     launched: Launched,
 }
 
+/// The options a shape's mask and softcap name (`Shape::window_size`).
+fn masking(shape: &Shape) -> Options {
+    let side = |x: usize| Some(u32::try_from(x).unwrap_or(u32::MAX));
+    let window = shape.window_size().map_or_else(Window::default, |(l, r)| Window { left: side(l), right: side(r) });
+    Options { causal: shape.causal, window, softcap: shape.softcap.map(|c| c as f32), ..Options::default() }
+}
+
 fn random_tensor(att: &Attention, dtype: Dtype, desc: Desc, seed: u64) -> Result<Tensor> {
     Ok(att.upload(dtype, desc, &Rng::new(seed).bits(dtype, desc.span(), -1.0, 1.0))?)
 }
@@ -315,7 +323,7 @@ impl<'a> Case<'a> {
     /// Uploads one input set of fixed-seed random data (the same on every side
     /// of a comparison) and runs one warm-up call.
     fn new(att: &'a Attention, dtype: Dtype, shape: Shape, splits: Splits, choice: KernelChoice) -> Result<Case<'a>> {
-        let opts = Options { causal: shape.causal, scale: None, splits, choice };
+        let opts = Options { splits, choice, ..masking(&shape) };
         let mut case = Case { att, shape, dtype, sets: Vec::new(), next: 0, opts, launched: Launched::default() };
         case.add_sets(1)?;
         Ok(case)
@@ -429,6 +437,8 @@ impl<'a> Case<'a> {
                 seqlen_k: shape.seqlen,
                 head_dim: shape.head_dim,
                 causal: shape.causal,
+                window: shape.window_size().map(|(l, r)| [l as i64, r as i64]),
+                softcap: shape.softcap.map(|c| c as f32),
             },
             method: method.name().into(),
             samples: samples.len(),

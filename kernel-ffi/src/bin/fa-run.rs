@@ -2,7 +2,7 @@
 //! (and lse) to another: how users debug against their framework.
 //!
 //!   fa-run --input qkv.safetensors --output out.safetensors [--layout bhsd|bshd]
-//!          [--causal] [--scale S] [--splits auto|N] [--lse]
+//!          [--causal] [--window LEFT,RIGHT] [--softcap C] [--scale S] [--splits auto|N] [--lse]
 //!
 //! A file that also holds int32 `cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`
 //! (or `cache_seqlens`) or `block_table` is a serving call in FlashAttention's
@@ -17,7 +17,7 @@ use clap::Parser;
 use kernel_ffi::io::{self, HostTensor16, ServingInput, read_qkv, read_serving, write_outputs, write_packed_outputs};
 use kernel_ffi::manifest::Manifest;
 use kernel_ffi::{
-    Attention, BlockTable, CudaSlice, KernelChoice, Launched, Layout, Options, Sequences, Splits, Tensor, cli,
+    Attention, BlockTable, CudaSlice, KernelChoice, Launched, Layout, Options, Sequences, Splits, Tensor, Window, cli,
     kernel_dir, sequences, tensor,
 };
 
@@ -40,6 +40,13 @@ struct Args {
     /// Bottom-right aligned causal mask (PyTorch's causal_lower_right).
     #[arg(long)]
     causal: bool,
+    /// Sliding window LEFT,RIGHT keys around the diagonal, −1 for unbounded
+    /// (FlashAttention's window_size); e.g. 4096,0.
+    #[arg(long, allow_hyphen_values = true)]
+    window: Option<Window>,
+    /// Logit softcap c: scores become c·tanh(score·scale/c) (Gemma 2).
+    #[arg(long)]
+    softcap: Option<f32>,
     /// Softmax scale; default 1/sqrt(head_dim).
     #[arg(long)]
     scale: Option<f32>,
@@ -51,6 +58,19 @@ struct Args {
     /// Also write the per-row log-sum-exp (F32 [B, H, Sq]).
     #[arg(long)]
     lse: bool,
+}
+
+impl Args {
+    fn options(&self) -> Options {
+        Options {
+            causal: self.causal,
+            window: self.window.unwrap_or_default(),
+            softcap: self.softcap,
+            scale: self.scale,
+            splits: self.splits,
+            choice: self.choice,
+        }
+    }
 }
 
 fn parse_layout(s: &str) -> Result<Layout, String> {
@@ -107,7 +127,9 @@ fn run() -> Result<()> {
     check_output(&args.output)?;
     let kernels = kernel_dir::find()?;
     let manifest_path = kernels.join("manifest.json");
-    cli::check_choice(&Manifest::load(&manifest_path)?, &args.choice, q.dtype, problem.head_dim, args.causal)
+    let opts = args.options();
+    let scores = opts.scores(problem.seqlen_q, problem.seqlen_k)?;
+    cli::check_choice(&Manifest::load(&manifest_path)?, &args.choice, q.dtype, problem.head_dim, scores)
         .with_context(|| format!("checking the flags against {}", manifest_path.display()))?;
     let att = Attention::with_kernel_dir(&args.device, &kernels).context("setting up the kernels")?;
     let (qd, kd, vd) = (
@@ -118,7 +140,6 @@ fn run() -> Result<()> {
     let mut out = att.alloc_poisoned(q.dtype, q.desc)?;
     let [b, h, s, _] = q.desc.dims;
     let mut lse = if args.lse { Some(att.alloc_lse(b * h * s)?) } else { None };
-    let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits, choice: args.choice };
     let launched = att.forward(&qd, &kd, &vd, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let out = HostTensor16 { dtype: q.dtype, desc: q.desc, bits: att.download(&out)? };
@@ -202,7 +223,7 @@ fn run_serving(args: &Args, input: ServingInput) -> Result<()> {
     };
     let mut out: Tensor = att.alloc_poisoned(q.dtype, q.desc)?;
     let mut lse = if args.lse { Some(att.alloc_lse(p.rows())?) } else { None };
-    let opts = Options { causal: args.causal, scale: args.scale, splits: args.splits, choice: args.choice };
+    let opts = args.options();
     let launched = att
         .forward_varlen(&qd, &kd, &vd, &mut out, lse.as_mut(), &sequences, &opts)
         .with_context(|| format!("in {}", args.input.display()))?;

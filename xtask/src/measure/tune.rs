@@ -408,8 +408,9 @@ mod tests {
                     );
                     continue;
                 }
-                // 16 rows × 8 warps × the entry's row tiles (two, but one in the _m64 and _varlen entries).
-                let rows = if k.entry.ends_with("_m64") || k.entry.contains("_varlen_") { 128 } else { 256 };
+                // 16 rows × 8 warps × the entry's row tiles (two, but one in the _m64, _varlen and _local entries).
+                let one = k.entry.ends_with("_m64") || k.entry.contains("_varlen_") || k.entry.contains("_local");
+                let rows = if one { 128 } else { 256 };
                 assert_eq!((l.threads, l.block_m, l.block_n, k.dynamic_smem), (256, rows, 32, (rows + 64) * 128 * 2));
             } else if k.entry.ends_with("_d64_kg2") {
                 assert_eq!((l.threads, l.block_m, l.block_n), (128, 32, 64), "{} untouched", k.entry);

@@ -12,7 +12,7 @@ use kernel_ffi::cli::{self, CheckFailed};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, SkippedCase, TestCase, TestRun, WorkerReply};
-use kernel_ffi::{Attention, Desc, Dtype, KernelChoice, Layout, Options, Problem, Splits, Variant};
+use kernel_ffi::{Attention, Desc, Dtype, KernelChoice, Layout, Options, Problem, Scores, Splits, Variant, Window};
 
 /// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
 const PORTABLE: KernelChoice =
@@ -23,6 +23,9 @@ struct Case {
     dtype: Dtype,
     head_dim: usize,
     causal: bool,
+    /// FlashAttention's `window_size` and `softcap`.
+    window: Window,
+    softcap: Option<f32>,
     batch: usize,
     heads: usize,
     kv_heads: usize,
@@ -48,7 +51,17 @@ impl Case {
             seqlen_k: self.seqlen_k,
             head_dim: self.head_dim,
             causal: self.causal,
+            window: (self.window != Window::default()).then(|| {
+                let side = |x: Option<u32>| x.map_or(-1, i64::from);
+                [side(self.window.left), side(self.window.right)]
+            }),
+            softcap: self.softcap,
         }
+    }
+
+    /// The mask and modifier the case's options resolve to.
+    fn scores(&self) -> Result<Scores> {
+        Ok(Scores::resolve(self.causal, self.window, self.softcap, self.seqlen_q, self.seqlen_k)?)
     }
 
     /// What the case costs, in units of the f64 CPU reference's inner step (batch
@@ -71,10 +84,17 @@ impl Case {
 
     fn name(&self) -> String {
         format!(
-            "{}-d{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}{}{}{}{}",
+            "{}-d{}{}{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "-causal" } else { "" },
+            if self.window == Window::default() {
+                String::new()
+            } else {
+                let side = |x: Option<u32>| x.map_or_else(|| "inf".to_string(), |v| v.to_string());
+                format!("-w{}_{}", side(self.window.left), side(self.window.right))
+            },
+            self.softcap.map_or(String::new(), |c| format!("-cap{c}")),
             self.batch,
             self.heads,
             self.kv_heads,
@@ -106,6 +126,8 @@ fn sanitize_set() -> Vec<Case> {
                 let case = |seqlen_q, seqlen_k, heads, kv_heads, layout, splits| Case {
                     head_dim,
                     causal,
+                    window: Window::default(),
+                    softcap: None,
                     heads,
                     kv_heads,
                     seqlen_q,
@@ -131,6 +153,24 @@ fn sanitize_set() -> Vec<Case> {
             }
         }
         cases.push(sanitize_set_ref(dtype));
+        // Windowed and softcapped entries: a band's both edges and tails.
+        for head_dim in [64, 128] {
+            let band = Window { left: Some(40), right: Some(9) };
+            for (window, causal, softcap) in
+                [(band, false, None), (Window::default(), true, Some(20.0)), (band, true, Some(20.0))]
+            {
+                cases.push(Case {
+                    head_dim,
+                    causal,
+                    window,
+                    softcap,
+                    seqlen_q: 130,
+                    seqlen_k: 200,
+                    gpu_reference: false,
+                    ..sanitize_set_ref(dtype)
+                });
+            }
+        }
     }
     on_every_entry(cases)
 }
@@ -160,6 +200,8 @@ fn sanitize_set_ref(dtype: Dtype) -> Case {
         dtype,
         head_dim: 64,
         causal: true,
+        window: Window::default(),
+        softcap: None,
         batch: 1,
         heads: 2,
         kv_heads: 1,
@@ -191,6 +233,8 @@ fn matrix() -> Vec<Case> {
                             dtype,
                             head_dim,
                             causal,
+                            window: Window::default(),
+                            softcap: None,
                             batch: 1 + (i + si) % 2,
                             heads,
                             kv_heads,
@@ -217,6 +261,8 @@ fn matrix() -> Vec<Case> {
                     dtype,
                     head_dim,
                     causal,
+                    window: Window::default(),
+                    softcap: None,
                     batch: 1,
                     heads: 2,
                     kv_heads: 2,
@@ -236,6 +282,8 @@ fn matrix() -> Vec<Case> {
         dtype,
         head_dim: 64,
         causal: false,
+        window: Window::default(),
+        softcap: None,
         batch: b,
         heads: h,
         kv_heads: h,
@@ -255,6 +303,8 @@ fn matrix() -> Vec<Case> {
         dtype,
         head_dim,
         causal,
+        window: Window::default(),
+        softcap: None,
         batch: b,
         heads: h,
         kv_heads: kv,
@@ -277,6 +327,70 @@ fn matrix() -> Vec<Case> {
         // causal CTAs run several units and pass over a pair's missing half.
         large(Dtype::Bf16, 64, true, 4, 16, 4, 960, 960, Layout::Bshd, Splits::Auto),
     ]);
+    // Sliding windows and softcaps (FlashAttention's window_size and softcap),
+    // each over lengths off every tile, Sq ≠ Sk both ways, 1 and 0: a band of
+    // the diagonal alone, bands narrower and wider than a key tile, one
+    // reaching right of the diagonal, one bounded on one side only, windows
+    // that cover every key (then no mask, or causal), and capped scores under
+    // each mask (cap 5 saturates: scores reach about 18 here; at scale 4 the
+    // Hopper kernel's tiles without headroom are redone exactly).
+    let w = |left: i64, right: i64| Window::from_pair(left, right).expect("a valid window");
+    let banded = [
+        (w(0, 0), false, None, None),
+        (w(17, 0), false, None, None),
+        (w(100, 30), false, None, None),
+        (w(150, 7), true, None, None),
+        (w(-1, 40), false, None, None),
+        (w(64, -1), false, None, None),
+        (w(5000, 5000), false, None, None),
+        (w(5000, -1), true, None, None),
+        (Window::default(), false, Some(5.0), None),
+        (Window::default(), true, Some(5.0), None),
+        (w(40, 0), false, Some(30.0), Some(4.0)),
+        (w(33, 3), false, None, Some(4.0)),
+    ];
+    let lengths = [(1, 77), (65, 130), (200, 513), (130, 64), (300, 300), (0, 10)];
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        for head_dim in [64, 128] {
+            for (wi, &(window, causal, softcap, scale)) in banded.iter().enumerate() {
+                for (i, &(seqlen_q, seqlen_k)) in lengths.iter().enumerate() {
+                    let r = i + wi;
+                    let (heads, kv_heads) = gqa[r % 3];
+                    cases.push(Case {
+                        dtype,
+                        head_dim,
+                        causal,
+                        window,
+                        softcap,
+                        batch: 1 + r % 2,
+                        heads,
+                        kv_heads,
+                        seqlen_q,
+                        seqlen_k,
+                        layout: if r % 2 == 0 { Layout::Bshd } else { Layout::Bhsd },
+                        splits: [Splits::Fixed(1), Splits::Fixed(3), Splits::Auto][r % 3],
+                        lse: r % 2 == 1,
+                        scale,
+                        gpu_reference: false,
+                        choice: PORTABLE,
+                    });
+                }
+            }
+        }
+    }
+    // Bands of many key tiles, on long sequences, against the GPU reference.
+    for (dtype, head_dim, window, causal, softcap) in [
+        (Dtype::Bf16, 128, w(1000, 0), false, None),
+        (Dtype::F16, 64, w(700, 300), false, Some(20.0)),
+        (Dtype::F16, 128, w(-1, -1), true, Some(50.0)),
+        (Dtype::Bf16, 64, w(513, 0), true, Some(50.0)),
+    ] {
+        cases.push(Case {
+            window,
+            softcap,
+            ..large(dtype, head_dim, causal, 1, 8, 2, 3000, 4000, Layout::Bshd, Splits::Auto)
+        });
+    }
     // A partial last round of 192-row blocks on up to 132 SMs (266 or 532 units),
     // which the Hopper D=64 192-row entry runs as split-tail items
     // (planner::whole_units): one, two, three and more key tiles per item, a last
@@ -352,7 +466,15 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
     let mut out = att.alloc_poisoned(dtype, qd)?;
     let rows = b * h * sq;
     let mut lse = if case.lse { Some(att.alloc_lse(rows)?) } else { None };
-    let opts = Options { causal: case.causal, scale: case.scale, splits: case.splits, choice: case.choice };
+    let opts = Options {
+        causal: case.causal,
+        window: case.window,
+        softcap: case.softcap,
+        scale: case.scale,
+        splits: case.splits,
+        choice: case.choice,
+    };
+    let scores = case.scores()?;
     let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let got_bits = att.download(&out)?;
@@ -371,7 +493,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
         scale: case.scale.unwrap_or(1.0 / (d as f32).sqrt()),
     };
     let (want, want_lse) = if case.gpu_reference {
-        let (o, l) = att.reference(&q, &k, &v, case.causal, case.scale)?;
+        let (o, l) = att.reference(&q, &k, &v, scores, case.scale)?;
         (o.into_iter().map(f64::from).collect::<Vec<_>>(), l.into_iter().map(f64::from).collect::<Vec<_>>())
     } else {
         reference::attention_on(
@@ -380,7 +502,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
             &HostTensor { desc: kd, data: &kv },
             &HostTensor { desc: kd, data: &vv },
             &problem,
-            case.causal,
+            scores,
         )
     };
     // The output in logical [B, H, Sq, D] order, whatever its layout.
@@ -644,7 +766,8 @@ fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCa
 /// Whether the kernel set has an entry of the case's pinned geometry.
 fn has_geometry(att: &Attention, c: &Case) -> bool {
     c.choice.variant.family().is_none_or(|family| {
-        let loaded = att.geometries(family, c.dtype, c.head_dim, c.causal);
+        let Ok(scores) = c.scores() else { return true }; // the case reports the error
+        let loaded = att.geometries(family, c.dtype, c.head_dim, scores);
         loaded.iter().any(|&(m, g, pers)| {
             c.choice.block_m.is_none_or(|cm| cm == m)
                 && c.choice.key_groups.is_none_or(|cg| cg == g)

@@ -10,8 +10,8 @@ use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ShapeRecord, TestCase};
 use kernel_ffi::{
-    Attention, BlockTable, CudaSlice, Desc, Dtype, KernelChoice, Layout, Options, Problem, Sequences, Splits, Variant,
-    sequences,
+    Attention, Band, BlockTable, CudaSlice, Desc, Dtype, KernelChoice, Layout, Options, Problem, Scores, Sequences,
+    Splits, Variant, sequences,
 };
 
 /// Where a case's queries lie.
@@ -112,6 +112,7 @@ impl Case {
             seqlen_k: self.k_lens.iter().copied().max().unwrap_or(0),
             head_dim: self.head_dim,
             causal: self.causal,
+            ..ShapeRecord::default()
         }
     }
 
@@ -401,7 +402,7 @@ fn expected(case: &Case, b: &Built, threads: usize) -> (Vec<f64>, Vec<f64>) {
             &HostTensor { desc: kv_view, data: &b.k_seq[s] },
             &HostTensor { desc: kv_view, data: &b.v_seq[s] },
             &problem,
-            case.causal,
+            Scores { band: if case.causal { Band::Causal } else { Band::Full }, softcap: None },
         );
         want.extend(o);
         want_l.extend(l);
@@ -466,7 +467,7 @@ pub fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> 
         validate,
     };
     let choice = KernelChoice { variant: case.variant, ..KernelChoice::default() };
-    let opts = Options { causal: case.causal, scale: None, splits: case.splits, choice };
+    let opts = Options { causal: case.causal, splits: case.splits, choice, ..Options::default() };
     if case.indices == Indices::Bad {
         // Refused when checked; unchecked, run to completion without a fault.
         let refused = att.forward_varlen(&q, &k, &v, &mut out, lse.as_mut(), &sequences(true), &opts);
