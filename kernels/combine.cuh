@@ -39,8 +39,11 @@ __device__ __forceinline__ bool covered(const CombineParams& p, int t) {
 template <typename T, int D, bool VARLEN = false>
 __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   constexpr int kPerLane = D / 32;
-  static_assert(kPerLane == 2 || kPerLane == 4, "a float2 or float4 per lane");
-  using Vec = std::conditional_t<kPerLane == 4, float4, float2>;
+  static_assert(kPerLane == 2 || kPerLane == 4 || kPerLane == 8, "a float2, float4 or two float4 per lane");
+  struct alignas(16) Float8 {
+    float4 lo, hi;
+  };
+  using Vec = std::conditional_t<kPerLane == 8, Float8, std::conditional_t<kPerLane == 4, float4, float2>>;
   constexpr int kBatch = 4;
   const int64_t rows = (int64_t)p.batch * p.heads * p.seqlen_q;
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -81,7 +84,9 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   uint32_t packed[kPerLane / 2];
 #pragma unroll
   for (int i = 0; i < kPerLane / 2; ++i) packed[i] = Dtype<T>::pack(acc[2 * i] * inv, acc[2 * i + 1] * inv);
-  if constexpr (kPerLane == 4) {
+  if constexpr (kPerLane == 8) {
+    *reinterpret_cast<uint4*>(out) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  } else if constexpr (kPerLane == 4) {
     *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
   } else {
     *reinterpret_cast<uint32_t*>(out) = packed[0];

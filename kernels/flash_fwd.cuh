@@ -166,7 +166,8 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
 // for problems that would not fill the GPU), or one with two key groups (`_kg2`,
 // for grids that leave SMs idle); causal D=64 one tile only (two lost 7%). The
 // softcapped entries take the causal entries' tiles; the windowed (`_local`)
-// ones one tile (at D=128 two spilled 48 bytes on sm_80-89).
+// ones one tile (at D=128 two spilled 48 bytes on sm_80-89). D=256: 64-row
+// CTAs of one tile per warp, every mask and modifier (FwdConfig).
 #define FA_FWD_ENTRIES(T, DT)                                                                \
   FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d64)                         \
   FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_m64)                     \
@@ -184,4 +185,10 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   FA_FWD_ENTRY(T, 128, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_local)              \
   FA_FWD_ENTRY(T, 128, NoMask, Softcap, 2, 1, flash_fwd_##DT##_d128_softcap)                 \
   FA_FWD_ENTRY(T, 128, CausalMask, Softcap, 2, 1, flash_fwd_##DT##_d128_causal_softcap)      \
-  FA_FWD_ENTRY(T, 128, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d128_local_softcap)
+  FA_FWD_ENTRY(T, 128, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d128_local_softcap)       \
+  FA_FWD_ENTRY(T, 256, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256)                       \
+  FA_FWD_ENTRY(T, 256, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256_causal)            \
+  FA_FWD_ENTRY(T, 256, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256_local)              \
+  FA_FWD_ENTRY(T, 256, NoMask, Softcap, 1, 1, flash_fwd_##DT##_d256_softcap)                 \
+  FA_FWD_ENTRY(T, 256, CausalMask, Softcap, 1, 1, flash_fwd_##DT##_d256_causal_softcap)      \
+  FA_FWD_ENTRY(T, 256, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d256_local_softcap)

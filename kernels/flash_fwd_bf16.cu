@@ -16,6 +16,9 @@ extern "C" __global__ void __launch_bounds__(128) flash_combine_bf16_d64(const C
 extern "C" __global__ void __launch_bounds__(128) flash_combine_bf16_d128(const CombineParams p) {
   flash_combine<__nv_bfloat16, 128>(p);
 }
+extern "C" __global__ void __launch_bounds__(128) flash_combine_bf16_d256(const CombineParams p) {
+  flash_combine<__nv_bfloat16, 256>(p);
+}
 extern "C" __global__ void __launch_bounds__(128) flash_combine_varlen_bf16_d64(const CombineParams p) {
   flash_combine<__nv_bfloat16, 64, true>(p);
 }

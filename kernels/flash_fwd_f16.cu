@@ -16,6 +16,9 @@ extern "C" __global__ void __launch_bounds__(128) flash_combine_f16_d64(const Co
 extern "C" __global__ void __launch_bounds__(128) flash_combine_f16_d128(const CombineParams p) {
   flash_combine<__half, 128>(p);
 }
+extern "C" __global__ void __launch_bounds__(128) flash_combine_f16_d256(const CombineParams p) {
+  flash_combine<__half, 256>(p);
+}
 extern "C" __global__ void __launch_bounds__(128) flash_combine_varlen_f16_d64(const CombineParams p) {
   flash_combine<__half, 64, true>(p);
 }

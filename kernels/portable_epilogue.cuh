@@ -124,12 +124,17 @@ __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Ro
     }
     __syncwarp();
   };
+  // A row of more than 32 chunks (D=256's fp32 partials) takes a lane several.
   auto copy_rows = [&](auto chunks, auto&& copy) {
-    constexpr int kChunks = decltype(chunks)::value, kRowsPerPass = 32 / kChunks;
+    constexpr int kChunks = decltype(chunks)::value, kLanes = kChunks < 32 ? kChunks : 32;
+    constexpr int kRowsPerPass = 32 / kLanes;
 #pragma unroll
     for (int r0 = 0; r0 < 16 * MT; r0 += kRowsPerPass) {
-      const int row = w0 + r0 + lane / kChunks;
-      if (rows.stored(row)) copy(row, lane % kChunks);
+      const int row = w0 + r0 + lane / kLanes;
+      if (rows.stored(row)) {
+#pragma unroll
+        for (int c = 0; c < kChunks / kLanes; ++c) copy(row, lane % kLanes + c * kLanes);
+      }
     }
   };
   if (p.num_splits > 1) {

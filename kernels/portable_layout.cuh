@@ -26,14 +26,17 @@ namespace fa {
 
 template <int D, int MT, int KG = 1>
 struct FwdConfig {
-  static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
+  static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
+  // D=256 is fixed: four warps of one row tile and 64-key tiles, so that Q, K
+  // and V (96 KB) fit an sm_86/89 block's 99 KB and O (128 floats a thread) the
+  // registers.
   // Warps per key group: the tuned count, but fixed in the two-group entries. At
   // D=64 two (32 rows per CTA: each warp walks half its 16 rows' keys, and a small
   // problem spreads over twice the CTAs of the 64-row entry); at D=128 four (64
   // rows), as a 64-thread group would copy 4 rows of 16 chunks per pass (TileCopy
   // needs 8).
   static constexpr int kHeadDim = D;
-  static constexpr int kWarps = KG > 1 ? (D == 64 ? 2 : 4) : D == 64 ? FA_WARPS_D64 : FA_WARPS_D128;
+  static constexpr int kWarps = KG > 1 ? (D == 64 ? 2 : 4) : D == 64 ? FA_WARPS_D64 : D == 128 ? FA_WARPS_D128 : 4;
   static_assert(KG > 1 || kWarps == 4 || kWarps == 8, "4 or 8 warps");
   static constexpr int kKeyGroups = KG;
   static_assert(KG == 1 || KG == 2, "1 or 2 key groups");
@@ -42,7 +45,8 @@ struct FwdConfig {
   static constexpr int kRowTiles = MT;
   static_assert(kRowTiles == 1 || kRowTiles == 2, "1 or 2 16-row mma tiles per warp");
   static constexpr int kBlockM = 16 * kWarps * kRowTiles;
-  static constexpr int kBlockN = D == 64 ? FA_BLOCK_N_D64 : FA_BLOCK_N_D128;
+  static_assert(D != 256 || (MT == 1 && KG == 1), "D=256: one row tile, one key group");
+  static constexpr int kBlockN = D == 64 ? FA_BLOCK_N_D64 : D == 128 ? FA_BLOCK_N_D128 : 64;
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "32, 64 or 128 keys per tile");
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   // Per key group: Q tile, K tile, V tile, 16-bit elements. Must equal the

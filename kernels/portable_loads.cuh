@@ -16,16 +16,20 @@ namespace fa {
 // Copies ROWS-row tiles of a [rows, D] matrix into a swizzled shared tile with
 // cp.async, each thread always moving the same 16-byte column chunk of rows
 // r, r + kRowsPerPass, …: its shared addresses are fixed (the swizzle term depends
-// on r % 8 only, and kRowsPerPass is a multiple of 8), and its global address
-// advances by a constant. Everything but one multiply per tile is set up once.
+// on r % 8 only: the same in every pass when kRowsPerPass is a multiple of 8;
+// when it is 4 (D=256), r + 4 flips chunk bit 2, so odd passes land 4 chunks
+// over, `odd`), and its global address advances by a constant. Everything but
+// one multiply per tile is set up once.
 template <typename T, int ROWS, int D, int THREADS>
 struct TileCopy {
   static constexpr int kChunks = D / 8;
   static constexpr int kRowsPerPass = THREADS / kChunks;
   static constexpr int kPasses = ROWS / kRowsPerPass;
-  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 8 == 0,
-                "each thread keeps one chunk column and one swizzle phase");
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 4 == 0,
+                "each thread keeps one chunk column, and one or two swizzle phases");
+  static constexpr bool kTwoPhases = kRowsPerPass % 8 != 0;
   uint32_t smem;        // this thread's chunk of its first row
+  int32_t odd;          // bytes from an even pass's chunk to an odd one's (two phases)
   const T* gmem;        // row `row` of the matrix at this thread's chunk column
   int64_t pass_stride;  // elements between this thread's rows in consecutive passes
   int row;
@@ -35,6 +39,7 @@ struct TileCopy {
     row = tid / kChunks;
     const int ch = tid % kChunks;
     smem = smem_u32(tile + swizzle<D>(row, ch * 8));
+    odd = kTwoPhases ? (int32_t)(smem_u32(tile + swizzle<D>(row + 4, ch * 8)) - smem) - 4 * D * 2 : 0;
     gmem = base + (int64_t)row * row_stride + ch * 8;
     pass_stride = (int64_t)kRowsPerPass * row_stride;
   }
@@ -47,7 +52,7 @@ struct TileCopy {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const bool valid = row0 + row + i * kRowsPerPass < rows_valid;
-      cp_async_16(smem + i * kRowsPerPass * D * 2, valid ? src : gmem, valid ? 16 : 0);
+      cp_async_16(smem + i * kRowsPerPass * D * 2 + (i % 2) * odd, valid ? src : gmem, valid ? 16 : 0);
       src += pass_stride;
     }
   }
@@ -60,6 +65,7 @@ struct TileCopy {
 template <typename T, int ROWS, int D, int THREADS>
 struct RowGather {
   using Copy = TileCopy<T, ROWS, D, THREADS>;
+  static_assert(!Copy::kTwoPhases, "one swizzle phase per thread");
   static constexpr int kChunks = Copy::kChunks, kRowsPerPass = Copy::kRowsPerPass, kPasses = Copy::kPasses;
   const int row, col;
   const uint32_t smem;

@@ -80,7 +80,7 @@ pub enum Batching {
 /// assert_eq!(s.spec(), "2,16,8192,128,causal");
 /// assert_eq!(s.name(Dtype::F16), "f16-b2h16s8192d128-causal");
 /// // Refused when parsed: the kernels have no head dim 96.
-/// assert!(Shape::parse("1,1,128,96").unwrap_err().contains("head dims [64, 128]"));
+/// assert!(Shape::parse("1,1,128,96").unwrap_err().contains("head dims [64, 128, 256]"));
 ///
 /// let w = Shape::parse("1,16,32768,128,causal,window=4096,softcap=50").unwrap();
 /// assert_eq!((w.window, w.softcap), (Some(4096), Some(50)));
@@ -293,8 +293,8 @@ impl Shape {
     }
 }
 
-/// The default set: the seed's small shapes, the large ones, a windowed and a
-/// softcapped one, and two serving batches (a ragged causal prefill and a
+/// The default set: the seed's small shapes, the large ones, a windowed, a
+/// softcapped and a head-dim-256 one, and two serving batches (a ragged causal prefill and a
 /// paged decode).
 pub fn default_shapes() -> Vec<Shape> {
     let s = Shape::dense;
@@ -310,9 +310,10 @@ pub fn default_shapes() -> Vec<Shape> {
         // Causal grids that leave SMs idle when unsplit (planner::plan_simulated).
         s(1, 4, 2048, 64, true),
         s(1, 1, 8192, 128, true),
-        // Mistral's sliding window on a long sequence; Gemma 2's softcap.
+        // Mistral's sliding window on a long sequence; Gemma 2's softcap and head dim.
         Shape { window: Some(4096), ..s(1, 16, 32768, 128, true) },
         Shape { softcap: Some(50), ..s(2, 16, 4096, 128, true) },
+        s(2, 8, 4096, 256, true),
     ]);
     v.extend(serving_shapes());
     v
@@ -369,7 +370,10 @@ mod tests {
     #[test]
     fn shapes_the_kernels_cannot_run_are_refused_at_parse_time() {
         let e = Shape::parse("1,1,128,96").unwrap_err();
-        assert!(e.contains("shape `1,1,128,96`: q head dim is 96; the kernels support head dims [64, 128]"), "{e}");
+        assert!(
+            e.contains("shape `1,1,128,96`: q head dim is 96; the kernels support head dims [64, 128, 256]"),
+            "{e}"
+        );
         assert!(Shape::parse("1,0,128,64").unwrap_err().contains("at least 1"));
         let e = Shape::parse("4294967296,4294967296,1,64").unwrap_err();
         assert!(e.contains("exceeds 65535"), "{e}");

@@ -18,7 +18,7 @@ use cudarc::driver::DriverError;
 /// assert!(matches!(e, kernel_ffi::Error::Invalid(_)));
 /// assert_eq!(
 ///     e.to_string(),
-///     "invalid argument: q head dim is 96; the kernels support head dims [64, 128]"
+///     "invalid argument: q head dim is 96; the kernels support head dims [64, 128, 256]"
 /// );
 /// ```
 #[derive(Debug, thiserror::Error)]

@@ -73,7 +73,7 @@ fn fa_run_reports_a_shape_the_kernels_cannot_run_as_such() {
     qkv_file(&input, &[("q", t.clone()), ("k", t.clone()), ("v", t)]);
     let (code, stderr) = outcome(&run(&mut fa_run(&dir, &input, &[]), LIMIT));
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("q head dim is 96; the kernels support head dims [64, 128]"), "{stderr}");
+    assert!(stderr.contains("q head dim is 96; the kernels support head dims [64, 128, 256]"), "{stderr}");
     qkv_file(&input, &[("q", vec![1, 4, 8, 64]), ("k", vec![1, 3, 8, 64]), ("v", vec![1, 3, 8, 64])]);
     let (code, stderr) = outcome(&run(&mut fa_run(&dir, &input, &[]), LIMIT));
     assert_eq!(code, Some(2), "{stderr}");

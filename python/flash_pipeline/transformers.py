@@ -73,6 +73,7 @@ from . import ops
 NAME = "fa_pipeline"
 # Read once here, not per call: a plain tuple keeps the per-call checks traceable by torch.compile.
 _HEAD_DIMS = ops.head_dims()
+_SERVING_HEAD_DIMS = ops.serving_head_dims()
 
 stats = {}
 _warned = set()
@@ -229,11 +230,15 @@ def attention_forward(
             out, _ = torch.ops.flash_pipeline.fwd(q, k, v, scaling, plan.causal, plan.left, -1, float(softcap or 0.0))
             _note("kernel")
             return out, None
-        if isinstance(plan, _Padded) and not softcap:
+        serving = query.shape[-1] in _SERVING_HEAD_DIMS
+        if isinstance(plan, _Padded) and serving and not softcap:
             out = _varlen(query, key, value, *plan, bool(is_causal and query.shape[2] > 1), scaling)
             _note("varlen")
             return out, None
-        bad = ("mask", "a padded batch" if isinstance(plan, _Padded) else plan)
+        if isinstance(plan, _Padded):
+            bad = ("mask", "a padded batch" + ("" if serving else f" of head dim {query.shape[-1]}"))
+        else:
+            bad = ("mask", plan)
     category, detail = bad
     if softcap:
         raise NotImplementedError(

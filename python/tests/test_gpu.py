@@ -86,7 +86,7 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_matches_reference(shape, causal, d, dtype):
@@ -114,7 +114,7 @@ MASKS = [
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", MASKS, ids=lambda m: f"w{m[0][0]}_{m[0][1]}{'-causal' if m[1] else ''}-cap{m[2]:g}")
 @pytest.mark.parametrize("shape", [(2, 8, 2, 300, 700), (1, 4, 4, 1000, 1000), (2, 8, 2, 5, 513)],
                          ids=["300x700", "1000", "decode5"])
@@ -579,9 +579,12 @@ CONFIGS = {
     # Gemma 2: logit softcapping in every layer, sliding and global layers alternating
     "gemma2": lambda: Gemma2Config(head_dim=128, query_pre_attn_scalar=128, sliding_window=24,
                                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **SMALL),
+    # Gemma 2's own head dim (the portable kernel's D=256 entries on every GPU)
+    "gemma2-d256": lambda: Gemma2Config(head_dim=256, query_pre_attn_scalar=256, sliding_window=24,
+                                        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **SMALL),
 }
 # The backend the kernel is compared with: SDPA, or eager where SDPA lacks a feature (softcapping).
-REFERENCE = {"gemma2": "eager"}
+REFERENCE = {"gemma2": "eager", "gemma2-d256": "eager"}
 _models = {}
 
 

@@ -9,17 +9,33 @@ use crate::tensor::{Dtype, Problem};
 
 impl Attention {
     /// The family `forward` runs for this problem: `Auto` takes the Hopper kernel
-    /// where loaded and measured faster (`planner::prefer_hopper`).
+    /// where loaded, compiled for the head dim and measured faster
+    /// (`planner::prefer_hopper`).
     pub fn resolve(&self, p: &Problem, variant: Variant) -> Result<Family> {
+        let hopper_dim = self.has_head_dim(Family::Hopper, p.head_dim);
         match variant {
-            Variant::Auto if self.has_hopper() && planner::prefer_hopper(p.seqlen_k) => Ok(Family::Hopper),
+            Variant::Auto if self.has_hopper() && hopper_dim && planner::prefer_hopper(p.seqlen_k) => {
+                Ok(Family::Hopper)
+            }
             Variant::Auto | Variant::Portable => Ok(Family::Portable),
+            Variant::Hopper if self.has_hopper() && !hopper_dim => Err(Error::Unsupported(format!(
+                "the Hopper kernel has no head dim {} entries; use the portable variant (or auto)",
+                p.head_dim
+            ))),
             Variant::Hopper if self.has_hopper() => Ok(Family::Hopper),
             Variant::Hopper => Err(Error::Unsupported(format!(
                 "the Hopper kernel needs compute capability 9.0 (sm_90a fatbins); {} is {}; use the portable variant",
                 self.device.name, self.device.compute_capability
             ))),
         }
+    }
+
+    /// Whether a family's dense forward entries of head dim `d` are loaded.
+    fn has_head_dim(&self, family: Family, d: usize) -> bool {
+        [Dtype::F16, Dtype::Bf16].into_iter().any(|dt| {
+            let stem = family.entry_stem(dt, d, Scores::default());
+            self.kernels.keys().any(|name| name == &stem || name.starts_with(&format!("{stem}_")))
+        })
     }
 
     /// The split plan `forward` would use for this problem.

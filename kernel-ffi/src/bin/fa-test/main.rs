@@ -153,8 +153,18 @@ fn sanitize_set() -> Vec<Case> {
             }
         }
         cases.push(sanitize_set_ref(dtype));
+        // Head dim 256, split (its combine).
+        cases.push(Case {
+            head_dim: 256,
+            causal: false,
+            seqlen_q: 130,
+            seqlen_k: 200,
+            splits: Splits::Fixed(3),
+            gpu_reference: false,
+            ..sanitize_set_ref(dtype)
+        });
         // Windowed and softcapped entries: a band's both edges and tails.
-        for head_dim in [64, 128] {
+        for head_dim in [64, 128, 256] {
             let band = Window { left: Some(40), right: Some(9) };
             for (window, causal, softcap) in
                 [(band, false, None), (Window::default(), true, Some(20.0)), (band, true, Some(20.0))]
@@ -216,7 +226,7 @@ fn sanitize_set_ref(dtype: Dtype) -> Case {
     }
 }
 
-/// Every dtype × head dim × causal × split mode, each over all lengths; layout,
+/// Every dtype × head dim (64, 128, 256) × causal × split mode, each over all lengths; layout,
 /// GQA shape, batch, LSE and explicit scale rotate so each meets every length.
 fn matrix() -> Vec<Case> {
     // Odd and even, below/at/above a 64 tile, Sq ≠ Sk both ways (causal rows with no key), 1 and 0.
@@ -224,7 +234,7 @@ fn matrix() -> Vec<Case> {
     let gqa = [(2, 2), (4, 1), (6, 2)];
     let mut cases = Vec::new();
     for dtype in [Dtype::F16, Dtype::Bf16] {
-        for head_dim in [64, 128] {
+        for head_dim in [64, 128, 256] {
             for causal in [false, true] {
                 for (si, splits) in [Splits::Fixed(1), Splits::Fixed(3), Splits::Auto].into_iter().enumerate() {
                     for (i, &(seqlen_q, seqlen_k)) in lengths.iter().enumerate() {
@@ -255,7 +265,7 @@ fn matrix() -> Vec<Case> {
     // Scores far above a row's first key tile (scale 4): the Hopper kernel's tiles
     // past the kept max's headroom are redone exactly (SoftmaxState::update_kept).
     for dtype in [Dtype::F16, Dtype::Bf16] {
-        for head_dim in [64, 128] {
+        for head_dim in [64, 128, 256] {
             for causal in [false, true] {
                 cases.push(Case {
                     dtype,
@@ -351,7 +361,7 @@ fn matrix() -> Vec<Case> {
     ];
     let lengths = [(1, 77), (65, 130), (200, 513), (130, 64), (300, 300), (0, 10)];
     for dtype in [Dtype::F16, Dtype::Bf16] {
-        for head_dim in [64, 128] {
+        for head_dim in [64, 128, 256] {
             for (wi, &(window, causal, softcap, scale)) in banded.iter().enumerate() {
                 for (i, &(seqlen_q, seqlen_k)) in lengths.iter().enumerate() {
                     let r = i + wi;
@@ -378,12 +388,15 @@ fn matrix() -> Vec<Case> {
             }
         }
     }
-    // Bands of many key tiles, on long sequences, against the GPU reference.
+    // Bands of many key tiles, on long sequences, against the GPU reference;
+    // Gemma 2's head dim, softcap and window.
     for (dtype, head_dim, window, causal, softcap) in [
         (Dtype::Bf16, 128, w(1000, 0), false, None),
         (Dtype::F16, 64, w(700, 300), false, Some(20.0)),
         (Dtype::F16, 128, w(-1, -1), true, Some(50.0)),
         (Dtype::Bf16, 64, w(513, 0), true, Some(50.0)),
+        (Dtype::Bf16, 256, w(-1, -1), true, Some(50.0)),
+        (Dtype::F16, 256, w(1023, 0), false, Some(50.0)),
     ] {
         cases.push(Case {
             window,
