@@ -174,6 +174,7 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
 // that do not fill the GPU; the serving entries in 128-row CTAs. The windowed
 // (`_local`) and softcapped entries run persistent 128-row CTAs (units of one
 // query block; causal softcapped ones pairs or a host schedule, as causal).
+// D=256: every mask and modifier in 128-row CTAs, one per query block.
 #define FA_HOPPER_ENTRIES(T, DT)                                                                                     \
   FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 64, false, flash_fwd_hopper_##DT##_d64_m64)                              \
   FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                    \
@@ -191,6 +192,12 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
   FA_HOPPER_ENTRY(T, 128, NoMask, Softcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128_softcap)     \
   FA_HOPPER_ENTRY(T, 128, CausalMask, Softcap, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal_softcap) \
   FA_HOPPER_ENTRY(T, 128, LocalMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d128_local_softcap)                 \
+  FA_HOPPER_ENTRY(T, 256, NoMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256)                              \
+  FA_HOPPER_ENTRY(T, 256, CausalMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256_causal)                    \
+  FA_HOPPER_ENTRY(T, 256, LocalMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256_local)                      \
+  FA_HOPPER_ENTRY(T, 256, NoMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_softcap)                         \
+  FA_HOPPER_ENTRY(T, 256, CausalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_causal_softcap)              \
+  FA_HOPPER_ENTRY(T, 256, LocalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_local_softcap)                \
   FA_HOPPER_VARLEN_ENTRY(T, 64, NoMask, flash_fwd_hopper_varlen_##DT##_d64)                                          \
   FA_HOPPER_VARLEN_ENTRY(T, 64, CausalMask, flash_fwd_hopper_varlen_##DT##_d64_causal)                               \
   FA_HOPPER_VARLEN_ENTRY(T, 128, NoMask, flash_fwd_hopper_varlen_##DT##_d128)                                        \

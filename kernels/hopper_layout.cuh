@@ -46,8 +46,12 @@ namespace fa {
 // PERSISTENT: the entry's CTAs loop over work units (hopper_item).
 template <int D, bool CAUSAL, int ROWS, bool PERSISTENT>
 struct HopperConfig {
-  static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
+  static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
   static_assert(ROWS == 64 || ROWS == 128 || (ROWS == 192 && D == 64 && !CAUSAL), "64-, 128- or 192-row CTAs");
+  // D=256: two consumer warpgroups over 64-key tiles in two stages, one CTA per
+  // query block (Q 64 KB + the rings 128 KB leave no room for a persistent
+  // entry's O staging tile); O is 128 floats a consumer thread.
+  static_assert(D != 256 || (ROWS == 128 && !PERSISTENT), "D=256: 128-row CTAs, not persistent");
   static constexpr int kHeadDim = D;
   static constexpr int kConsumers = ROWS / 64;
   static constexpr bool kPingPong = kConsumers == 2;
@@ -55,9 +59,10 @@ struct HopperConfig {
   static constexpr int kCtasPerSm = kConsumers == 1 && D == 64 ? 2 : 1;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = ROWS;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = D == 256 ? 64 : 128;
   static constexpr int kStages = kConsumers == 1   ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
                                  : kConsumers == 3 ? FA_HOPPER_STAGES_D64_M192
+                                 : D == 256        ? 2
                                  : D == 64         ? FA_HOPPER_STAGES_D64_CAUSAL
                                                    : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
   static constexpr bool kPersistent = PERSISTENT;  // units: causal pairs of query blocks, or single blocks
