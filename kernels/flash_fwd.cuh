@@ -168,27 +168,27 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
 // softcapped entries take the causal entries' tiles; the windowed (`_local`)
 // ones one tile (at D=128 two spilled 48 bytes on sm_80-89). D=256: 64-row
 // CTAs of one tile per warp, every mask and modifier (FwdConfig).
-#define FA_FWD_ENTRIES(T, DT)                                                                \
-  FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d64)                         \
-  FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_m64)                     \
-  FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 1, 2, flash_fwd_##DT##_d64_kg2)                     \
-  FA_FWD_ENTRY(T, 64, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_causal)              \
-  FA_FWD_ENTRY(T, 64, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_local)                \
-  FA_FWD_ENTRY(T, 64, NoMask, Softcap, 1, 1, flash_fwd_##DT##_d64_softcap)                   \
-  FA_FWD_ENTRY(T, 64, CausalMask, Softcap, 1, 1, flash_fwd_##DT##_d64_causal_softcap)        \
-  FA_FWD_ENTRY(T, 64, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d64_local_softcap)          \
-  FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d128)                       \
-  FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_m64)                   \
-  FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 1, 2, flash_fwd_##DT##_d128_kg2)                   \
-  FA_FWD_ENTRY(T, 128, CausalMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d128_causal)            \
-  FA_FWD_ENTRY(T, 128, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_causal_m64)        \
-  FA_FWD_ENTRY(T, 128, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_local)              \
-  FA_FWD_ENTRY(T, 128, NoMask, Softcap, 2, 1, flash_fwd_##DT##_d128_softcap)                 \
-  FA_FWD_ENTRY(T, 128, CausalMask, Softcap, 2, 1, flash_fwd_##DT##_d128_causal_softcap)      \
-  FA_FWD_ENTRY(T, 128, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d128_local_softcap)       \
-  FA_FWD_ENTRY(T, 256, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256)                       \
-  FA_FWD_ENTRY(T, 256, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256_causal)            \
-  FA_FWD_ENTRY(T, 256, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256_local)              \
-  FA_FWD_ENTRY(T, 256, NoMask, Softcap, 1, 1, flash_fwd_##DT##_d256_softcap)                 \
-  FA_FWD_ENTRY(T, 256, CausalMask, Softcap, 1, 1, flash_fwd_##DT##_d256_causal_softcap)      \
+#define FA_FWD_ENTRIES(T, DT)                                                           \
+  FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d64)                    \
+  FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_m64)                \
+  FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 1, 2, flash_fwd_##DT##_d64_kg2)                \
+  FA_FWD_ENTRY(T, 64, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_causal)         \
+  FA_FWD_ENTRY(T, 64, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_local)           \
+  FA_FWD_ENTRY(T, 64, NoMask, Softcap, 1, 1, flash_fwd_##DT##_d64_softcap)              \
+  FA_FWD_ENTRY(T, 64, CausalMask, Softcap, 1, 1, flash_fwd_##DT##_d64_causal_softcap)   \
+  FA_FWD_ENTRY(T, 64, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d64_local_softcap)     \
+  FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d128)                  \
+  FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_m64)              \
+  FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 1, 2, flash_fwd_##DT##_d128_kg2)              \
+  FA_FWD_ENTRY(T, 128, CausalMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d128_causal)       \
+  FA_FWD_ENTRY(T, 128, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_causal_m64)   \
+  FA_FWD_ENTRY(T, 128, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_local)         \
+  FA_FWD_ENTRY(T, 128, NoMask, Softcap, 2, 1, flash_fwd_##DT##_d128_softcap)            \
+  FA_FWD_ENTRY(T, 128, CausalMask, Softcap, 2, 1, flash_fwd_##DT##_d128_causal_softcap) \
+  FA_FWD_ENTRY(T, 128, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d128_local_softcap)   \
+  FA_FWD_ENTRY(T, 256, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256)                  \
+  FA_FWD_ENTRY(T, 256, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256_causal)       \
+  FA_FWD_ENTRY(T, 256, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256_local)         \
+  FA_FWD_ENTRY(T, 256, NoMask, Softcap, 1, 1, flash_fwd_##DT##_d256_softcap)            \
+  FA_FWD_ENTRY(T, 256, CausalMask, Softcap, 1, 1, flash_fwd_##DT##_d256_causal_softcap) \
   FA_FWD_ENTRY(T, 256, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d256_local_softcap)

@@ -162,10 +162,10 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
   }
 
 // One serving entry: flash_fwd_hopper_varlen_<dtype>_d<D>[_causal].
-#define FA_HOPPER_VARLEN_ENTRY(T, D, MASK, NAME)                                                            \
+#define FA_HOPPER_VARLEN_ENTRY(T, D, MASK, NAME)                                                             \
   extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, fa::MASK::kEnd, 128, false>::kThreads, 1) \
-      NAME(const __grid_constant__ fa::HopperVarlenParams p) {                                              \
-    fa::flash_fwd_hopper_varlen<T, D, fa::MASK>(p);                                                         \
+      NAME(const __grid_constant__ fa::HopperVarlenParams p) {                                               \
+    fa::flash_fwd_hopper_varlen<T, D, fa::MASK>(p);                                                          \
   }
 
 // Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM), non-causal
@@ -175,30 +175,34 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
 // (`_local`) and softcapped entries run persistent 128-row CTAs (units of one
 // query block; causal softcapped ones pairs or a host schedule, as causal).
 // D=256: every mask and modifier in 128-row CTAs, one per query block.
-#define FA_HOPPER_ENTRIES(T, DT)                                                                                     \
-  FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 64, false, flash_fwd_hopper_##DT##_d64_m64)                              \
-  FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                    \
-  FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 192, true, flash_fwd_hopper_##DT##_d64)                                  \
-  FA_HOPPER_ENTRY(T, 64, CausalMask, NoSoftcap, 64, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal_m64) \
+#define FA_HOPPER_ENTRIES(T, DT)                                                                                      \
+  FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 64, false, flash_fwd_hopper_##DT##_d64_m64)                               \
+  FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                     \
+  FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 192, true, flash_fwd_hopper_##DT##_d64)                                   \
+  FA_HOPPER_ENTRY(T, 64, CausalMask, NoSoftcap, 64, FA_HOPPER_PERSISTENT_CAUSAL,                                      \
+                  flash_fwd_hopper_##DT##_d64_causal_m64)                                                             \
   FA_HOPPER_ENTRY(T, 64, CausalMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal) \
-  FA_HOPPER_ENTRY(T, 64, LocalMask, NoSoftcap, 128, true, flash_fwd_hopper_##DT##_d64_local)                         \
-  FA_HOPPER_ENTRY(T, 64, NoMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d64_softcap)                            \
-  FA_HOPPER_ENTRY(T, 64, CausalMask, Softcap, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d64_causal_softcap) \
-  FA_HOPPER_ENTRY(T, 64, LocalMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d64_local_softcap)                   \
-  FA_HOPPER_ENTRY(T, 128, NoMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)           \
-  FA_HOPPER_ENTRY(T, 128, NoMask, NoSoftcap, 64, false, flash_fwd_hopper_##DT##_d128_m64)                            \
-  FA_HOPPER_ENTRY(T, 128, CausalMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal) \
-  FA_HOPPER_ENTRY(T, 128, LocalMask, NoSoftcap, 128, true, flash_fwd_hopper_##DT##_d128_local)                       \
-  FA_HOPPER_ENTRY(T, 128, NoMask, Softcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128_softcap)     \
-  FA_HOPPER_ENTRY(T, 128, CausalMask, Softcap, 128, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_##DT##_d128_causal_softcap) \
-  FA_HOPPER_ENTRY(T, 128, LocalMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d128_local_softcap)                 \
-  FA_HOPPER_ENTRY(T, 256, NoMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256)                              \
-  FA_HOPPER_ENTRY(T, 256, CausalMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256_causal)                    \
-  FA_HOPPER_ENTRY(T, 256, LocalMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256_local)                      \
-  FA_HOPPER_ENTRY(T, 256, NoMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_softcap)                         \
-  FA_HOPPER_ENTRY(T, 256, CausalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_causal_softcap)              \
-  FA_HOPPER_ENTRY(T, 256, LocalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_local_softcap)                \
-  FA_HOPPER_VARLEN_ENTRY(T, 64, NoMask, flash_fwd_hopper_varlen_##DT##_d64)                                          \
-  FA_HOPPER_VARLEN_ENTRY(T, 64, CausalMask, flash_fwd_hopper_varlen_##DT##_d64_causal)                               \
-  FA_HOPPER_VARLEN_ENTRY(T, 128, NoMask, flash_fwd_hopper_varlen_##DT##_d128)                                        \
+  FA_HOPPER_ENTRY(T, 64, LocalMask, NoSoftcap, 128, true, flash_fwd_hopper_##DT##_d64_local)                          \
+  FA_HOPPER_ENTRY(T, 64, NoMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d64_softcap)                             \
+  FA_HOPPER_ENTRY(T, 64, CausalMask, Softcap, 128, FA_HOPPER_PERSISTENT_CAUSAL,                                       \
+                  flash_fwd_hopper_##DT##_d64_causal_softcap)                                                         \
+  FA_HOPPER_ENTRY(T, 64, LocalMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d64_local_softcap)                    \
+  FA_HOPPER_ENTRY(T, 128, NoMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)            \
+  FA_HOPPER_ENTRY(T, 128, NoMask, NoSoftcap, 64, false, flash_fwd_hopper_##DT##_d128_m64)                             \
+  FA_HOPPER_ENTRY(T, 128, CausalMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_CAUSAL,                                    \
+                  flash_fwd_hopper_##DT##_d128_causal)                                                                \
+  FA_HOPPER_ENTRY(T, 128, LocalMask, NoSoftcap, 128, true, flash_fwd_hopper_##DT##_d128_local)                        \
+  FA_HOPPER_ENTRY(T, 128, NoMask, Softcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128_softcap)      \
+  FA_HOPPER_ENTRY(T, 128, CausalMask, Softcap, 128, FA_HOPPER_PERSISTENT_CAUSAL,                                      \
+                  flash_fwd_hopper_##DT##_d128_causal_softcap)                                                        \
+  FA_HOPPER_ENTRY(T, 128, LocalMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d128_local_softcap)                  \
+  FA_HOPPER_ENTRY(T, 256, NoMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256)                                \
+  FA_HOPPER_ENTRY(T, 256, CausalMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256_causal)                     \
+  FA_HOPPER_ENTRY(T, 256, LocalMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256_local)                       \
+  FA_HOPPER_ENTRY(T, 256, NoMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_softcap)                          \
+  FA_HOPPER_ENTRY(T, 256, CausalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_causal_softcap)               \
+  FA_HOPPER_ENTRY(T, 256, LocalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_local_softcap)                 \
+  FA_HOPPER_VARLEN_ENTRY(T, 64, NoMask, flash_fwd_hopper_varlen_##DT##_d64)                                           \
+  FA_HOPPER_VARLEN_ENTRY(T, 64, CausalMask, flash_fwd_hopper_varlen_##DT##_d64_causal)                                \
+  FA_HOPPER_VARLEN_ENTRY(T, 128, NoMask, flash_fwd_hopper_varlen_##DT##_d128)                                         \
   FA_HOPPER_VARLEN_ENTRY(T, 128, CausalMask, flash_fwd_hopper_varlen_##DT##_d128_causal)
