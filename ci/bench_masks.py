@@ -14,14 +14,13 @@ TF/s count the FLOPs of the pairs each mask keeps (fa_schema::shape::kept_pairs)
 Usage: python3 ci/bench_masks.py [--window 1,16,32768,128,4096] [--softcap 2,16,4096,128,50,causal] --json out.json
 """
 import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_serving import DTYPES, timed  # noqa: E402
+from bench_serving import DTYPES, add_anchor_args, timed, write_results  # noqa: E402
 
 
 def kept_pairs(sq, sk, left, right):
@@ -109,12 +108,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--window", action="append", help="B,H,S,D,W: causal with window_size (W, 0)")
     ap.add_argument("--softcap", action="append", help="B,H,S,D,C[,causal]")
-    ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--json", required=True)
-    ap.add_argument("--budget-ms", type=int, default=2000)
-    ap.add_argument("--target-spread", type=float, default=0.002)
-    ap.add_argument("--min-samples", type=int, default=30)
-    ap.add_argument("--graph-below-us", type=float, default=0.0)
+    add_anchor_args(ap)
     args = ap.parse_args()
     windows = args.window or ["1,16,32768,128,4096"]
     softcaps = args.softcap or ["2,16,4096,128,50,causal", "1,8,16384,128,50"]
@@ -126,9 +120,7 @@ def main():
             bench_window(results, spec, DTYPES[dname], dname, args, flush)
         for spec in softcaps:
             bench_softcap(results, spec, DTYPES[dname], dname, args, flush)
-    with open(args.json, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f,
-                  indent=1)
+    write_results(args.json, results)
 
 
 if __name__ == "__main__":

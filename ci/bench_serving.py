@@ -204,16 +204,27 @@ def flash_pipeline():
     return fp if hasattr(fp, "flash_attn_with_kvcache") else None
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--varlen", action="append", help="B,H,HKV,S,D[,causal] as fa-bench's varlen:")
-    ap.add_argument("--paged", action="append", help="B,H,HKV,S,D,PAGE as fa-bench's paged:")
+def add_anchor_args(ap):
+    """The dtype, output and timing flags every anchor script takes."""
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--json", required=True)
     ap.add_argument("--budget-ms", type=int, default=2000)
     ap.add_argument("--target-spread", type=float, default=0.002)
     ap.add_argument("--min-samples", type=int, default=30)
     ap.add_argument("--graph-below-us", type=float, default=0.0)
+
+
+def write_results(path, results):
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f,
+                  indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--varlen", action="append", help="B,H,HKV,S,D[,causal] as fa-bench's varlen:")
+    ap.add_argument("--paged", action="append", help="B,H,HKV,S,D,PAGE as fa-bench's paged:")
+    add_anchor_args(ap)
     args = ap.parse_args()
     varlen = args.varlen or ["16,32,8,8192,128,causal"]
     paged = args.paged or ["64,32,8,32768,128,16", "64,32,8,32768,128,128"]
@@ -226,9 +237,7 @@ def main():
             bench_varlen(results, spec, DTYPES[dname], dname, args, flush)
         for spec in paged:
             bench_paged(results, spec, DTYPES[dname], dname, args, flush)
-    with open(args.json, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f,
-                  indent=1)
+    write_results(args.json, results)
 
 
 if __name__ == "__main__":
