@@ -107,11 +107,11 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
 // A serving call's block (the `_varlen` entries): the same parts over a
 // sequence's packed query heads (VarlenBlock, SeqTiles, SeqRows), 16-row tiles
 // per warp and one key group.
-template <typename T, int D, typename Mask>
+template <typename T, int D, typename Mask, typename Mod>
 __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   using Cfg = FwdConfig<D, 1, 1>;
   using Tiles = SeqTiles<T, Cfg, Mask>;
-  using Mainloop = PortableMainloop<T, Cfg, Tiles, NoSoftcap>;
+  using Mainloop = PortableMainloop<T, Cfg, Tiles, Mod>;
   const FlashParams& p = vp.p;
   const SeqParams& sp = vp.seq;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -119,7 +119,7 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   launch_dependents();
   const VarlenBlock<Cfg::kBlockM, Mask> blk(p, sp);
   if (blk.m0 >= blk.rows) return;  // past the sequence's rows: nothing to write
-  const VarlenKeyRange<Cfg::kBlockM, Mask> keys(p, sp, blk);
+  const VarlenKeyRange<Cfg::kBlockM, Cfg::kBlockN, Mask> keys(p, sp, blk);
 #ifdef FA_DEFECT_UNINIT
   if (p.num_splits > 1 && keys.begin >= keys.end) return;
 #endif
@@ -133,7 +133,7 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   const Tiles tiles(p, sp, blk, keys, grp);
   const FragAddr<D> k_frag = Mainloop::k_frag_addr(grp, wr.lane);
   const FragAddr<D> v_frag = Mainloop::v_frag_addr(grp, wr.lane);
-  const Mainloop mainloop{tiles, grp, wr, w0, p.scale_log2, k_frag, v_frag, NoSoftcap(p)};
+  const Mainloop mainloop{tiles, grp, wr, w0, p.scale_log2, k_frag, v_frag, Mod(p)};
   {
     float s[1][Cfg::kBlockN / 8][4];
     mainloop.run(o, softmax, qf, s);
@@ -152,16 +152,19 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, MT, KG>::kThreads, 1) NAME(const fa::FlashParams p) { \
     fa::flash_fwd<T, D, fa::MASK, fa::MOD, MT, KG>(p);                                                                \
   }
-// The serving entries: flash_fwd_varlen_<dtype>_d<D>[_causal].
-#define FA_VARLEN_ENTRY(T, D, MASK, NAME)                                                                            \
+// The serving entries: flash_fwd_varlen_<dtype>_d<D>[_causal|_local][_softcap].
+#define FA_VARLEN_ENTRY(T, D, MASK, MOD, NAME)                                                                       \
   extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, 1, 1>::kThreads, 1) NAME(const fa::VarlenParams p) { \
-    fa::flash_fwd_varlen<T, D, fa::MASK>(p);                                                                         \
+    fa::flash_fwd_varlen<T, D, fa::MASK, fa::MOD>(p);                                                                \
   }
-#define FA_VARLEN_ENTRIES(T, DT)                                         \
-  FA_VARLEN_ENTRY(T, 64, NoMask, flash_fwd_varlen_##DT##_d64)            \
-  FA_VARLEN_ENTRY(T, 64, CausalMask, flash_fwd_varlen_##DT##_d64_causal) \
-  FA_VARLEN_ENTRY(T, 128, NoMask, flash_fwd_varlen_##DT##_d128)          \
-  FA_VARLEN_ENTRY(T, 128, CausalMask, flash_fwd_varlen_##DT##_d128_causal)
+#define FA_VARLEN_ENTRIES_D(T, DT, D)                                                       \
+  FA_VARLEN_ENTRY(T, D, NoMask, NoSoftcap, flash_fwd_varlen_##DT##_d##D)                    \
+  FA_VARLEN_ENTRY(T, D, CausalMask, NoSoftcap, flash_fwd_varlen_##DT##_d##D##_causal)       \
+  FA_VARLEN_ENTRY(T, D, LocalMask, NoSoftcap, flash_fwd_varlen_##DT##_d##D##_local)         \
+  FA_VARLEN_ENTRY(T, D, NoMask, Softcap, flash_fwd_varlen_##DT##_d##D##_softcap)            \
+  FA_VARLEN_ENTRY(T, D, CausalMask, Softcap, flash_fwd_varlen_##DT##_d##D##_causal_softcap) \
+  FA_VARLEN_ENTRY(T, D, LocalMask, Softcap, flash_fwd_varlen_##DT##_d##D##_local_softcap)
+#define FA_VARLEN_ENTRIES(T, DT) FA_VARLEN_ENTRIES_D(T, DT, 64) FA_VARLEN_ENTRIES_D(T, DT, 128)
 // Every forward entry of one dtype: two 16-row tiles per warp, or one (`_m64`,
 // for problems that would not fill the GPU), or one with two key groups (`_kg2`,
 // for grids that leave SMs idle); causal D=64 one tile only (two lost 7%). The

@@ -135,7 +135,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
 // SeqParams says. Q and K/V tiles come in by TMA at the sequence's offsets
 // (paged: a tile lies in one page); O goes out from the accumulators, bounded
 // by the sequence (store_item).
-template <typename T, int D, typename Mask>
+template <typename T, int D, typename Mask, typename Mod>
 __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams& vp) {
   using Cfg = HopperConfig<D, Mask::kEnd, 128, false>;
   const HopperSmem<Cfg> sm = hopper_start<Cfg>();
@@ -147,7 +147,7 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
     none.done = true;
     return k == 0 ? first : none;
   };
-  hopper_run<T, Cfg, Mask, NoSoftcap>(vp.hp, sm, first, decode, entry);
+  hopper_run<T, Cfg, Mask, Mod>(vp.hp, sm, first, decode, entry);
 }
 
 }  // namespace fa
@@ -161,12 +161,19 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
     fa::flash_fwd_hopper<T, D, fa::MASK, fa::MOD, ROWS, PERSISTENT>(p);                                           \
   }
 
-// One serving entry: flash_fwd_hopper_varlen_<dtype>_d<D>[_causal].
-#define FA_HOPPER_VARLEN_ENTRY(T, D, MASK, NAME)                                                             \
+// One serving entry: flash_fwd_hopper_varlen_<dtype>_d<D>[_causal|_local][_softcap].
+#define FA_HOPPER_VARLEN_ENTRY(T, D, MASK, MOD, NAME)                                                        \
   extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, fa::MASK::kEnd, 128, false>::kThreads, 1) \
       NAME(const __grid_constant__ fa::HopperVarlenParams p) {                                               \
-    fa::flash_fwd_hopper_varlen<T, D, fa::MASK>(p);                                                          \
+    fa::flash_fwd_hopper_varlen<T, D, fa::MASK, fa::MOD>(p);                                                 \
   }
+#define FA_HOPPER_VARLEN_ENTRIES_D(T, DT, D)                                                              \
+  FA_HOPPER_VARLEN_ENTRY(T, D, NoMask, NoSoftcap, flash_fwd_hopper_varlen_##DT##_d##D)                    \
+  FA_HOPPER_VARLEN_ENTRY(T, D, CausalMask, NoSoftcap, flash_fwd_hopper_varlen_##DT##_d##D##_causal)       \
+  FA_HOPPER_VARLEN_ENTRY(T, D, LocalMask, NoSoftcap, flash_fwd_hopper_varlen_##DT##_d##D##_local)         \
+  FA_HOPPER_VARLEN_ENTRY(T, D, NoMask, Softcap, flash_fwd_hopper_varlen_##DT##_d##D##_softcap)            \
+  FA_HOPPER_VARLEN_ENTRY(T, D, CausalMask, Softcap, flash_fwd_hopper_varlen_##DT##_d##D##_causal_softcap) \
+  FA_HOPPER_VARLEN_ENTRY(T, D, LocalMask, Softcap, flash_fwd_hopper_varlen_##DT##_d##D##_local_softcap)
 
 // Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM), non-causal
 // also persistent and in persistent 192-row CTAs, causal also in 128-row CTAs
@@ -202,7 +209,5 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
   FA_HOPPER_ENTRY(T, 256, NoMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_softcap)                          \
   FA_HOPPER_ENTRY(T, 256, CausalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_causal_softcap)               \
   FA_HOPPER_ENTRY(T, 256, LocalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_local_softcap)                 \
-  FA_HOPPER_VARLEN_ENTRY(T, 64, NoMask, flash_fwd_hopper_varlen_##DT##_d64)                                           \
-  FA_HOPPER_VARLEN_ENTRY(T, 64, CausalMask, flash_fwd_hopper_varlen_##DT##_d64_causal)                                \
-  FA_HOPPER_VARLEN_ENTRY(T, 128, NoMask, flash_fwd_hopper_varlen_##DT##_d128)                                         \
-  FA_HOPPER_VARLEN_ENTRY(T, 128, CausalMask, flash_fwd_hopper_varlen_##DT##_d128_causal)
+  FA_HOPPER_VARLEN_ENTRIES_D(T, DT, 64)                                                                               \
+  FA_HOPPER_VARLEN_ENTRIES_D(T, DT, 128)

@@ -183,7 +183,6 @@ __device__ __forceinline__ SeqKeyTiles<BN> key_tiles(const VarlenItem& it) {
 // rows is skipped (the grid covers max_seqlen_q).
 template <int BM, int BN, typename Mask>
 __device__ __forceinline__ VarlenItem varlen_item(const FlashParams& p, const SeqParams& sp) {
-  static_assert(!Mask::kBegin, "serving entries: no mask, or causal");
   VarlenItem r{};
   r.sp = &sp;
   r.b = blockIdx.y / p.heads;
@@ -196,7 +195,13 @@ __device__ __forceinline__ VarlenItem varlen_item(const FlashParams& p, const Se
   if (r.skip) return r;
   r.n_begin = r.split * p.keys_per_split;
   int n_end = min(r.info.k_len, r.n_begin + p.keys_per_split);
-  if (Mask::kEnd) n_end = min(n_end, r.m0 + BM + r.info.diag());
+  if constexpr (Mask::kBegin) {  // a window: its band, from its first key tile (a page holds whole tiles)
+    const Mask mask(p, r.info.diag());
+    n_end = min(n_end, mask.end_after(r.m0 + BM - 1));
+    r.n_begin = max(r.n_begin, max(mask.first_key(r.m0), 0) / BN * BN);
+  } else if (Mask::kEnd) {
+    n_end = min(n_end, r.m0 + BM + r.info.diag());
+  }
   r.tiles = n_end > r.n_begin ? (n_end - r.n_begin + BN - 1) / BN : 0;
   return r;
 }

@@ -96,6 +96,25 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_r
   }
 }
 
+// Scores of keys outside each row's band to −inf: this thread's rows g
+// (s[·][0..1]) and g + 8 (s[·][2..3]) see keys first_lo … last_lo and
+// first_hi … last_hi; keys n0 … n0 + 8·NT − 1. For the `_varlen` entries'
+// packed query heads under a window.
+template <int NT>
+__device__ __forceinline__ void mask_tile_band(float (&s)[NT][4], int n0, int t, int first_lo, int first_hi,
+                                               int last_lo, int last_hi) {
+  const int f0 = first_lo - n0 - 2 * t, f1 = first_hi - n0 - 2 * t;
+  const int l0 = last_lo - n0 - 2 * t, l1 = last_hi - n0 - 2 * t;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = nt * 8 + (e % 2);
+      if (key < (e < 2 ? f0 : f1) || key > (e < 2 ? l0 : l1)) s[nt][e] = -INFINITY;
+    }
+  }
+}
+
 // Scores of keys past each row's last visible key to −inf: this thread's rows
 // g (s[·][0..1]) and g + 8 (s[·][2..3]) see keys up to last_lo and last_hi; keys
 // n0 … n0 + 8·NT − 1. For rows whose limits are not a row index apart (the

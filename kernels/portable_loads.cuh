@@ -166,7 +166,7 @@ struct SeqTiles {
   const FlashParams& p;
   const SeqParams& sp;
   const Block& blk;
-  const VarlenKeyRange<BM, Mask>& keys;
+  const VarlenKeyRange<BM, BN, Mask>& keys;
   const KeyGroup<T, Cfg>& grp;
   const T* const k_head;  // K/V head kvh of k and v (of the sequence's batch and first row when not paged)
   const T* const v_head;
@@ -182,7 +182,7 @@ struct SeqTiles {
   const int last_in_block;  // the last key any row of the block sees (−1: none), for skipping the mask
 
   __device__ __forceinline__ SeqTiles(const FlashParams& p, const SeqParams& sp, const Block& blk,
-                                      const VarlenKeyRange<BM, Mask>& keys, const KeyGroup<T, Cfg>& grp)
+                                      const VarlenKeyRange<BM, BN, Mask>& keys, const KeyGroup<T, Cfg>& grp)
       : p(p),
         sp(sp),
         blk(blk),
@@ -206,8 +206,10 @@ struct SeqTiles {
   // The last key packed row i (of the block's sequence) sees.
   __device__ __forceinline__ int last_key(int i) const {
     const int last = blk.info.k_len - 1;
-    return Mask::kEnd ? min(last, blk.token(i, sp) + keys.diag) : last;
+    return Mask::kEnd ? min(last, blk.token(i, sp) + keys.mask.hi) : last;
   }
+  // The first key packed row i sees (masks that bound it).
+  __device__ __forceinline__ int first_key(int i) const { return max(blk.token(i, sp) + keys.mask.lo, 0); }
 
   __device__ __forceinline__ int begin() const { return keys.begin; }
   __device__ __forceinline__ int end() const { return keys.end; }
@@ -319,11 +321,17 @@ struct SeqTiles {
   }
 
   // Scores of keys n0 … of the block's rows `row` and `row` + 8, masked past
-  // each row's last key on tiles that reach past the block's first row's.
+  // each row's last key on tiles that reach past the block's first row's;
+  // under a window, outside each row's band on every tile.
   template <int NT>
   __device__ __forceinline__ void mask(float (&s)[NT][4], int n0, int row, int t) const {
-    if (n0 + 8 * NT - 1 <= last_in_block) return;
-    mask_tile_to(s, n0, t, last_key(blk.m0 + row), last_key(blk.m0 + row + 8));
+    const int lo = blk.m0 + row, hi = lo + 8;
+    if constexpr (Mask::kBegin) {
+      mask_tile_band(s, n0, t, first_key(lo), first_key(hi), last_key(lo), last_key(hi));
+    } else {
+      if (n0 + 8 * NT - 1 <= last_in_block) return;
+      mask_tile_to(s, n0, t, last_key(lo), last_key(hi));
+    }
   }
 };
 

@@ -65,18 +65,21 @@ struct VarlenBlock {
   __device__ __forceinline__ int token(int i, const SeqParams& sp) const { return fast_div(sp.group, i); }
 };
 
-// The keys [begin, end) a varlen block's rows see in its split. (Masks that
-// bound a row's first key have no `_varlen` entries.)
-template <int BM, typename Mask>
+// The keys [begin, end) a varlen block's rows see in its split, and the
+// sequence's mask (bottom-right aligned to its own lengths). A band that starts
+// inside the split starts the range at its key tile (BN keys).
+template <int BM, int BN, typename Mask>
 struct VarlenKeyRange {
-  static_assert(!Mask::kBegin, "serving entries: no mask, or causal");
-  const int diag;
-  const int begin;
+  const Mask mask;
+  int begin;
   int end;
 
   __device__ __forceinline__ VarlenKeyRange(const FlashParams& p, const SeqParams& sp, const VarlenBlock<BM, Mask>& blk)
-      : diag(blk.info.diag()), begin(blk.split * p.keys_per_split), end(min(blk.info.k_len, begin + p.keys_per_split)) {
-    if (Mask::kEnd && blk.m0 < blk.rows) end = min(end, blk.token(min(blk.m0 + BM, blk.rows) - 1, sp) + diag + 1);
+      : mask(p, blk.info.diag()),
+        begin(blk.split * p.keys_per_split),
+        end(min(blk.info.k_len, begin + p.keys_per_split)) {
+    if (Mask::kEnd && blk.m0 < blk.rows) end = min(end, blk.token(min(blk.m0 + BM, blk.rows) - 1, sp) + mask.hi + 1);
+    if (Mask::kBegin && blk.m0 < blk.rows) begin = max(begin, max(blk.token(blk.m0, sp) + mask.lo, 0) / BN * BN);
   }
 };
 

@@ -10,9 +10,8 @@ GQA/MQA, seqlen_q != seqlen_k, any strides whose head_dim stride is 1.
 Forward only (inference).
 
 Raises NotImplementedError for what is not supported yet (dropout_p != 0,
-alibi_slopes, window_size or softcap in the serving calls, inputs that
-require grad) and ValueError for shapes, dtypes, windows or devices the
-kernels cannot run.
+alibi_slopes, inputs that require grad) and ValueError for shapes, dtypes,
+windows or devices the kernels cannot run.
 
 Serving calls: ``flash_attn_varlen_func`` (sequences packed with cu_seqlens,
 optionally a paged K/V cache) and ``flash_attn_with_kvcache`` (decode and
@@ -56,18 +55,6 @@ def _check_unsupported(dropout_p, alibi_slopes):
         )
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi is not supported yet; pass alibi_slopes=None")
-
-
-def _check_serving_unsupported(window_size, softcap):
-    if window_size[0] >= 0 or window_size[1] >= 0:  # negative = infinite, as flash-attn
-        raise NotImplementedError(
-            f"window_size={tuple(window_size)}: the serving calls have no sliding window yet; pass "
-            "window_size=(-1, -1), or flash_attn_func for equal-length batches"
-        )
-    if softcap > 0.0:
-        raise NotImplementedError(
-            f"softcap={softcap}: the serving calls have no softcapping yet; pass softcap=0.0, or flash_attn_func"
-        )
 
 
 def _check_no_grad(*tensors):
@@ -203,7 +190,8 @@ def flash_attn_varlen_func(
         block_table: int32 (batch, max_num_blocks_per_seq): sequence i's keys lie on pages
             block_table[i, 0], block_table[i, 1], … in order (pages may be shared).
         seqused_k: int32 (batch,), keyword-only: keys each sequence uses, at most what it has.
-        dropout_p, window_size, softcap, alibi_slopes: as flash_attn_func (only their off values).
+        window_size, softcap: as flash_attn_func, aligned to each sequence's own lengths.
+        dropout_p, alibi_slopes: as flash_attn_func (only their off values).
         deterministic: accepted and ignored (the forward is deterministic).
         return_attn_probs: also return the log-sum-exp, float32 (nheads, total_q).
     Return: out (total_q, nheads, headdim); with return_attn_probs, (out, softmax_lse, None).
@@ -213,7 +201,7 @@ def flash_attn_varlen_func(
     fault; FLASH_PIPELINE_VALIDATE=1 checks them on the host first (a synchronisation).
     """
     _check_unsupported(dropout_p, alibi_slopes)
-    _check_serving_unsupported(window_size, softcap)
+    left, right = _check_window(window_size)
     _check_no_grad(q, k, v)
     ops.check_index_types(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, block_table=block_table,
                           seqused_k=seqused_k)
@@ -233,7 +221,7 @@ def flash_attn_varlen_func(
         cu_seqlens_k = None
     out, softmax_lse = torch.ops.flash_pipeline.varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, softmax_scale,
-        causal, 0
+        causal, 0, left, right, float(softcap)
     )
     return (out, softmax_lse, None) if return_attn_probs else out
 
@@ -298,15 +286,16 @@ def flash_attn_with_kvcache(
         softmax_scale: scaling of q·kᵀ; default 1 / sqrt(headdim).
         causal: bottom-right aligned: query row i of a sequence with L keys sees keys
             j <= L - seqlen_q + i.
+        window_size, softcap: as flash_attn_func, aligned as causal to each sequence's cache.
         num_splits: key splits; 0 lets the planner choose.
         return_softmax_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q).
     Return: out (batch, seqlen_q, nheads, headdim); with return_softmax_lse, (out, softmax_lse).
 
     Not supported yet (NotImplementedError): rotary_cos/rotary_sin (rotary_interleaved is
-    then unused), cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes.
+    then unused), cache_batch_idx, cache_leftpad, alibi_slopes.
     """
     _check_unsupported(0.0, alibi_slopes)
-    _check_serving_unsupported(window_size, softcap)
+    left, right = _check_window(window_size)
     for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
                         ("cache_leftpad", cache_leftpad)):
         if value is not None:
@@ -347,6 +336,6 @@ def flash_attn_with_kvcache(
         cache_seqlens = cache_seqlens + k.shape[1]
     out, softmax_lse = torch.ops.flash_pipeline.varlen_fwd(
         q, k_cache, v_cache, None, None, cache_seqlens, block_table, q.shape[1], max_seqlen_k, softmax_scale, causal,
-        num_splits
+        num_splits, left, right, float(softcap)
     )
     return (out, softmax_lse) if return_softmax_lse else out

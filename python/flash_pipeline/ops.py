@@ -177,7 +177,8 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 # ---------------------------------------------------------------- serving --
 #
 # ``torch.ops.flash_pipeline.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-# block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, num_splits) -> (out, lse)``
+# block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, num_splits, window_left=-1,
+# window_right=-1, softcap=0.0) -> (out, lse)``
 # is the one op under flash_attn_varlen_func and flash_attn_with_kvcache: the
 # kernel-ffi serving call (``Attention::forward_varlen_on``) on the current
 # stream, as opaque to Dynamo as ``fwd`` and with a fake implementation.
@@ -273,12 +274,18 @@ def varlen_fwd(
     softmax_scale: Optional[float],
     causal: bool,
     num_splits: int,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """A serving call: q packed (total_q, nheads, headdim) with cu_seqlens_q or dense
     (batch, seqlen_q, nheads, headdim); k and v packed with cu_seqlens_k, paged
     (num_pages, page_size, nheads_k, headdim) with block_table, or dense; seqused_k the keys
-    each sequence uses; num_splits 0 lets the planner choose. Returns (out in q's shape, lse).
+    each sequence uses; num_splits 0 lets the planner choose; a window and softcap as ``fwd``'s,
+    aligned to each sequence's own lengths. Returns (out in q's shape, lse).
     Packed rows that no sequence covers are left unwritten (as FlashAttention's)."""
+    window = _args.check_window((window_left, window_right))
+    softcap = _args.check_softcap(softcap)
     q, k, v, (qv, kv, vv), seqs = _serving_inputs(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, num_splits
     )
@@ -311,6 +318,8 @@ def varlen_fwd(
             int(max_seqlen_q),
             int(max_seqlen_k),
             bool(causal),
+            window,
+            softcap,
             None if softmax_scale is None else float(softmax_scale),
             int(num_splits),
             validate_indices(),
@@ -323,7 +332,7 @@ def varlen_fwd(
 
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      num_splits):
+      num_splits, window_left=-1, window_right=-1, softcap=0.0):
     q, *_ = _serving_inputs(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, num_splits
     )

@@ -41,8 +41,8 @@ How each call runs:
   transformers materialises a mask whenever the window cuts a key, so a
   ``None`` mask means it cuts none; a mask equal to the bottom-right causal
   band of W keys runs the kernel with ``window_size = (W − 1, 0)``.
-* ``softcap`` (Gemma 2's attention logit softcapping) runs in the kernel;
-  where the call would fall back (padded batches included), it raises
+* ``softcap`` (Gemma 2's attention logit softcapping) runs in the kernels
+  (padded batches too); where the call would fall back to SDPA, it raises
   NotImplementedError instead, as SDPA has no softcapping (use 'eager').
   While compiling (``torch.compile``) or capturing a CUDA graph a given mask is
   not inspected: those calls fall back to SDPA.
@@ -151,22 +151,27 @@ def _pattern(query, key, value, attention_mask, is_causal, sliding_window=None):
             return _Dense(True, sliding_window - 1, key, value)
     if bool(attention_mask.all()):
         return _Dense(False, -1, key, value)
-    padded = _padded_batch(attention_mask, is_causal)
-    if padded is not None:
-        return padded
+    windows = [-1] + ([sliding_window - 1] if sliding_window is not None and sliding_window >= 1 else [])
+    for left in windows:
+        padded = _padded_batch(attention_mask, is_causal, left)
+        if padded is not None:
+            return padded
     return "the mask has padding or a pattern other than causal"
 
 
 class _Padded(NamedTuple):
-    """A padded batch: which query rows and keys of each sequence are kept, boolean (batch, seqlen)."""
+    """A padded batch: which query rows and keys of each sequence are kept, boolean (batch, seqlen),
+    and the sliding window's left side over the kept keys (-1: none)."""
 
     q_keep: torch.Tensor
     k_keep: torch.Tensor
+    left: int = -1
 
 
-def _padded_batch(mask, is_causal):
+def _padded_batch(mask, is_causal, left=-1):
     """The kept rows where the mask is exactly each sequence's bottom-right causal
-    (or full) attention of its kept query rows to its kept keys; else None."""
+    (or full) attention of its kept query rows to its kept keys, within `left` keys
+    before the diagonal where that is not -1; else None."""
     if mask.shape[1] != 1:
         return None
     m = mask[:, 0]  # (batch, sq, sk)
@@ -175,12 +180,15 @@ def _padded_batch(mask, is_causal):
     q_rank = q_keep.cumsum(1) - 1  # a kept row's index among its sequence's kept rows
     k_rank = k_keep.cumsum(1) - 1
     implied = q_keep[:, :, None] & k_keep[:, None, :]
+    diag = q_rank[:, :, None] + (n_k - n_q)[:, :, None]
     if is_causal and m.shape[1] > 1:
-        implied &= k_rank[:, None, :] <= q_rank[:, :, None] + (n_k - n_q)[:, :, None]
-    return _Padded(q_keep, k_keep) if torch.equal(implied, m) else None
+        implied &= k_rank[:, None, :] <= diag
+    if left >= 0:
+        implied &= k_rank[:, None, :] >= diag - left
+    return _Padded(q_keep, k_keep, left) if torch.equal(implied, m) else None
 
 
-def _varlen(query, key, value, q_keep, k_keep, causal, scaling):
+def _varlen(query, key, value, q_keep, k_keep, left, causal, scaling, softcap=0.0):
     """The padded batch's kept rows, packed, through the serving kernel; padded query rows get zeros."""
     b, h, sq, d = query.shape
     q_rows, k_rows = q_keep.reshape(-1).nonzero().squeeze(1), k_keep.reshape(-1).nonzero().squeeze(1)
@@ -189,7 +197,7 @@ def _varlen(query, key, value, q_keep, k_keep, causal, scaling):
     cu_q, cu_k = cu(q_keep), cu(k_keep)
     out, _ = torch.ops.flash_pipeline.varlen_fwd(
         packed(query, q_rows), packed(key, k_rows), packed(value, k_rows), cu_q, cu_k, None, None,
-        query.shape[2], key.shape[2], scaling, causal, 0,
+        query.shape[2], key.shape[2], scaling, causal, 0, left, -1, softcap,
     )
     full = query.new_zeros((b * sq, h, d))
     full[q_rows] = out
@@ -231,8 +239,9 @@ def attention_forward(
             _note("kernel")
             return out, None
         serving = query.shape[-1] in _SERVING_HEAD_DIMS
-        if isinstance(plan, _Padded) and serving and not softcap:
-            out = _varlen(query, key, value, *plan, bool(is_causal and query.shape[2] > 1), scaling)
+        if isinstance(plan, _Padded) and serving:
+            causal = bool(is_causal and query.shape[2] > 1)
+            out = _varlen(query, key, value, *plan, causal, scaling, float(softcap or 0.0))
             _note("varlen")
             return out, None
         if isinstance(plan, _Padded):
@@ -242,8 +251,8 @@ def attention_forward(
     category, detail = bad
     if softcap:
         raise NotImplementedError(
-            f"softcap={softcap} with {detail}: only the dense kernel softcaps (SDPA and the serving kernel do "
-            "not); use attn_implementation='eager'"
+            f"softcap={softcap} with {detail}: SDPA, the fallback, has no softcapping; use "
+            "attn_implementation='eager'"
         )
     _note(f"sdpa: {category}", f"flash_pipeline falls back to SDPA: {detail}")
     return sdpa_attention_forward(

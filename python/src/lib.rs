@@ -116,11 +116,11 @@ type IntArg = (u64, usize);
 /// k and v dense, packed (with `cu_seqlens_k`) or paged [pages, Hkv,
 /// page_size, D] (with `block_table` = (address, length, max_pages, stride)).
 /// `lse` (address 0: none) gets fp32 [batch, H, rows] of q's view. An int32
-/// array whose address is 0 is absent. `num_splits` 0 lets the planner
-/// choose; `validate` checks the arrays on the host first (a synchronising
-/// copy).
+/// array whose address is 0 is absent. `window` and `softcap` as `forward`'s.
+/// `num_splits` 0 lets the planner choose; `validate` checks the arrays on the
+/// host first (a synchronising copy).
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, seqs, max_seqlen_q, max_seqlen_k, causal, scale, num_splits, validate, device, stream, kernel_dir))]
+#[pyo3(signature = (q, k, v, out, lse, dtype, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, seqs, max_seqlen_q, max_seqlen_k, causal, window, softcap, scale, num_splits, validate, device, stream, kernel_dir))]
 #[allow(clippy::too_many_arguments)]
 fn forward_varlen(
     q: TensorArg,
@@ -137,6 +137,8 @@ fn forward_varlen(
     max_seqlen_q: usize,
     max_seqlen_k: usize,
     causal: bool,
+    window: (i64, i64),
+    softcap: f32,
     scale: Option<f32>,
     num_splits: u32,
     validate: bool,
@@ -150,7 +152,9 @@ fn forward_varlen(
     }
     let att = attention(device, &kernel_dir).map_err(py_err)?;
     let splits = if num_splits == 0 { Splits::Auto } else { Splits::Fixed(num_splits) };
-    let opts = Options { causal, scale, splits, ..Options::default() };
+    let window = Window::from_pair(window.0, window.1).map_err(PyValueError::new_err)?;
+    let softcap = (softcap != 0.0).then_some(softcap);
+    let opts = Options { causal, window, softcap, scale, splits, choice: KernelChoice::default() };
     let (table, table_len, max_pages, table_stride) = block_table;
     // SAFETY: as in `forward`: the caller (flash_pipeline.ops) passes PyTorch's current
     // stream of `device` and tensors and int32 arrays of that device whose storage holds

@@ -353,7 +353,8 @@ def test_serving_op_schema():
     assert schema == (
         "flash_pipeline::varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
         "Tensor? seqused_k, Tensor? block_table, SymInt max_seqlen_q, SymInt max_seqlen_k, float? softmax_scale, "
-        "bool causal, SymInt num_splits) -> (Tensor, Tensor)"
+        "bool causal, SymInt num_splits, SymInt window_left=-1, SymInt window_right=-1, float softcap=0.) "
+        "-> (Tensor, Tensor)"
     )
 
 
@@ -400,8 +401,6 @@ def test_serving_unsupported_arguments():
     q, cu = torch.zeros(4, 2, 64, dtype=torch.float16), torch.tensor([0, 4], dtype=torch.int32)
     for kwargs, match in [
         (dict(dropout_p=0.1), "dropout_p=0.1"),
-        (dict(window_size=(8, 0)), r"window_size=\(8, 0\): the serving calls have no sliding window yet"),
-        (dict(softcap=30.0), "softcap=30.0: the serving calls have no softcapping yet"),
         (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes.*not supported yet"),
     ]:
         with pytest.raises(NotImplementedError, match=match):
@@ -412,15 +411,17 @@ def test_serving_unsupported_arguments():
         (dict(rotary_sin=torch.zeros(8, 32)), "rotary_sin: not supported yet"),
         (dict(cache_batch_idx=torch.zeros(1, dtype=torch.int32)), "cache_batch_idx: not supported yet"),
         (dict(cache_leftpad=torch.zeros(1, dtype=torch.int32)), "cache_leftpad: not supported yet"),
-        (dict(window_size=(-1, 0)), r"window_size=\(-1, 0\): the serving calls have no sliding window yet"),
-        (dict(softcap=5.0), "softcap=5.0: the serving calls have no softcapping yet"),
         (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes.*not supported yet"),
     ]:
         with pytest.raises(NotImplementedError, match=match):
             fa.flash_attn_with_kvcache(qd, cache, cache, **kwargs)
-    # the off values are accepted; these calls then meet the device rule
+    # the off values, windows and softcaps are accepted; these calls then meet the device rule
     with pytest.raises(ValueError, match="q is on cpu"):
         fa.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, softcap=-1.0, deterministic=True, return_attn_probs=True)
+    with pytest.raises(ValueError, match="q is on cpu"):
+        fa.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, window_size=(8, 0), softcap=30.0)
+    with pytest.raises(ValueError, match="window_size=\\(8,\\): it must be a pair"):
+        fa.flash_attn_with_kvcache(qd, cache, cache, cache_seqlens=3, window_size=(8,))
     with pytest.raises(ValueError, match="q is on cpu"):
         fa.flash_attn_with_kvcache(qd, cache, cache, cache_seqlens=3, rotary_interleaved=False)
 
@@ -614,7 +615,8 @@ def test_the_installed_extension_loads_without_torch():
                     (8, 8, 8, 8), False, (-1, -1), 0.0, None, 0, 0, str(folder / "kernels"))
     t = (1, [1, 1, 8, 64], [0, 0, 64], 512)
     varlen = dict(cu_seqlens_q=(0, 0), cu_seqlens_k=(0, 0), seqused_k=(0, 0), block_table=(0, 0, 0, 0), seqs=1,
-                  max_seqlen_q=8, max_seqlen_k=8, causal=False, scale=None, num_splits=0, validate=False, device=0,
+                  max_seqlen_q=8, max_seqlen_k=8, causal=False, window=(-1, -1), softcap=0.0, scale=None, num_splits=0,
+                  validate=False, device=0,
                   stream=0, kernel_dir=str(folder / "kernels"))
     with pytest.raises(ValueError, match="unknown dtype"):
         ext.forward_varlen(t, t, t, t, (0, 0), "f32", **varlen)

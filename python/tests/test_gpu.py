@@ -284,10 +284,10 @@ def paged(ks, vs, page_size, spare=0, seed=0):
     return k_cache, v_cache, table.to(DEV)
 
 
-def check_sequences(out_of, lse_of, qs, ks, vs, causal, scale=None):
+def check_sequences(out_of, lse_of, qs, ks, vs, causal, scale=None, **mask):
     """Sequence i's rows of out (seqlen_q, nheads, headdim) and of the LSE (nheads, seqlen_q)."""
     for i, (q, k, v) in enumerate(zip(qs, ks, vs)):
-        ref_out, ref_lse = reference(q[None], k[None], v[None], causal, scale)
+        ref_out, ref_lse = reference(q[None], k[None], v[None], causal, scale, **mask)
         torch.testing.assert_close(out_of(i).double(), ref_out[0], **TOL[q.dtype])
         torch.testing.assert_close(lse_of(i).double(), ref_lse[0], **LSE_TOL)
 
@@ -314,6 +314,45 @@ def test_varlen_matches_reference(heads, causal, d, dtype):
     c = cq.tolist()
     check_sequences(lambda i: out[c[i]:c[i + 1]], lambda i: lse[:, c[i]:c[i + 1]], qs, ks, vs, causal)
     assert bool((lse[:, c[4]:c[5]] == float("-inf")).all())  # the sequence without keys
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", [((40, 0), True, 0.0), ((-1, -1), True, 30.0), ((100, 8), False, 20.0)],
+                         ids=["w40-causal", "causal-cap30", "w100_8-cap20"])
+def test_varlen_and_kvcache_windows_and_softcap(mask, d):
+    """Windows and softcaps in the serving calls, each sequence aligned to its own lengths:
+    ragged packed sequences, and decode and chunks against dense and paged caches."""
+    torch.manual_seed(26)
+    window, causal, softcap = mask
+    dtype, h, hk = torch.bfloat16, 8, 2
+    lens_q, lens_k = [0, 1, 77, 130, 5, 300], [3, 1, 200, 130, 0, 1100]
+    qs, ks, vs = seqs_of(lens_q, h, d, dtype), seqs_of(lens_k, hk, d, dtype), seqs_of(lens_k, hk, d, dtype, 0.5)
+    cq, ck = offsets(lens_q), offsets(lens_k)
+    kw = dict(causal=causal, window_size=window, softcap=softcap)
+    with torch.no_grad():
+        out, lse, _ = fa.flash_attn_varlen_func(torch.cat(qs), torch.cat(ks), torch.cat(vs), cq, ck, max(lens_q),
+                                                max(lens_k), return_attn_probs=True, **kw)
+    c = cq.tolist()
+    check_sequences(lambda i: out[c[i]:c[i + 1]], lambda i: lse[:, c[i]:c[i + 1]], qs, ks, vs, causal,
+                    window=window, softcap=softcap)
+    lens = [1000, 1, 0, 257]
+    ks, vs = seqs_of(lens, hk, d, dtype), seqs_of(lens, hk, d, dtype)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    for seqlen_q in (1, 5):
+        q = torch.randn(len(lens), seqlen_q, h, d, device=DEV, dtype=dtype)
+        for page_size in (None, 16, 256):
+            if page_size is None:
+                k_cache = torch.randn(len(lens), 1024, hk, d, device=DEV, dtype=dtype)
+                v_cache = torch.randn_like(k_cache)
+                for i, n in enumerate(lens):
+                    k_cache[i, :n], v_cache[i, :n] = ks[i], vs[i]
+                table = None
+            else:
+                k_cache, v_cache, table = paged(ks, vs, page_size, seed=page_size)
+            with torch.no_grad():
+                o, l = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                                  return_softmax_lse=True, **kw)
+            check_sequences(lambda i: o[i], lambda i: l[i], list(q), ks, vs, causal, window=window, softcap=softcap)
 
 
 def test_varlen_scale_and_strided_q():

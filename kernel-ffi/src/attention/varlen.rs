@@ -12,7 +12,7 @@ use super::{Attention, Family, Launched, Options, Splits, Tensor, Variant, valid
 use crate::error::{CudaContext, Error, Result, invalid};
 use crate::params::{FastDiv, HopperParams, HopperSched, HopperVarlenParams, SeqParams, TmaDesc, VarlenParams};
 use crate::planner::{self, Plan};
-use crate::scores::{Band, Scores, Window};
+use crate::scores::{Band, Scores};
 use crate::sequences::{self, Indices, PageTable, SeqLayout, VarlenProblem};
 use crate::tensor::Dtype;
 
@@ -125,15 +125,11 @@ impl Attention {
         {
             invalid!("lse holds {} floats but batch × heads × rows of q = {}", l.len(), p.rows());
         }
-        if opts.window != Window::default() || opts.softcap.is_some() {
-            return Err(Error::Unsupported(
-                "window_size and softcap are not supported by variable-length or paged calls yet; \
-                 use the dense forward (equal lengths)"
-                    .into(),
-            ));
-        }
-        let family = self.varlen_family(opts, &p, q.dtype)?;
-        let name = varlen_entry(family, q.dtype, p.tensors.head_dim, opts.causal);
+        // Resolved on the longest sequence: a side that bounds none of its rows
+        // bounds no shorter sequence's either; the kernels align each sequence's own.
+        let scores = opts.scores(p.max_seqlen_q, p.max_seqlen_k)?;
+        let family = self.varlen_family(opts, &p, q.dtype, scores)?;
+        let name = varlen_entry(family, q.dtype, p.tensors.head_dim, scores);
         let kern = self.kernel(&name)?;
         let block_m = kern.launch.block_m;
         if opts.choice.block_m.is_some_and(|m| m != block_m) || opts.choice.key_groups.is_some_and(|g| g != 1) {
@@ -155,12 +151,11 @@ impl Attention {
         }
         let seq_heads = seq_heads as u32; // ≤ MAX_BATCH_HEADS (sequences::validate, sequences::hopper_unfit)
         let work = u64::from(m_blocks) * u64::from(seq_heads);
-        let plan = plan(opts.splits, self.device.sm_count, kern.ctas_per_sm, work, &p, kern.launch.block_n);
+        let plan =
+            plan(opts.splits, self.device.sm_count, kern.ctas_per_sm, work, &p, kern.launch.block_n, scores.band);
         let s = stream;
         let partials = self.alloc_partials(s, &p.tensors, plan.num_splits)?;
         let lse = lse.map_or(0, |l| device_ptr(l, s));
-        let band = if opts.causal { Band::Causal } else { Band::Full };
-        let scores = Scores { band, softcap: None };
         let params = Self::flash_params(s, [q, k, v, out], lse, partials.as_ref(), &p.tensors, &plan, scores);
         let seq = seq_params(s, seqs, &p);
         let cfg = LaunchConfig {
@@ -171,7 +166,7 @@ impl Attention {
         match family {
             Family::Portable => {
                 let vp = VarlenParams { p: params, seq };
-                // SAFETY: matches `flash_fwd_varlen_<dtype>_d<D>[_causal](const VarlenParams p)` in
+                // SAFETY: matches `flash_fwd_varlen_<dtype>_d<D>[_causal|_local][_softcap](const VarlenParams p)` in
                 // kernels/flash_fwd_<dtype>.cu. sequences::validate proved every row of q/k/v/out's
                 // dims lies inside its buffer (strides multiples of 8 elements), validate::aligned that
                 // pointers are 16-byte aligned, and that the index arrays hold seqs + 1 offsets, seqs
@@ -194,7 +189,7 @@ impl Attention {
                     },
                     seq,
                 };
-                // SAFETY: matches `flash_fwd_hopper_varlen_<dtype>_d<D>[_causal](const __grid_constant__
+                // SAFETY: matches `flash_fwd_hopper_varlen_<dtype>_d<D>[_causal|_local][_softcap](const __grid_constant__
                 // HopperVarlenParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
                 // exactly the validated q/k/v extents (TMA zero-fills and never reads past them; paged,
                 // hopper_unfit proved each 128-key tile lies in one page); out, lse and the partials are
@@ -222,12 +217,12 @@ impl Attention {
     /// where loaded, where they can run the call (`sequences::hopper_unfit`) and
     /// the caller's `block_m` (if any), and for prefill
     /// (`planner::prefer_hopper_varlen`).
-    fn varlen_family(&self, opts: &Options, p: &VarlenProblem, dtype: Dtype) -> Result<Family> {
+    fn varlen_family(&self, opts: &Options, p: &VarlenProblem, dtype: Dtype, scores: Scores) -> Result<Family> {
         let unfit = sequences::hopper_unfit(p);
         match opts.choice.variant {
             Variant::Portable => Ok(Family::Portable),
             Variant::Auto => {
-                let hopper = self.kernels.get(&varlen_entry(Family::Hopper, dtype, p.tensors.head_dim, opts.causal));
+                let hopper = self.kernels.get(&varlen_entry(Family::Hopper, dtype, p.tensors.head_dim, scores));
                 let takes = hopper.is_some_and(|k| opts.choice.block_m.is_none_or(|m| m == k.launch.block_m));
                 Ok(if takes && unfit.is_none() && planner::prefer_hopper_varlen(p.max_seqlen_q) {
                     Family::Hopper
@@ -263,22 +258,32 @@ impl Attention {
 }
 
 /// The split plan: the caller's count, else `planner::plan_ragged` for the
-/// longest sequence (the others' lengths are on the device).
-fn plan(splits: Splits, sm_count: u32, ctas_per_sm: u32, work: u64, p: &VarlenProblem, block_n: u32) -> Plan {
+/// longest sequence (the others' lengths are on the device); one split under a
+/// window, whose rows each see a window's keys wherever the band lies.
+fn plan(
+    splits: Splits,
+    sm_count: u32,
+    ctas_per_sm: u32,
+    work: u64,
+    p: &VarlenProblem,
+    block_n: u32,
+    band: Band,
+) -> Plan {
     let max_k = p.max_seqlen_k.min(u32::MAX as usize) as u32;
     match splits {
         Splits::Fixed(n) => planner::plan_fixed(n, max_k, block_n),
+        Splits::Auto if matches!(band, Band::Local { .. }) => planner::plan_fixed(1, max_k, block_n),
         Splits::Auto => planner::plan_ragged(sm_count, ctas_per_sm, work, max_k, block_n),
     }
 }
 
-/// The serving entry of a family: `flash_fwd[_hopper]_varlen_<dtype>_d<D>[_causal]`.
-fn varlen_entry(family: Family, dtype: Dtype, head_dim: usize, causal: bool) -> String {
+/// The serving entry of a family: `flash_fwd[_hopper]_varlen_<dtype>_d<D>[_causal|_local][_softcap]`.
+fn varlen_entry(family: Family, dtype: Dtype, head_dim: usize, scores: Scores) -> String {
     let stem = match family {
         Family::Portable => "flash_fwd_varlen",
         Family::Hopper => "flash_fwd_hopper_varlen",
     };
-    format!("{stem}_{}_d{head_dim}{}", dtype.name(), if causal { "_causal" } else { "" })
+    format!("{stem}_{}_d{head_dim}{}", dtype.name(), scores.suffix())
 }
 
 /// The Hopper entries' schedule, which the serving entries do not read.

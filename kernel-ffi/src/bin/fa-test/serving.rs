@@ -10,8 +10,8 @@ use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ShapeRecord, TestCase};
 use kernel_ffi::{
-    Attention, Band, BlockTable, CudaSlice, Desc, Dtype, KernelChoice, Layout, Options, Problem, Scores, Sequences,
-    Splits, Variant, sequences,
+    Attention, BlockTable, CudaSlice, Desc, Dtype, KernelChoice, Layout, Options, Problem, Scores, Sequences, Splits,
+    Variant, Window, sequences,
 };
 
 /// Where a case's queries lie.
@@ -53,6 +53,9 @@ pub struct Case {
     pub dtype: Dtype,
     pub head_dim: usize,
     pub causal: bool,
+    /// FlashAttention's `window_size` and `softcap`.
+    pub window: Window,
+    pub softcap: Option<f32>,
     pub heads: usize,
     pub kv_heads: usize,
     /// Query rows per sequence (all equal with dense queries).
@@ -73,10 +76,17 @@ pub struct Case {
 impl Case {
     pub fn name(&self) -> String {
         format!(
-            "serving-{}-d{}{}-h{}kv{}-{}-{}-s{}{}{}{}",
+            "serving-{}-d{}{}{}{}-h{}kv{}-{}-{}-s{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "-causal" } else { "" },
+            if self.window == Window::default() {
+                String::new()
+            } else {
+                let side = |x: Option<u32>| x.map_or_else(|| "inf".to_string(), |v| v.to_string());
+                format!("-w{}_{}", side(self.window.left), side(self.window.right))
+            },
+            self.softcap.map_or(String::new(), |c| format!("-cap{c}")),
             self.heads,
             self.kv_heads,
             self.tag,
@@ -112,8 +122,18 @@ impl Case {
             seqlen_k: self.k_lens.iter().copied().max().unwrap_or(0),
             head_dim: self.head_dim,
             causal: self.causal,
-            ..ShapeRecord::default()
+            window: (self.window != Window::default()).then(|| {
+                let side = |x: Option<u32>| x.map_or(-1, i64::from);
+                [side(self.window.left), side(self.window.right)]
+            }),
+            softcap: self.softcap,
         }
+    }
+
+    /// The mask and modifier, resolved on the longest sequence as the launch API does.
+    fn scores(&self) -> Result<Scores> {
+        let longest = |lens: &[usize]| lens.iter().copied().max().unwrap_or(0);
+        Ok(Scores::resolve(self.causal, self.window, self.softcap, longest(&self.q_lens), longest(&self.k_lens))?)
     }
 
     pub fn work(&self) -> f64 {
@@ -172,6 +192,8 @@ pub fn matrix() -> Vec<Case> {
                             dtype,
                             head_dim,
                             causal,
+                            window: Window::default(),
+                            softcap: None,
                             heads,
                             kv_heads,
                             q_lens: q_lens.clone(),
@@ -185,6 +207,45 @@ pub fn matrix() -> Vec<Case> {
                             tag,
                         });
                     }
+                }
+            }
+        }
+    }
+    // Windows and softcaps over every length set: a causal band narrower than a
+    // key tile, a capped causal call, and a two-sided band under a cap, each on
+    // packed, dense and paged keys in turn.
+    let w = |left, right| Window::from_pair(left, right).expect("a valid window");
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        for head_dim in [64, 128] {
+            for (window, causal, softcap) in
+                [(w(40, 0), true, None), (w(-1, -1), true, Some(30.0)), (w(100, 8), false, Some(20.0))]
+            {
+                for (tag, q_lens, k_lens) in lengths() {
+                    i += 1;
+                    let (heads, kv_heads) = gqa[i % gqa.len()];
+                    cases.push(Case {
+                        dtype,
+                        head_dim,
+                        causal,
+                        window,
+                        softcap,
+                        heads,
+                        kv_heads,
+                        q_lens: q_lens.clone(),
+                        k_lens: k_lens.clone(),
+                        queries: Queries::Packed { gap: i % 3 * 5 },
+                        keys: [
+                            Keys::Packed,
+                            Keys::Dense,
+                            Keys::Paged { page_size: 128, shared: true },
+                            Keys::Paged { page_size: 16, shared: false },
+                        ][i % 4],
+                        splits: [Splits::Fixed(1), Splits::Auto, Splits::Fixed(3)][i % 3],
+                        lse: i.is_multiple_of(2),
+                        indices: Indices::Good,
+                        variant: Variant::Portable,
+                        tag,
+                    });
                 }
             }
         }
@@ -214,6 +275,8 @@ fn bad_indices() -> Vec<Case> {
         dtype: Dtype::Bf16,
         head_dim: 128,
         causal: true,
+        window: Window::default(),
+        softcap: None,
         heads: 4,
         kv_heads: 2,
         q_lens: vec![3, 40, 1],
@@ -376,7 +439,7 @@ fn random(rng: &mut Rng, dtype: Dtype, desc: &Desc, lo: f32, hi: f32) -> (Vec<u1
 
 /// The f64 reference of each sequence on its own rows and keys, concatenated:
 /// outputs in (sequence, head, row, d) order and LSEs in (sequence, head, row).
-fn expected(case: &Case, b: &Built, threads: usize) -> (Vec<f64>, Vec<f64>) {
+fn expected(case: &Case, b: &Built, threads: usize, scores: Scores) -> (Vec<f64>, Vec<f64>) {
     let (d, h, hkv) = (case.head_dim, case.heads, case.kv_heads);
     let (mut want, mut want_l) = (Vec::new(), Vec::new());
     for (s, &(row0, batch)) in b.q_at.iter().enumerate() {
@@ -402,7 +465,7 @@ fn expected(case: &Case, b: &Built, threads: usize) -> (Vec<f64>, Vec<f64>) {
             &HostTensor { desc: kv_view, data: &b.k_seq[s] },
             &HostTensor { desc: kv_view, data: &b.v_seq[s] },
             &problem,
-            Scores { band: if case.causal { Band::Causal } else { Band::Full }, softcap: None },
+            scores,
         );
         want.extend(o);
         want_l.extend(l);
@@ -467,7 +530,14 @@ pub fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> 
         validate,
     };
     let choice = KernelChoice { variant: case.variant, ..KernelChoice::default() };
-    let opts = Options { causal: case.causal, splits: case.splits, choice, ..Options::default() };
+    let opts = Options {
+        causal: case.causal,
+        window: case.window,
+        softcap: case.softcap,
+        splits: case.splits,
+        choice,
+        ..Options::default()
+    };
     if case.indices == Indices::Bad {
         // Refused when checked; unchecked, run to completion without a fault.
         let refused = att.forward_varlen(&q, &k, &v, &mut out, lse.as_mut(), &sequences(true), &opts);
@@ -498,7 +568,7 @@ pub fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> 
 
     // Each sequence against the reference on its own rows and keys.
     let (d, h) = (case.head_dim, case.heads);
-    let (want, want_l) = expected(case, &b, threads);
+    let (want, want_l) = expected(case, &b, threads, case.scores()?);
     let (mut got, mut got_l) = (Vec::new(), Vec::new());
     let mut covered = vec![false; rows];
     let lse_row = |batch: usize, head: usize, row: usize| (batch * h + head) * b.q_desc.dims[2] + row;
@@ -679,7 +749,7 @@ mod tests {
             assert_eq!(unfit.is_none(), hopper_takes(case.keys), "{}: {unfit:?}", case.name());
             // The reference (slow unoptimised) on decode's short rows, one layout each.
             if case.tag == "decode" && !case.causal {
-                let (want, _) = expected(&case, &b, 1);
+                let (want, _) = expected(&case, &b, 1, case.scores().unwrap());
                 let rows: usize = case.q_lens.iter().sum::<usize>() * case.heads * case.head_dim;
                 assert_eq!(want.len(), rows, "{}", case.name());
             }
