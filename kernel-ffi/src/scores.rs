@@ -38,6 +38,20 @@ impl Window {
     }
 }
 
+impl Window {
+    /// FlashAttention's pair, −1 for unbounded; `None` for no window at all.
+    pub fn pair(self) -> Option<[i64; 2]> {
+        let side = |x: Option<u32>| x.map_or(-1, i64::from);
+        (self != Window::default()).then(|| [side(self.left), side(self.right)])
+    }
+
+    /// A name part, `-w<left>_<right>` (`inf` for unbounded); empty for no window.
+    pub fn label(self) -> String {
+        let side = |x: Option<u32>| x.map_or_else(|| "inf".to_string(), |v| v.to_string());
+        self.pair().map_or(String::new(), |_| format!("-w{}_{}", side(self.left), side(self.right)))
+    }
+}
+
 /// `LEFT,RIGHT` as FlashAttention writes `window_size`, −1 for unbounded.
 impl std::str::FromStr for Window {
     type Err = String;
@@ -224,6 +238,13 @@ mod tests {
         assert_eq!(s(Band::Causal, Some(30.0)), "_causal_softcap");
         assert_eq!(s(Band::Local { left: 1, right: 0 }, None), "_local");
         assert_eq!(s(Band::Full, Some(50.0)), "_softcap");
+    }
+
+    #[test]
+    fn windows_name_and_pair_themselves() {
+        let w = Window { left: Some(40), right: None };
+        assert_eq!((w.pair(), w.label()), (Some([40, -1]), "-w40_inf".to_string()));
+        assert_eq!((Window::default().pair(), Window::default().label()), (None, String::new()));
     }
 
     #[test]

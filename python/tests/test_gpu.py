@@ -284,6 +284,19 @@ def paged(ks, vs, page_size, spare=0, seed=0):
     return k_cache, v_cache, table.to(DEV)
 
 
+def cache_of(ks, vs, page_size, slots=1024):
+    """A cache holding sequence i's keys and values first: dense (batch, slots, nheads_k, headdim)
+    with random keys past each length, which must be ignored, or paged (page_size not None)."""
+    if page_size is not None:
+        return paged(ks, vs, page_size, seed=page_size)
+    k0 = ks[0]
+    k_cache = torch.randn(len(ks), slots, k0.shape[1], k0.shape[2], device=DEV, dtype=k0.dtype)
+    v_cache = torch.randn_like(k_cache)
+    for i, (k, v) in enumerate(zip(ks, vs)):
+        k_cache[i, :len(k)], v_cache[i, :len(v)] = k, v
+    return k_cache, v_cache, None
+
+
 def check_sequences(out_of, lse_of, qs, ks, vs, causal, scale=None, **mask):
     """Sequence i's rows of out (seqlen_q, nheads, headdim) and of the LSE (nheads, seqlen_q)."""
     for i, (q, k, v) in enumerate(zip(qs, ks, vs)):
@@ -341,14 +354,7 @@ def test_varlen_and_kvcache_windows_and_softcap(mask, d):
     for seqlen_q in (1, 5):
         q = torch.randn(len(lens), seqlen_q, h, d, device=DEV, dtype=dtype)
         for page_size in (None, 16, 256):
-            if page_size is None:
-                k_cache = torch.randn(len(lens), 1024, hk, d, device=DEV, dtype=dtype)
-                v_cache = torch.randn_like(k_cache)
-                for i, n in enumerate(lens):
-                    k_cache[i, :n], v_cache[i, :n] = ks[i], vs[i]
-                table = None
-            else:
-                k_cache, v_cache, table = paged(ks, vs, page_size, seed=page_size)
+            k_cache, v_cache, table = cache_of(ks, vs, page_size)
             with torch.no_grad():
                 o, l = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
                                                   return_softmax_lse=True, **kw)
@@ -450,14 +456,7 @@ def test_kvcache_attends_without_append(seqlen_q, page_size):
     lens = [1000, 1, 0, 257]  # a sequence without keys: rows of 0, lse -inf
     ks, vs = seqs_of(lens, hk, d, dtype), seqs_of(lens, hk, d, dtype)
     q = torch.randn(b, seqlen_q, h, d, device=DEV, dtype=dtype)
-    if page_size is None:
-        k_cache = torch.randn(b, 1024, hk, d, device=DEV, dtype=dtype)  # past each length: ignored keys
-        v_cache = torch.randn_like(k_cache)
-        for i, n in enumerate(lens):
-            k_cache[i, :n], v_cache[i, :n] = ks[i], vs[i]
-        table = None
-    else:
-        k_cache, v_cache, table = paged(ks, vs, page_size, seed=page_size)
+    k_cache, v_cache, table = cache_of(ks, vs, page_size)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
     with torch.no_grad():
         out, lse = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,

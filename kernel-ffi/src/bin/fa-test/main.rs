@@ -51,10 +51,7 @@ impl Case {
             seqlen_k: self.seqlen_k,
             head_dim: self.head_dim,
             causal: self.causal,
-            window: (self.window != Window::default()).then(|| {
-                let side = |x: Option<u32>| x.map_or(-1, i64::from);
-                [side(self.window.left), side(self.window.right)]
-            }),
+            window: self.window.pair(),
             softcap: self.softcap,
         }
     }
@@ -88,12 +85,7 @@ impl Case {
             self.dtype.name(),
             self.head_dim,
             if self.causal { "-causal" } else { "" },
-            if self.window == Window::default() {
-                String::new()
-            } else {
-                let side = |x: Option<u32>| x.map_or_else(|| "inf".to_string(), |v| v.to_string());
-                format!("-w{}_{}", side(self.window.left), side(self.window.right))
-            },
+            self.window.label(),
             self.softcap.map_or(String::new(), |c| format!("-cap{c}")),
             self.batch,
             self.heads,
