@@ -165,10 +165,12 @@ impl Scores {
             (None, None) => Band::Full,
             (None, Some(0)) => Band::Causal,
             (left, right) => {
-                if sq as u64 + sk as u64 >= 1 << 31 {
+                // The kernels form a block's last row + diagonal + window (at most
+                // seqlen_q + seqlen_k + a block of rows) in 32 bits.
+                if sq as u64 + sk as u64 + 256 >= 1 << 31 {
                     invalid!(
-                        "a window needs seqlen_q + seqlen_k < 2^31 (the kernels form row + diagonal ± window in \
-                         32 bits); they are {sq} and {sk}"
+                        "a window needs seqlen_q + seqlen_k + 256 < 2^31 (the kernels form row + diagonal ± window \
+                         in 32 bits); they are {sq} and {sk}"
                     );
                 }
                 Band::Local { left: left.unwrap_or(sk as u32), right: right.unwrap_or(sq as u32) }

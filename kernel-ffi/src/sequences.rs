@@ -285,8 +285,10 @@ pub struct Indices {
 /// an access outside the tensors); this finds the bad ones first, naming the
 /// sequence, the value and the rule: offsets start at 0 or more, never
 /// decrease and stay within their tensor's rows; a sequence has at most
-/// `max_seqlen_q` query rows; `seqused_k` is between 0 and the keys the
-/// sequence has; every page a sequence's keys lie on is one of k's pages.
+/// `max_seqlen_q` query rows and uses at most `max_seqlen_k` keys (the key
+/// splits and a window's bounds are sized by it); `seqused_k` is between 0 and
+/// the keys the sequence has; every page a sequence's keys lie on is one of
+/// k's pages.
 ///
 /// ```
 /// use kernel_ffi::sequences::{Indices, SeqLayout, check_indices, validate};
@@ -301,6 +303,10 @@ pub struct Indices {
 /// ix.cu_seqlens_q = Some(vec![0, 4, 11]);
 /// let e = check_indices(&p, &ix).unwrap_err();
 /// assert!(e.to_string().contains("cu_seqlens_q[2] = 11 is past q's 10 rows"), "{e}");
+/// ix.cu_seqlens_q = Some(vec![0, 4, 10]);
+/// ix.cu_seqlens_k = Some(vec![0, 3, 10]);
+/// let e = check_indices(&p, &ix).unwrap_err();
+/// assert!(e.to_string().contains("sequence 1 uses 7 keys but max_seqlen_k is 6"), "{e}");
 /// ```
 pub fn check_indices(p: &VarlenProblem, ix: &Indices) -> Result<()> {
     let seqs = p.seqs;
@@ -366,6 +372,12 @@ pub fn check_indices(p: &VarlenProblem, ix: &Indices) -> Result<()> {
             }
             None => has,
         };
+        if used > p.max_seqlen_k as i64 {
+            invalid!(
+                "sequence {s} uses {used} keys but max_seqlen_k is {}; keys past it would not be seen",
+                p.max_seqlen_k
+            );
+        }
         if let (Some(bt), Some(table)) = (&ix.block_table, p.pages) {
             let row = &bt[s * table.stride..];
             let page_size = rows;

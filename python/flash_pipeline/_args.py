@@ -10,6 +10,7 @@ are (batch, seqlen_k, kv_heads, head_dim). The extension takes element strides
 of (batch, head, seq) and needs the head_dim stride to be 1.
 """
 
+import operator
 from typing import NamedTuple, Optional, Sequence, Tuple
 
 # torch dtype name -> the extension's name
@@ -105,7 +106,7 @@ def forward_args(
 def check_window(window_size) -> Tuple[int, int]:
     """FlashAttention's window_size: two key counts, negative (-1) for unbounded."""
     try:
-        left, right = (int(x) for x in window_size)
+        left, right = (operator.index(x) for x in window_size)
     except (TypeError, ValueError):
         raise ValueError(f"window_size={window_size!r}: it must be a pair (left, right) of ints, -1 for unbounded")
     for name, x in (("left", left), ("right", right)):
@@ -117,8 +118,10 @@ def check_window(window_size) -> Tuple[int, int]:
 def check_softcap(softcap) -> float:
     """FlashAttention's softcap: a finite cap > 0, or off (0.0; negative is off too, as flash-attn)."""
     c = float(softcap)
-    if c != c or c == float("inf"):
-        raise ValueError(f"softcap is {softcap}; it must be finite (0.0: off)")
+    if c != c or abs(c) > 3.4e38:  # the kernels take it as a float32
+        raise ValueError(f"softcap is {softcap}; it must be finite in float32 (0.0: off)")
+    if 0.0 < c < 1.2e-38:
+        raise ValueError(f"softcap is {softcap}; a cap that small underflows float32 (0.0: off)")
     return max(c, 0.0)
 
 

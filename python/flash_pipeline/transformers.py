@@ -47,9 +47,9 @@ How each call runs:
   While compiling (``torch.compile``) or capturing a CUDA graph a given mask is
   not inspected: those calls fall back to SDPA.
 * also falling back to SDPA, with a one-time warning: non-CUDA inputs, dtypes
-  other than float16/bfloat16, head dims the kernels lack (they run 64 and
-  128), inputs that need gradients (the kernels are forward-only), a
-  ``position_bias``.
+  other than float16/bfloat16, head dims the kernels lack (they run 64, 128
+  and 256; padded batches 64 and 128), inputs that need gradients (the
+  kernels are forward-only), a ``position_bias``.
 * raising NotImplementedError: ``dropout`` > 0 (attention dropout in training),
   ``s_aux`` (sinks).
 

@@ -111,10 +111,14 @@ def test_windows_and_softcaps_as_flash_attn_takes_them():
             A.check_window(bad)
     with pytest.raises(ValueError, match="window_size right is 4294967296"):
         A.check_window((0, 2**32))
+    with pytest.raises(ValueError, match="it must be a pair"):
+        A.check_window((2.7, 0))  # not an int: refused, not truncated
     assert A.check_softcap(50) == 50.0 and A.check_softcap(0) == 0.0 and A.check_softcap(-3.0) == 0.0
-    for bad in [float("nan"), float("inf")]:
-        with pytest.raises(ValueError, match="must be finite"):
+    for bad in [float("nan"), float("inf"), 1e39]:
+        with pytest.raises(ValueError, match="must be finite in float32"):
             A.check_softcap(bad)
+    with pytest.raises(ValueError, match="underflows float32"):
+        A.check_softcap(1e-40)
 
 
 def test_forward_args_rejects_head_dim_stride_and_bad_out():
