@@ -136,11 +136,7 @@ __device__ __forceinline__ HopperItem hopper_item(const FlashParams& p, const Ho
   }
   r.n_begin = r.split * p.keys_per_split;
   int n_end = min(p.seqlen_k, r.n_begin + p.keys_per_split);
-  const Mask mask(p, p.seqlen_k - p.seqlen_q);
-  if (Mask::kEnd) n_end = min(n_end, mask.end_after(r.m0 + BM - 1));
-  // Tiles left of every row's band: none. A band that starts inside the split
-  // starts at its key tile, so that tiles never reach into the next split.
-  if (Mask::kBegin) r.n_begin = max(r.n_begin, max(mask.first_key(r.m0), 0) / BN * BN);
+  Mask(p, p.seqlen_k - p.seqlen_q).template clip<BN>(r.m0, r.m0 + BM - 1, r.n_begin, n_end);
   r.tiles = n_end > r.n_begin ? (n_end - r.n_begin + BN - 1) / BN : 0;
   return r;
 }
@@ -195,13 +191,7 @@ __device__ __forceinline__ VarlenItem varlen_item(const FlashParams& p, const Se
   if (r.skip) return r;
   r.n_begin = r.split * p.keys_per_split;
   int n_end = min(r.info.k_len, r.n_begin + p.keys_per_split);
-  if constexpr (Mask::kBegin) {  // a window: its band, from its first key tile (a page holds whole tiles)
-    const Mask mask(p, r.info.diag());
-    n_end = min(n_end, mask.end_after(r.m0 + BM - 1));
-    r.n_begin = max(r.n_begin, max(mask.first_key(r.m0), 0) / BN * BN);
-  } else if (Mask::kEnd) {
-    n_end = min(n_end, r.m0 + BM + r.info.diag());
-  }
+  Mask(p, r.info.diag()).template clip<BN>(r.m0, r.m0 + BM - 1, r.n_begin, n_end);  // a page holds whole tiles
   r.tiles = n_end > r.n_begin ? (n_end - r.n_begin + BN - 1) / BN : 0;
   return r;
 }

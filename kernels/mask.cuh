@@ -36,6 +36,16 @@ struct KeyBand {
   __device__ __forceinline__ int end_after(int last_row) const { return last_row + 1 + hi; }
   // The first key row `first_row` sees (kBegin); rows after it see none before.
   __device__ __forceinline__ int first_key(int first_row) const { return first_row + lo; }
+
+  // Keys [begin, end) of a split, narrowed to those rows first_row … last_row
+  // see: the end past the last row's last key, the beginning at the key tile
+  // (BN keys) of the first row's first key, so that no tile reaches into
+  // another split. Every scheduler's key range.
+  template <int BN>
+  __device__ __forceinline__ void clip(int first_row, int last_row, int& begin, int& end) const {
+    if (END) end = min(end, end_after(last_row));
+    if (BEGIN) begin = max(begin, max(first_key(first_row), 0) / BN * BN);
+  }
 };
 using NoMask = KeyBand<false, false>;
 using CausalMask = KeyBand<true, false>;
@@ -51,13 +61,11 @@ using LocalMask = KeyBand<true, true>;
 //              about |score · scale| × 5e−4 absolute: below bf16's rounding of P
 //              for scores within the cap.
 struct NoSoftcap {
-  static constexpr bool kOn = false;
   __device__ __forceinline__ explicit NoSoftcap(const FlashParams&) {}
   template <int NT>
   __device__ __forceinline__ void apply(float (&)[NT][4]) const {}
 };
 struct Softcap {
-  static constexpr bool kOn = true;
   float pre;
   __device__ __forceinline__ explicit Softcap(const FlashParams& p) : pre(p.softcap_pre) {}
   template <int NT>
@@ -96,37 +104,21 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT][4], int n0, int first_r
   }
 }
 
-// Scores of keys outside each row's band to −inf: this thread's rows g
-// (s[·][0..1]) and g + 8 (s[·][2..3]) see keys first_lo … last_lo and
-// first_hi … last_hi; keys n0 … n0 + 8·NT − 1. For the `_varlen` entries'
-// packed query heads under a window.
-template <int NT>
-__device__ __forceinline__ void mask_tile_band(float (&s)[NT][4], int n0, int t, int first_lo, int first_hi,
+// Scores of keys outside each row's keys to −inf: this thread's rows g
+// (s[·][0..1]) and g + 8 (s[·][2..3]) see keys up to last_lo and last_hi, and
+// (BEGIN) from first_lo and first_hi; keys n0 … n0 + 8·NT − 1. For rows whose
+// limits are not a row index apart (the `_varlen` entries' packed query heads).
+template <bool BEGIN, int NT>
+__device__ __forceinline__ void mask_tile_rows(float (&s)[NT][4], int n0, int t, int first_lo, int first_hi,
                                                int last_lo, int last_hi) {
   const int f0 = first_lo - n0 - 2 * t, f1 = first_hi - n0 - 2 * t;
-  const int l0 = last_lo - n0 - 2 * t, l1 = last_hi - n0 - 2 * t;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = nt * 8 + (e % 2);
-      if (key < (e < 2 ? f0 : f1) || key > (e < 2 ? l0 : l1)) s[nt][e] = -INFINITY;
-    }
-  }
-}
-
-// Scores of keys past each row's last visible key to −inf: this thread's rows
-// g (s[·][0..1]) and g + 8 (s[·][2..3]) see keys up to last_lo and last_hi; keys
-// n0 … n0 + 8·NT − 1. For rows whose limits are not a row index apart (the
-// `_varlen` entries' packed query heads).
-template <int NT>
-__device__ __forceinline__ void mask_tile_to(float (&s)[NT][4], int n0, int t, int last_lo, int last_hi) {
   const int lo = last_lo - n0 - 2 * t, hi = last_hi - n0 - 2 * t;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if (nt * 8 + (e % 2) > (e < 2 ? lo : hi)) s[nt][e] = -INFINITY;
+      const int key = nt * 8 + (e % 2);
+      if (key > (e < 2 ? lo : hi) || (BEGIN && key < (e < 2 ? f0 : f1))) s[nt][e] = -INFINITY;
     }
   }
 }

@@ -326,12 +326,9 @@ struct SeqTiles {
   template <int NT>
   __device__ __forceinline__ void mask(float (&s)[NT][4], int n0, int row, int t) const {
     const int lo = blk.m0 + row, hi = lo + 8;
-    if constexpr (Mask::kBegin) {
-      mask_tile_band(s, n0, t, first_key(lo), first_key(hi), last_key(lo), last_key(hi));
-    } else {
-      if (n0 + 8 * NT - 1 <= last_in_block) return;
-      mask_tile_to(s, n0, t, last_key(lo), last_key(hi));
-    }
+    if (!Mask::kBegin && n0 + 8 * NT - 1 <= last_in_block) return;
+    mask_tile_rows<Mask::kBegin>(s, n0, t, Mask::kBegin ? first_key(lo) : 0, Mask::kBegin ? first_key(hi) : 0,
+                                 last_key(lo), last_key(hi));
   }
 };
 

@@ -38,8 +38,7 @@ struct KeyRange {
       : mask(p, p.seqlen_k - p.seqlen_q),
         begin(blk.split * p.keys_per_split),
         end(min(p.seqlen_k, begin + p.keys_per_split)) {
-    if (Mask::kEnd) end = min(end, mask.end_after(blk.m0 + BM - 1));  // one past the last key any row here sees
-    if (Mask::kBegin) begin = max(begin, max(mask.first_key(blk.m0), 0) / BN * BN);  // the first key tile any row sees
+    mask.template clip<BN>(blk.m0, blk.m0 + BM - 1, begin, end);
   }
 };
 
@@ -78,8 +77,8 @@ struct VarlenKeyRange {
       : mask(p, blk.info.diag()),
         begin(blk.split * p.keys_per_split),
         end(min(blk.info.k_len, begin + p.keys_per_split)) {
-    if (Mask::kEnd && blk.m0 < blk.rows) end = min(end, blk.token(min(blk.m0 + BM, blk.rows) - 1, sp) + mask.hi + 1);
-    if (Mask::kBegin && blk.m0 < blk.rows) begin = max(begin, max(blk.token(blk.m0, sp) + mask.lo, 0) / BN * BN);
+    if (blk.m0 < blk.rows)  // the block's tokens
+      mask.template clip<BN>(blk.token(blk.m0, sp), blk.token(min(blk.m0 + BM, blk.rows) - 1, sp), begin, end);
   }
 };
 
