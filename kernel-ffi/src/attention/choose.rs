@@ -125,7 +125,7 @@ impl Attention {
             Some(g) => {
                 Groups { rows: opts.choice.block_m.or(rows.filter(|_| g == 1)), groups: Some(g), twin_plan: None }
             }
-            None => self.choose_groups(family, &loaded, &single, rows, p, opts),
+            None => self.choose_groups(family, &loaded, &single, rows, p, opts, scores.band),
         };
         let found: Vec<(u32, u32)> = loaded.iter().map(|(_, k)| (k.launch.block_m, k.launch.key_groups)).collect();
         let (name, kern) = loaded
@@ -147,7 +147,7 @@ impl Attention {
         // entry's wherever both tile the problem alike.
         let plan = match twin_plan {
             Some((tiles, plan)) if tiles == (kern.launch.block_m, kern.launch.block_n) => plan,
-            _ => self.plan_for(family, kern, p, opts)?,
+            _ => self.plan_for(family, kern, p, opts, scores.band)?,
         };
         // A persistent twin runs the same tiles and plan: taken for grids over a wave.
         let twin = self.persistent_twin(&name);
@@ -173,6 +173,7 @@ impl Attention {
     /// one-group entry is its twin (`planner::prefer_key_groups`, from the twin's
     /// plan, which is returned); one of fewer rows replaces it
     /// (`planner::prefer_narrow_key_groups`, from its unsplit grid).
+    #[allow(clippy::too_many_arguments)]
     fn choose_groups(
         &self,
         family: Family,
@@ -181,6 +182,7 @@ impl Attention {
         rows: Option<u32>,
         p: &Problem,
         opts: &Options,
+        band: Band,
     ) -> Groups {
         let any = Groups { rows, groups: None, twin_plan: None };
         let grouped = loaded.iter().map(|(_, k)| *k).find(|k| k.launch.key_groups > 1);
@@ -198,7 +200,7 @@ impl Attention {
         if g.block_m != n.block_m {
             return any;
         }
-        let Ok(plan) = self.plan_for(family, narrow, p, opts) else { return any };
+        let Ok(plan) = self.plan_for(family, narrow, p, opts, band) else { return any };
         let ctas = Self::work_ctas(narrow, p) * u64::from(plan.num_splits);
         let blocks = plan.keys_per_split / n.block_n.max(1);
         let groups = if planner::prefer_key_groups(ctas, self.device.sm_count, blocks) { g.key_groups } else { 1 };
@@ -239,19 +241,12 @@ impl Attention {
     /// the model and constants `planner::grid_cost` picks for the family. A
     /// windowed call takes one split: splits of the key range do not divide a
     /// band, whose rows each see a window's keys wherever it lies.
-    fn plan_for(&self, family: Family, k: &Kernel, p: &Problem, opts: &Options) -> Result<Plan> {
+    fn plan_for(&self, family: Family, k: &Kernel, p: &Problem, opts: &Options, band: Band) -> Result<Plan> {
         let block_n = k.launch.block_n;
-        let n_blocks = (p.seqlen_k as u32).div_ceil(block_n).max(1);
-        let band = opts.scores(p.seqlen_q, p.seqlen_k)?.band;
         let plan = match opts.splits {
             Splits::Fixed(0) => invalid!("a fixed split count must be at least 1"),
-            Splits::Fixed(n) => {
-                let per = n_blocks.div_ceil(n.min(planner::MAX_SPLITS));
-                Plan { num_splits: n_blocks.div_ceil(per), keys_per_split: per * block_n }
-            }
-            Splits::Auto if matches!(band, Band::Local { .. }) => {
-                Plan { num_splits: 1, keys_per_split: n_blocks * block_n }
-            }
+            Splits::Fixed(n) => planner::plan_fixed(n, p.seqlen_k as u32, block_n),
+            Splits::Auto if matches!(band, Band::Local { .. }) => planner::plan_fixed(1, p.seqlen_k as u32, block_n),
             Splits::Auto => match planner::grid_cost(family == Family::Hopper, p.head_dim, band == Band::Causal) {
                 Some(cost) => {
                     let grid = Self::launch_grid(k, p, band == Band::Causal);
