@@ -29,7 +29,9 @@ __device__ __forceinline__ bool covered(const CombineParams& p, int t) {
 
 // Merges split partials by log-sum-exp: O = Σ_s w_s·O_s / Σ_s w_s with
 // w_s = exp(lse_s − max_s lse_s), online over the splits. One warp per row; each
-// lane owns D/32 columns, one 8- or 16-byte load per split. Four splits' loads
+// of its first kLanes lanes owns kPerLane columns (2, 4 or 8: the fewest that
+// leave no more than 32 lanes; D=96 and 192 leave 8 idle), one 8-, 16- or
+// 32-byte load per split. Four splits' loads
 // are in flight at once (indices clamped, weights of the extra ones 0): a pass
 // for the maximum and a second for the sum cost two L2 round trips per split.
 //
@@ -38,8 +40,8 @@ __device__ __forceinline__ bool covered(const CombineParams& p, int t) {
 // sequence starting at or before the row).
 template <typename T, int D, bool VARLEN = false>
 __device__ __forceinline__ void flash_combine(const CombineParams& p) {
-  constexpr int kPerLane = D / 32;
-  static_assert(kPerLane == 2 || kPerLane == 4 || kPerLane == 8, "a float2, float4 or two float4 per lane");
+  constexpr int kPerLane = D <= 64 ? 2 : D <= 128 ? 4 : 8, kLanes = D / kPerLane;
+  static_assert(D % kPerLane == 0 && kLanes <= 32, "a float2, float4 or two float4 per lane");
   struct alignas(16) Float8 {
     float4 lo, hi;
   };
@@ -50,6 +52,7 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   wait_for_prerequisites();  // the forward grid's partials
+  if (lane >= kLanes) return;
   if constexpr (VARLEN) {
     if (!covered(p, (int)(row % p.seqlen_q))) return;
   }
@@ -95,3 +98,19 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
 }
 
 }  // namespace fa
+
+// The combine entries of one dtype, launched with 128 threads (four rows per
+// block): flash_combine[_varlen]_<dtype>_d<D>, dense for every head dim,
+// varlen for the serving ones.
+#define FA_COMBINE_ENTRY(T, D, VARLEN, NAME)                                          \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const fa::CombineParams p) { \
+    fa::flash_combine<T, D, VARLEN>(p);                                               \
+  }
+#define FA_COMBINE_ENTRIES(T, DT)                                \
+  FA_COMBINE_ENTRY(T, 64, false, flash_combine_##DT##_d64)       \
+  FA_COMBINE_ENTRY(T, 96, false, flash_combine_##DT##_d96)       \
+  FA_COMBINE_ENTRY(T, 128, false, flash_combine_##DT##_d128)     \
+  FA_COMBINE_ENTRY(T, 192, false, flash_combine_##DT##_d192)     \
+  FA_COMBINE_ENTRY(T, 256, false, flash_combine_##DT##_d256)     \
+  FA_COMBINE_ENTRY(T, 64, true, flash_combine_varlen_##DT##_d64) \
+  FA_COMBINE_ENTRY(T, 128, true, flash_combine_varlen_##DT##_d128)

@@ -134,14 +134,27 @@ __device__ __forceinline__ int fast_div(const FastDiv& d, int n) {
 }
 
 // -------------------------------------------------------------- swizzle --
-// A tile of rows × COLS 16-bit elements, stored in 16-byte chunks with the chunk
-// index XORed by (row % 8). ldmatrix reads 8 rows at one logical chunk: unswizzled,
-// rows COLS*2 bytes apart (128 or 256) hit the same banks 8 times over; swizzled,
-// the 8 rows land in 8 distinct 16-byte bank groups.
+// A tile of rows × COLS 16-bit elements, stored in 16-byte chunks whose index is
+// XORed within groups of kSwizzleChunks<COLS>. ldmatrix reads 8 rows at one
+// logical chunk, which must land in 8 distinct 16-byte bank groups:
+//   COLS a multiple of 64: groups of 8 chunks, chunk ^ (row % 8) (unswizzled,
+//     rows 128 or 256 bytes apart would hit the same banks 8 times over);
+//   COLS an odd multiple of 32 (96): rows an odd multiple of 64 bytes apart, so
+//     odd rows sit half a bank line from even ones; groups of 4 chunks,
+//     chunk ^ ((row / 2) % 4), spread each parity's 4 rows over the other 4 slots.
+template <int COLS>
+inline constexpr int kSwizzleChunks = COLS % 64 == 0 ? 8 : 4;
+
+// The term a row's chunks are XORed with.
+template <int COLS>
+__device__ __forceinline__ int swizzle_xor(int row) {
+  static_assert(COLS % 32 == 0, "swizzle needs whole groups of 4 chunks of 8 elements per row");
+  return kSwizzleChunks<COLS> == 8 ? row & 7 : (row >> 1) & 3;
+}
+
 template <int COLS>
 __device__ __forceinline__ int swizzle(int row, int col) {
-  static_assert(COLS % 64 == 0, "swizzle needs at least 8 chunks of 8 elements per row");
-  return row * COLS + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+  return row * COLS + ((((col >> 3) ^ swizzle_xor<COLS>(row))) << 3) + (col & 7);
 }
 
 // -------------------------------------------------------- named barriers --

@@ -165,21 +165,25 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   FA_VARLEN_ENTRY(T, D, CausalMask, Softcap, flash_fwd_varlen_##DT##_d##D##_causal_softcap) \
   FA_VARLEN_ENTRY(T, D, LocalMask, Softcap, flash_fwd_varlen_##DT##_d##D##_local_softcap)
 #define FA_VARLEN_ENTRIES(T, DT) FA_VARLEN_ENTRIES_D(T, DT, 64) FA_VARLEN_ENTRIES_D(T, DT, 128)
+// The masked and modified entries of head dim D in one 16-row tile per warp.
+#define FA_FWD_MASKED_ENTRIES(T, DT, D)                                                 \
+  FA_FWD_ENTRY(T, D, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d##D##_causal)       \
+  FA_FWD_ENTRY(T, D, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d##D##_local)         \
+  FA_FWD_ENTRY(T, D, NoMask, Softcap, 1, 1, flash_fwd_##DT##_d##D##_softcap)            \
+  FA_FWD_ENTRY(T, D, CausalMask, Softcap, 1, 1, flash_fwd_##DT##_d##D##_causal_softcap) \
+  FA_FWD_ENTRY(T, D, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d##D##_local_softcap)
 // Every forward entry of one dtype: two 16-row tiles per warp, or one (`_m64`,
 // for problems that would not fill the GPU), or one with two key groups (`_kg2`,
 // for grids that leave SMs idle); causal D=64 one tile only (two lost 7%). The
 // softcapped entries take the causal entries' tiles; the windowed (`_local`)
-// ones one tile (at D=128 two spilled 48 bytes on sm_80-89). D=256: 64-row
-// CTAs of one tile per warp, every mask and modifier (FwdConfig).
+// ones one tile (at D=128 two spilled 48 bytes on sm_80-89). D=96: two tiles
+// unmasked (and `_m64`), one for every other mask and modifier. D=192 and 256:
+// 64-row CTAs of one tile per warp, every mask and modifier (FwdConfig).
 #define FA_FWD_ENTRIES(T, DT)                                                           \
   FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d64)                    \
   FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_m64)                \
   FA_FWD_ENTRY(T, 64, NoMask, NoSoftcap, 1, 2, flash_fwd_##DT##_d64_kg2)                \
-  FA_FWD_ENTRY(T, 64, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_causal)         \
-  FA_FWD_ENTRY(T, 64, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d64_local)           \
-  FA_FWD_ENTRY(T, 64, NoMask, Softcap, 1, 1, flash_fwd_##DT##_d64_softcap)              \
-  FA_FWD_ENTRY(T, 64, CausalMask, Softcap, 1, 1, flash_fwd_##DT##_d64_causal_softcap)   \
-  FA_FWD_ENTRY(T, 64, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d64_local_softcap)     \
+  FA_FWD_MASKED_ENTRIES(T, DT, 64)                                                      \
   FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d128)                  \
   FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d128_m64)              \
   FA_FWD_ENTRY(T, 128, NoMask, NoSoftcap, 1, 2, flash_fwd_##DT##_d128_kg2)              \
@@ -189,9 +193,10 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   FA_FWD_ENTRY(T, 128, NoMask, Softcap, 2, 1, flash_fwd_##DT##_d128_softcap)            \
   FA_FWD_ENTRY(T, 128, CausalMask, Softcap, 2, 1, flash_fwd_##DT##_d128_causal_softcap) \
   FA_FWD_ENTRY(T, 128, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d128_local_softcap)   \
+  FA_FWD_ENTRY(T, 96, NoMask, NoSoftcap, 2, 1, flash_fwd_##DT##_d96)                    \
+  FA_FWD_ENTRY(T, 96, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d96_m64)                \
+  FA_FWD_MASKED_ENTRIES(T, DT, 96)                                                      \
+  FA_FWD_ENTRY(T, 192, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d192)                  \
+  FA_FWD_MASKED_ENTRIES(T, DT, 192)                                                     \
   FA_FWD_ENTRY(T, 256, NoMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256)                  \
-  FA_FWD_ENTRY(T, 256, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256_causal)       \
-  FA_FWD_ENTRY(T, 256, LocalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d256_local)         \
-  FA_FWD_ENTRY(T, 256, NoMask, Softcap, 1, 1, flash_fwd_##DT##_d256_softcap)            \
-  FA_FWD_ENTRY(T, 256, CausalMask, Softcap, 1, 1, flash_fwd_##DT##_d256_causal_softcap) \
-  FA_FWD_ENTRY(T, 256, LocalMask, Softcap, 1, 1, flash_fwd_##DT##_d256_local_softcap)
+  FA_FWD_MASKED_ENTRIES(T, DT, 256)

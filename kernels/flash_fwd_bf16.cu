@@ -9,19 +9,4 @@ using namespace fa;
 FA_FWD_ENTRIES(__nv_bfloat16, bf16)
 FA_VARLEN_ENTRIES(__nv_bfloat16, bf16)
 
-// Launched with 128 threads: four rows per block.
-extern "C" __global__ void __launch_bounds__(128) flash_combine_bf16_d64(const CombineParams p) {
-  flash_combine<__nv_bfloat16, 64>(p);
-}
-extern "C" __global__ void __launch_bounds__(128) flash_combine_bf16_d128(const CombineParams p) {
-  flash_combine<__nv_bfloat16, 128>(p);
-}
-extern "C" __global__ void __launch_bounds__(128) flash_combine_bf16_d256(const CombineParams p) {
-  flash_combine<__nv_bfloat16, 256>(p);
-}
-extern "C" __global__ void __launch_bounds__(128) flash_combine_varlen_bf16_d64(const CombineParams p) {
-  flash_combine<__nv_bfloat16, 64, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(128) flash_combine_varlen_bf16_d128(const CombineParams p) {
-  flash_combine<__nv_bfloat16, 128, true>(p);
-}
+FA_COMBINE_ENTRIES(__nv_bfloat16, bf16)

@@ -175,13 +175,25 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
   FA_HOPPER_VARLEN_ENTRY(T, D, CausalMask, Softcap, flash_fwd_hopper_varlen_##DT##_d##D##_causal_softcap) \
   FA_HOPPER_VARLEN_ENTRY(T, D, LocalMask, Softcap, flash_fwd_hopper_varlen_##DT##_d##D##_local_softcap)
 
+// The masked and modified entries of head dim D in persistent 128-row CTAs
+// (units of one query block; causal ones pairs or a host schedule).
+#define FA_HOPPER_MASKED_ENTRIES(T, DT, D)                                                                       \
+  FA_HOPPER_ENTRY(T, D, CausalMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_CAUSAL,                                 \
+                  flash_fwd_hopper_##DT##_d##D##_causal)                                                         \
+  FA_HOPPER_ENTRY(T, D, LocalMask, NoSoftcap, 128, true, flash_fwd_hopper_##DT##_d##D##_local)                   \
+  FA_HOPPER_ENTRY(T, D, NoMask, Softcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d##D##_softcap) \
+  FA_HOPPER_ENTRY(T, D, CausalMask, Softcap, 128, FA_HOPPER_PERSISTENT_CAUSAL,                                   \
+                  flash_fwd_hopper_##DT##_d##D##_causal_softcap)                                                 \
+  FA_HOPPER_ENTRY(T, D, LocalMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d##D##_local_softcap)
+
 // Every Hopper entry of one dtype: D=64 in 64-row CTAs (two per SM), non-causal
 // also persistent and in persistent 192-row CTAs, causal also in 128-row CTAs
-// (exp turns); D=128 in 128-row CTAs, plus 64-row ones for non-causal problems
-// that do not fill the GPU; the serving entries in 128-row CTAs. The windowed
-// (`_local`) and softcapped entries run persistent 128-row CTAs (units of one
-// query block; causal softcapped ones pairs or a host schedule, as causal).
-// D=256: every mask and modifier in 128-row CTAs, one per query block.
+// (exp turns); D=96 and 128 in 128-row CTAs, plus 64-row ones for non-causal
+// problems that do not fill the GPU; D=192 in 128-row CTAs; the serving entries
+// in 128-row CTAs. The windowed (`_local`) and softcapped entries run
+// persistent 128-row CTAs (units of one query block; causal softcapped ones
+// pairs or a host schedule, as causal). D=256: every mask and modifier in
+// 128-row CTAs, one per query block.
 #define FA_HOPPER_ENTRIES(T, DT)                                                                                      \
   FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 64, false, flash_fwd_hopper_##DT##_d64_m64)                               \
   FA_HOPPER_ENTRY(T, 64, NoMask, NoSoftcap, 64, true, flash_fwd_hopper_##DT##_d64_m64_persistent)                     \
@@ -194,15 +206,14 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
   FA_HOPPER_ENTRY(T, 64, CausalMask, Softcap, 128, FA_HOPPER_PERSISTENT_CAUSAL,                                       \
                   flash_fwd_hopper_##DT##_d64_causal_softcap)                                                         \
   FA_HOPPER_ENTRY(T, 64, LocalMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d64_local_softcap)                    \
+  FA_HOPPER_ENTRY(T, 96, NoMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d96)              \
+  FA_HOPPER_ENTRY(T, 96, NoMask, NoSoftcap, 64, false, flash_fwd_hopper_##DT##_d96_m64)                               \
+  FA_HOPPER_MASKED_ENTRIES(T, DT, 96)                                                                                 \
   FA_HOPPER_ENTRY(T, 128, NoMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128)            \
   FA_HOPPER_ENTRY(T, 128, NoMask, NoSoftcap, 64, false, flash_fwd_hopper_##DT##_d128_m64)                             \
-  FA_HOPPER_ENTRY(T, 128, CausalMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_CAUSAL,                                    \
-                  flash_fwd_hopper_##DT##_d128_causal)                                                                \
-  FA_HOPPER_ENTRY(T, 128, LocalMask, NoSoftcap, 128, true, flash_fwd_hopper_##DT##_d128_local)                        \
-  FA_HOPPER_ENTRY(T, 128, NoMask, Softcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d128_softcap)      \
-  FA_HOPPER_ENTRY(T, 128, CausalMask, Softcap, 128, FA_HOPPER_PERSISTENT_CAUSAL,                                      \
-                  flash_fwd_hopper_##DT##_d128_causal_softcap)                                                        \
-  FA_HOPPER_ENTRY(T, 128, LocalMask, Softcap, 128, true, flash_fwd_hopper_##DT##_d128_local_softcap)                  \
+  FA_HOPPER_MASKED_ENTRIES(T, DT, 128)                                                                                \
+  FA_HOPPER_ENTRY(T, 192, NoMask, NoSoftcap, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_##DT##_d192)            \
+  FA_HOPPER_MASKED_ENTRIES(T, DT, 192)                                                                                \
   FA_HOPPER_ENTRY(T, 256, NoMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256)                                \
   FA_HOPPER_ENTRY(T, 256, CausalMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256_causal)                     \
   FA_HOPPER_ENTRY(T, 256, LocalMask, NoSoftcap, 128, false, flash_fwd_hopper_##DT##_d256_local)                       \

@@ -39,8 +39,8 @@ __device__ __forceinline__ bool o_store_issuer() { return threadIdx.x % 128 == 0
 template <typename T, typename Cfg>
 __device__ __forceinline__ void store_staged(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
                                              const HopperItem& it, int cw, int warp, int g, int t,
-                                             const float (&o)[Cfg::kHeadDim / 8][4], const SoftmaxState<1>& softmax) {
-  constexpr int BM = Cfg::kBlockM, DT = Cfg::kHeadDim / 8;
+                                             const float (&o)[Cfg::kTileCols / 8][4], const SoftmaxState<1>& softmax) {
+  constexpr int BM = Cfg::kBlockM, DT = Cfg::kTileCols / 8;
   if constexpr (Cfg::kPersistent) {
     if (o_store_issuer()) tma_store_wait_read();  // the previous item's rows are out of the tile
     consumer_sync<Cfg>(cw);
@@ -80,7 +80,7 @@ __device__ __forceinline__ void store_staged(const FlashParams& p, const TmaDesc
 template <typename T, typename Cfg>
 __device__ __forceinline__ void store_item(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
                                            const HopperItem& it, int cw, int warp, int g, int t, int row_lo,
-                                           const float (&o)[Cfg::kHeadDim / 8][4], const SoftmaxState<1>& softmax) {
+                                           const float (&o)[Cfg::kTileCols / 8][4], const SoftmaxState<1>& softmax) {
   if (p.num_splits == 1) {
     store_staged<T, Cfg>(p, o_map, sm, it, cw, warp, g, t, o, softmax);
   } else {
@@ -93,7 +93,7 @@ __device__ __forceinline__ void store_item(const FlashParams& p, const TmaDesc& 
 template <typename T, typename Cfg>
 __device__ __forceinline__ void store_item(const FlashParams& p, const TmaDesc&, const HopperSmem<Cfg>&,
                                            const VarlenItem& it, int, int, int, int t, int row_lo,
-                                           const float (&o)[Cfg::kHeadDim / 8][4], const SoftmaxState<1>& softmax) {
+                                           const float (&o)[Cfg::kTileCols / 8][4], const SoftmaxState<1>& softmax) {
   const SeqInfo& s = it.info;
   store_rows<T, Cfg::kHeadDim>(p, o, softmax, 0, s.q_row0 + row_lo, s.q_batch, it.h, it.split, t,
                                RowsTo{s.q_row0 + s.q_len});

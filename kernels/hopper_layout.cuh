@@ -46,32 +46,40 @@ namespace fa {
 // PERSISTENT: the entry's CTAs loop over work units (hopper_item).
 template <int D, bool CAUSAL, int ROWS, bool PERSISTENT>
 struct HopperConfig {
-  static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
+  static_assert(D == 64 || D == 96 || D == 128 || D == 192 || D == 256, "head dim must be 64, 96, 128, 192 or 256");
   static_assert(ROWS == 64 || ROWS == 128 || (ROWS == 192 && D == 64 && !CAUSAL), "64-, 128- or 192-row CTAs");
-  // D=256: two consumer warpgroups over 64-key tiles in two stages, one CTA per
-  // query block (Q 64 KB + the rings 128 KB leave no room for a persistent
-  // entry's O staging tile); O is 128 floats a consumer thread.
-  static_assert(D != 256 || (ROWS == 128 && !PERSISTENT), "D=256: 128-row CTAs, not persistent");
+  // D=192 and 256: two consumer warpgroups over 64-key tiles in two stages; O is
+  // 96 or 128 floats a consumer thread. D=256 runs one CTA per query block (Q
+  // 64 KB + the rings 128 KB leave no room for a persistent entry's O staging
+  // tile).
+  static_assert(D <= 128 || ROWS == 128, "D=192, 256: 128-row CTAs");
+  static_assert(D != 256 || !PERSISTENT, "D=256: not persistent");
   static constexpr int kHeadDim = D;
+  // Tiles are whole 64-column (128-byte) swizzle panels, kTileCols wide. D=96
+  // computes on D=128's tiles: TMA fills the columns past the tensor's 96 with
+  // zeros, Q·Kᵀ takes only the 6 k-steps that hold data, P·V all 128 columns
+  // (a transposed B operand spans whole panels) and the TMA store of O clips the
+  // padding.
+  static constexpr int kPanels = (D + 63) / 64;
+  static constexpr int kTileCols = 64 * kPanels;
   static constexpr int kConsumers = ROWS / 64;
   static constexpr bool kPingPong = kConsumers == 2;
   static constexpr bool kExpTurns = kPingPong && D == 64;  // see "The consumer schedule" above
   static constexpr int kCtasPerSm = kConsumers == 1 && D == 64 ? 2 : 1;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = ROWS;
-  static constexpr int kBlockN = D == 256 ? 64 : 128;
+  static constexpr int kBlockN = D > 128 ? 64 : 128;
   static constexpr int kStages = kConsumers == 1   ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
                                  : kConsumers == 3 ? FA_HOPPER_STAGES_D64_M192
-                                 : D == 256        ? 2
+                                 : D > 128         ? 2
                                  : D == 64         ? FA_HOPPER_STAGES_D64_CAUSAL
                                                    : (CAUSAL ? FA_HOPPER_STAGES_D128_CAUSAL : FA_HOPPER_STAGES_D128);
   static constexpr bool kPersistent = PERSISTENT;  // units: causal pairs of query blocks, or single blocks
   // Three consumer warpgroups (192 rows) run a persistent grid's last, partial
   // round of units as 64-row items whose key tiles they share (HopperSched::whole_units).
   static constexpr bool kSplitTail = kConsumers == 3 && kPersistent;
-  static constexpr int kPanels = D / 64;  // 64-column (128-byte) swizzle panels per row
-  static constexpr int kQBytes = kBlockM * D * 2;
-  static constexpr int kKVBytes = kBlockN * D * 2;
+  static constexpr int kQBytes = kBlockM * kTileCols * 2;
+  static constexpr int kKVBytes = kBlockN * kTileCols * 2;
   // Registers per thread after setmaxnreg, within 65536 per SM: 128 × 40 + 256 × 232
   // for two consumers, 128 × 24 + 128 × 232 per CTA for one, 128 × 32 + 384 × 160
   // for three (S, O and P of the pipelined schedule fit in 160 without spills).
@@ -84,7 +92,7 @@ struct HopperConfig {
   static constexpr int kStageBytes = kPersistent ? kQBytes : 0;
   // Split-tail items: consumer warpgroups 1 and 2 hand warpgroup 0 their O and
   // softmax state (per thread: DT × 4 + 4 floats), kMergeFloats a thread.
-  static constexpr int kMergeFloats = D / 2 + 4;
+  static constexpr int kMergeFloats = kTileCols / 2 + 4;
   static constexpr int kMergeBytes = kSplitTail ? (kConsumers - 1) * 128 * kMergeFloats * 4 : 0;
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kStageBytes + kMergeBytes +
                                     8 * (4 * kStages + 1 + kPersistent + kExpTurns) + 1024;

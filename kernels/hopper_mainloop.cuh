@@ -48,7 +48,7 @@ template <typename T, typename Cfg, typename Mask, typename Mod, typename Decode
 __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
                                                 int wg, const Decode& decode, const Entry& entry) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
-  constexpr int NT = BN / 8, DT = D / 8;
+  constexpr int NT = BN / 8, DT = Cfg::kTileCols / 8;  // O: the tiles' columns (D=96: 128)
   constexpr bool kPersistent = Cfg::kPersistent;
   const uint32_t bar_q = sm.full_q(), empty_q = sm.empty_q(), scale_slot = sm.scale_slot();
   // Bottom-right causal: row i sees keys j <= i + diag (a dense CTA's items all
@@ -126,7 +126,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     wgmma_fence_operands(o);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, Cfg::kTileCols>(o, pf[kk], v_desc(st, kk));
     wgmma_commit();
   };
   // P·V from ring slot x has landed: O may be read, and the V stage is free.

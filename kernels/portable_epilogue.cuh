@@ -124,9 +124,11 @@ __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Ro
     }
     __syncwarp();
   };
-  // A row of more than 32 chunks (D=256's fp32 partials) takes a lane several.
+  // A row takes the largest power of two of lanes, at most 32, that divides its
+  // chunks; each lane several chunks where more remain (D=96, 192, and D=256's
+  // fp32 partials).
   auto copy_rows = [&](auto chunks, auto&& copy) {
-    constexpr int kChunks = decltype(chunks)::value, kLanes = kChunks < 32 ? kChunks : 32;
+    constexpr int kChunks = decltype(chunks)::value, kLanes = (kChunks & -kChunks) < 32 ? (kChunks & -kChunks) : 32;
     constexpr int kRowsPerPass = 32 / kLanes;
 #pragma unroll
     for (int r0 = 0; r0 < 16 * MT; r0 += kRowsPerPass) {

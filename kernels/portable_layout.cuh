@@ -26,10 +26,10 @@ namespace fa {
 
 template <int D, int MT, int KG = 1>
 struct FwdConfig {
-  static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
-  // D=256 is fixed: four warps of one row tile and 64-key tiles, so that Q, K
-  // and V (96 KB) fit an sm_86/89 block's 99 KB and O (128 floats a thread) the
-  // registers.
+  static_assert(D == 64 || D == 96 || D == 128 || D == 192 || D == 256, "head dim must be 64, 96, 128, 192 or 256");
+  // D=192 and 256 are fixed: four warps of one row tile and 64-key tiles, so
+  // that Q, K and V (72 or 96 KB) fit an sm_86/89 block's 99 KB and O (96 or 128
+  // floats a thread) the registers. D=96 takes D=128's four warps and 64-key tiles.
   // Warps per key group: the tuned count, but fixed in the two-group entries. At
   // D=64 two (32 rows per CTA: each warp walks half its 16 rows' keys, and a small
   // problem spreads over twice the CTAs of the 64-row entry); at D=128 four (64
@@ -45,7 +45,7 @@ struct FwdConfig {
   static constexpr int kRowTiles = MT;
   static_assert(kRowTiles == 1 || kRowTiles == 2, "1 or 2 16-row mma tiles per warp");
   static constexpr int kBlockM = 16 * kWarps * kRowTiles;
-  static_assert(D != 256 || (MT == 1 && KG == 1), "D=256: one row tile, one key group");
+  static_assert(D <= 128 || (MT == 1 && KG == 1), "D=192, 256: one row tile, one key group");
   static constexpr int kBlockN = D == 64 ? FA_BLOCK_N_D64 : D == 128 ? FA_BLOCK_N_D128 : 64;
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "32, 64 or 128 keys per tile");
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
@@ -70,19 +70,21 @@ struct FwdConfig {
 // Shared addresses of a warp's ldmatrix.x4 reads of a swizzled [rows, D] tile, for
 // 16-row × 16-column blocks. Lane l supplies row (l/8 selects one of 4 matrices)
 // `row_of(l)`, whose value mod 8 is l % 8, and chunk 2·j + chunk_bit(l) of block
-// column j: the swizzled chunk is (2j) ^ chunk_bit ^ (l % 8), so four XOR
-// patterns (j % 4) cover every block column, plus compile-time offsets.
+// column j. The swizzle XORs chunks within groups of kSwizzleChunks (common.cuh),
+// so the pattern repeats every kPattern block columns (and every 16 rows): one
+// base address per block column of a group, plus compile-time offsets.
 template <int D>
 struct FragAddr {
-  uint32_t base[4];
+  static constexpr int kPattern = kSwizzleChunks<D> / 2;
+  uint32_t base[kPattern];
   __device__ __forceinline__ FragAddr(uint32_t tile, int row, int chunk_bit) {
-    const int c = chunk_bit ^ (row & 7);
+    const int c = chunk_bit ^ swizzle_xor<D>(row);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) base[j] = tile + 2 * (row * D + (((2 * j) ^ c) << 3));
+    for (int j = 0; j < kPattern; ++j) base[j] = tile + 2 * (row * D + (((2 * j) ^ c) << 3));
   }
   // Block row `rb` (16 rows), block column `cb` (16 columns), in bytes.
   __device__ __forceinline__ uint32_t at(int rb, int cb) const {
-    return base[cb % 4] + 2 * (rb * 16 * D + (cb / 4) * 64);
+    return base[cb % kPattern] + 2 * (rb * 16 * D + (cb / kPattern) * kPattern * 16);
   }
 };
 

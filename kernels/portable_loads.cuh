@@ -14,21 +14,26 @@
 namespace fa {
 
 // Copies ROWS-row tiles of a [rows, D] matrix into a swizzled shared tile with
-// cp.async, each thread always moving the same 16-byte column chunk of rows
-// r, r + kRowsPerPass, …: its shared addresses are fixed (the swizzle term depends
-// on r % 8 only: the same in every pass when kRowsPerPass is a multiple of 8;
-// when it is 4 (D=256), r + 4 flips chunk bit 2, so odd passes land 4 chunks
-// over, `odd`), and its global address advances by a constant. Everything but
-// one multiply per tile is set up once.
+// cp.async. A row is kPanels panels of kPanelChunks 16-byte chunks (the largest
+// power of two dividing D / 8: one panel at D = 64, 128, 256; three at 96 and
+// 192), and each thread always moves the same chunk of every panel of rows
+// r, r + kRowsPerPass, …: its shared addresses are fixed (the swizzle XORs within
+// a panel's chunks, by a term of r % 8: the same in every pass when kRowsPerPass
+// is a multiple of 8; when it is 4 (D=256), r + 4 flips chunk bit 2, so odd
+// passes land 4 chunks over, `odd`), and its global address advances by a
+// constant. Everything but one multiply per tile is set up once.
 template <typename T, int ROWS, int D, int THREADS>
 struct TileCopy {
   static constexpr int kChunks = D / 8;
-  static constexpr int kRowsPerPass = THREADS / kChunks;
+  static constexpr int kPanelChunks = kChunks & -kChunks;
+  static constexpr int kPanels = kChunks / kPanelChunks;
+  static constexpr int kRowsPerPass = THREADS / kPanelChunks;
   static constexpr int kPasses = ROWS / kRowsPerPass;
-  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 4 == 0,
+  static_assert(kPanelChunks % kSwizzleChunks<D> == 0, "the swizzle stays within a panel");
+  static_assert(THREADS % kPanelChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 4 == 0,
                 "each thread keeps one chunk column, and one or two swizzle phases");
   static constexpr bool kTwoPhases = kRowsPerPass % 8 != 0;
-  uint32_t smem;        // this thread's chunk of its first row
+  uint32_t smem;        // this thread's chunk of its first row's first panel
   int32_t odd;          // bytes from an even pass's chunk to an odd one's (two phases)
   const T* gmem;        // row `row` of the matrix at this thread's chunk column
   int64_t pass_stride;  // elements between this thread's rows in consecutive passes
@@ -36,8 +41,8 @@ struct TileCopy {
 
   // `tid`: this thread's index among the THREADS that copy.
   __device__ __forceinline__ TileCopy(T* tile, const T* base, int64_t row_stride, unsigned tid) {
-    row = tid / kChunks;
-    const int ch = tid % kChunks;
+    row = tid / kPanelChunks;
+    const int ch = tid % kPanelChunks;
     smem = smem_u32(tile + swizzle<D>(row, ch * 8));
     odd = kTwoPhases ? (int32_t)(smem_u32(tile + swizzle<D>(row + 4, ch * 8)) - smem) - 4 * D * 2 : 0;
     gmem = base + (int64_t)row * row_stride + ch * 8;
@@ -52,7 +57,11 @@ struct TileCopy {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const bool valid = row0 + row + i * kRowsPerPass < rows_valid;
-      cp_async_16(smem + i * kRowsPerPass * D * 2 + (i % 2) * odd, valid ? src : gmem, valid ? 16 : 0);
+#pragma unroll
+      for (int c = 0; c < kPanels; ++c) {
+        cp_async_16(smem + i * kRowsPerPass * D * 2 + (i % 2) * odd + c * kPanelChunks * 16,
+                    valid ? src + c * kPanelChunks * 8 : gmem, valid ? 16 : 0);
+      }
       src += pass_stride;
     }
   }
@@ -65,7 +74,7 @@ struct TileCopy {
 template <typename T, int ROWS, int D, int THREADS>
 struct RowGather {
   using Copy = TileCopy<T, ROWS, D, THREADS>;
-  static_assert(!Copy::kTwoPhases, "one swizzle phase per thread");
+  static_assert(!Copy::kTwoPhases && Copy::kPanels == 1, "one swizzle phase and one panel per thread");
   static constexpr int kChunks = Copy::kChunks, kRowsPerPass = Copy::kRowsPerPass, kPasses = Copy::kPasses;
   const int row, col;
   const uint32_t smem;

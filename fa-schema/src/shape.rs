@@ -79,8 +79,8 @@ pub enum Batching {
 /// assert_eq!((s.batch, s.heads, s.seqlen, s.head_dim, s.causal), (2, 16, 8192, 128, true));
 /// assert_eq!(s.spec(), "2,16,8192,128,causal");
 /// assert_eq!(s.name(Dtype::F16), "f16-b2h16s8192d128-causal");
-/// // Refused when parsed: the kernels have no head dim 96.
-/// assert!(Shape::parse("1,1,128,96").unwrap_err().contains("head dims [64, 128, 256]"));
+/// // Refused when parsed: the kernels have no head dim 80.
+/// assert!(Shape::parse("1,1,128,80").unwrap_err().contains("head dims [64, 96, 128, 192, 256]"));
 ///
 /// let w = Shape::parse("1,16,32768,128,causal,window=4096,softcap=50").unwrap();
 /// assert_eq!((w.window, w.softcap), (Some(4096), Some(50)));
@@ -369,9 +369,9 @@ mod tests {
 
     #[test]
     fn shapes_the_kernels_cannot_run_are_refused_at_parse_time() {
-        let e = Shape::parse("1,1,128,96").unwrap_err();
+        let e = Shape::parse("1,1,128,80").unwrap_err();
         assert!(
-            e.contains("shape `1,1,128,96`: q head dim is 96; the kernels support head dims [64, 128, 256]"),
+            e.contains("shape `1,1,128,80`: q head dim is 80; the kernels support head dims [64, 96, 128, 192, 256]"),
             "{e}"
         );
         assert!(Shape::parse("1,0,128,64").unwrap_err().contains("at least 1"));

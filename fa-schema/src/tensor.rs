@@ -182,9 +182,8 @@ impl Problem {
     }
 }
 
-/// The head dims the kernels are compiled for (256: the portable kernel's dense
-/// entries only).
-pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// The head dims the kernels are compiled for (96, 192, 256: dense entries only).
+pub const HEAD_DIMS: [usize; 5] = [64, 96, 128, 192, 256];
 /// The head dims of the serving (`_varlen`) entries.
 pub const SERVING_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Grid y is batch × heads, and gridDim.y is at most 65535.
@@ -335,12 +334,12 @@ mod tests {
     fn errors_name_value_and_rule() {
         let o = arg("out", [1, 4, 16, 64]);
         let e = check(
-            arg("q", [1, 4, 16, 96]),
-            arg("k", [1, 4, 16, 96]),
-            arg("v", [1, 4, 16, 96]),
-            arg("out", [1, 4, 16, 96]),
+            arg("q", [1, 4, 16, 80]),
+            arg("k", [1, 4, 16, 80]),
+            arg("v", [1, 4, 16, 80]),
+            arg("out", [1, 4, 16, 80]),
         );
-        assert!(e.contains("head dim is 96") && e.contains("[64, 128, 256]"), "{e}");
+        assert!(e.contains("head dim is 80") && e.contains("[64, 96, 128, 192, 256]"), "{e}");
         let e = check(arg("q", [1, 4, 16, 64]), arg("k", [1, 3, 16, 64]), arg("v", [1, 3, 16, 64]), o);
         assert!(e.contains("q heads (4) must be a multiple of k/v heads (3)"), "{e}");
         let e = check(arg("q", [1, 4, 16, 64]), arg("k", [1, 4, 16, 64]), arg("v", [1, 4, 17, 64]), o);

@@ -12,13 +12,13 @@ use cudarc::driver::DriverError;
 /// ```
 /// use kernel_ffi::tensor::{self, Arg, Desc, Dtype, Layout};
 ///
-/// let desc = Desc::new([1, 2, 16, 96], Layout::Bhsd);
+/// let desc = Desc::new([1, 2, 16, 80], Layout::Bhsd);
 /// let t = |name| Arg { name, dtype: Dtype::F16, desc, len: desc.span() };
 /// let e: kernel_ffi::Error = tensor::validate(t("q"), t("k"), t("v"), t("out"), None).unwrap_err().into();
 /// assert!(matches!(e, kernel_ffi::Error::Invalid(_)));
 /// assert_eq!(
 ///     e.to_string(),
-///     "invalid argument: q head dim is 96; the kernels support head dims [64, 128, 256]"
+///     "invalid argument: q head dim is 80; the kernels support head dims [64, 96, 128, 192, 256]"
 /// );
 /// ```
 #[derive(Debug, thiserror::Error)]

@@ -69,11 +69,11 @@ const LIMIT: Duration = Duration::from_secs(20);
 fn fa_run_reports_a_shape_the_kernels_cannot_run_as_such() {
     let dir = scratch("shape");
     let input = dir.join("qkv.safetensors");
-    let t = vec![1, 2, 8, 96];
+    let t = vec![1, 2, 8, 80];
     qkv_file(&input, &[("q", t.clone()), ("k", t.clone()), ("v", t)]);
     let (code, stderr) = outcome(&run(&mut fa_run(&dir, &input, &[]), LIMIT));
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("q head dim is 96; the kernels support head dims [64, 128, 256]"), "{stderr}");
+    assert!(stderr.contains("q head dim is 80; the kernels support head dims [64, 96, 128, 192, 256]"), "{stderr}");
     qkv_file(&input, &[("q", vec![1, 4, 8, 64]), ("k", vec![1, 3, 8, 64]), ("v", vec![1, 3, 8, 64])]);
     let (code, stderr) = outcome(&run(&mut fa_run(&dir, &input, &[]), LIMIT));
     assert_eq!(code, Some(2), "{stderr}");
@@ -187,9 +187,9 @@ fn fa_run_finds_the_kernels_of_the_checkout_it_runs_in() {
 #[test]
 fn fa_bench_reports_bad_shapes_and_flags_as_such() {
     let dir = scratch("bench");
-    let (code, stderr) = outcome(&run(Command::new(FA_BENCH).args(["--shape", "1,1,128,96"]), LIMIT));
+    let (code, stderr) = outcome(&run(Command::new(FA_BENCH).args(["--shape", "1,1,128,80"]), LIMIT));
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("q head dim is 96"), "{stderr}");
+    assert!(stderr.contains("q head dim is 80"), "{stderr}");
     std::fs::write(dir.join("manifest.json"), MANIFEST).unwrap();
     let mut cmd = Command::new(FA_BENCH);
     cmd.args(["--shape", "1,1,128,64", "--variant", "hopper", "--key-groups", "2"]).env("FA_KERNEL_DIR", &dir);

@@ -71,8 +71,8 @@ def test_check_accepts_gqa():
         (meta((2, 7, 8, 64)), meta((2, 9, 8, 64)), meta((2, 7, 8, 64)), r"k shape \(2, 9, 8, 64\) differs from v shape"),
         (meta((2, 7, 8, 64)), meta((3, 7, 8, 64)), meta((3, 7, 8, 64)), "k batch is 3 but q batch is 2"),
         (meta((2, 7, 8, 64)), meta((2, 7, 8, 128)), meta((2, 7, 8, 128)), "k head dim is 128 but q head dim is 64"),
-        (meta((2, 7, 8, 96)), meta((2, 7, 8, 96)), meta((2, 7, 8, 96)),
-         r"q head dim is 96; the kernels support head dims \[64, 128, 256\]"),
+        (meta((2, 7, 8, 80)), meta((2, 7, 8, 80)), meta((2, 7, 8, 80)),
+         r"q head dim is 80; the kernels support head dims \[64, 96, 128, 192, 256\]"),
         (meta((2, 7, 8, 64)), meta((2, 7, 3, 64)), meta((2, 7, 3, 64)), "q has 8 heads and k has 3"),
         (meta((2, 7, 8, 64)), meta((2, 7, 0, 64)), meta((2, 7, 0, 64)), "k has 0 heads"),
     ],
@@ -169,7 +169,7 @@ def test_serving_index_rules():
     "q, k, match",
     [
         (meta((9, 6, 64)), meta((9, 4, 64)), "q has 6 heads and k has 4"),
-        (meta((9, 6, 96)), meta((9, 6, 96)), r"head dim is 96; serving calls .* support head dims \[64, 128\]"),
+        (meta((9, 6, 96)), meta((9, 6, 96)), r"head dim is 80; serving calls .* support head dims \[64, 128\]"),
         (meta((9, 6, 256)), meta((9, 6, 256)), r"head dim is 256; serving calls .* support head dims \[64, 128\]"),
         (meta((9, 6, 64)), meta((9, 6, 128)), "k head dim is 128 but q head dim is 64"),
         (meta((9, 6, 64)), meta((9, 6, 64), "bfloat16"), "dtypes are float16, bfloat16"),
@@ -264,7 +264,7 @@ def test_fake_impl_shapes():
             qkv = torch.empty(3, 7, 3, 8, 128, dtype=torch.bfloat16, device="cuda")
             out, lse = torch.ops.flash_pipeline.fwd(q, k, k, None, True, 64, -1, 30.0)
             out2, _ = torch.ops.flash_pipeline.fwd(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], 0.1, False, -1, -1, 0.0)
-            with pytest.raises(ValueError, match="head dim is 96"):
+            with pytest.raises(ValueError, match="head dim is 80"):
                 x = torch.empty(1, 4, 2, 96, dtype=torch.float16, device="cuda")
                 torch.ops.flash_pipeline.fwd(x, x, x, None, False, -1, -1, 0.0)
     except (RuntimeError, AssertionError) as e:  # torch builds that cannot make fake CUDA tensors
@@ -612,7 +612,7 @@ def test_the_installed_extension_loads_without_torch():
     ext_spec = importlib.util.spec_from_file_location("flash_pipeline._C", built[0])
     ext = importlib.util.module_from_spec(ext_spec)
     ext_spec.loader.exec_module(ext)
-    assert ext.supported() == {"head_dims": [64, 128, 256], "serving_head_dims": [64, 128], "dtypes": ["f16", "bf16"]}
+    assert ext.supported() == {"head_dims": [64, 96, 128, 192, 256], "serving_head_dims": [64, 128], "dtypes": ["f16", "bf16"]}
     assert (folder / "kernels" / "kernel-set.json").is_file()
     with pytest.raises(ValueError, match="unknown dtype"):
         ext.forward(1, 1, 1, 1, 0, "f32", (1, 1, 1, 8, 8, 64), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0),

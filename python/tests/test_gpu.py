@@ -86,7 +86,7 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_matches_reference(shape, causal, d, dtype):
@@ -114,7 +114,7 @@ MASKS = [
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("mask", MASKS, ids=lambda m: f"w{m[0][0]}_{m[0][1]}{'-causal' if m[1] else ''}-cap{m[2]:g}")
 @pytest.mark.parametrize("shape", [(2, 8, 2, 300, 700), (1, 4, 4, 1000, 1000), (2, 8, 2, 5, 513)],
                          ids=["300x700", "1000", "decode5"])
@@ -178,8 +178,8 @@ def test_argument_errors():
             fa.flash_attn_func(x.float(), x.float(), x.float())
         with pytest.raises(ValueError, match="dtypes are float16, bfloat16, float16"):
             fa.flash_attn_func(x, x.bfloat16(), x)
-        with pytest.raises(ValueError, match="head dim is 96"):
-            y = rand(1, 16, 4, 96, dtype=torch.float16)
+        with pytest.raises(ValueError, match="head dim is 80"):
+            y = rand(1, 16, 4, 80, dtype=torch.float16)
             fa.flash_attn_func(y, y, y)
         with pytest.raises(ValueError, match="q has 4 heads and k has 3"):
             y = rand(1, 16, 3, 64, dtype=torch.float16)
@@ -573,8 +573,8 @@ def test_serving_errors(monkeypatch):
         with pytest.raises(ValueError, match="q has 2 heads and k has 3"):
             kv = torch.randn(4, 3, 64, device=DEV, dtype=torch.float16)
             fa.flash_attn_varlen_func(q, kv, kv, cu, cu, 4, 4)
-        with pytest.raises(ValueError, match="head dim is 96"):
-            x = torch.randn(4, 2, 96, device=DEV, dtype=torch.float16)
+        with pytest.raises(ValueError, match="head dim is 80"):
+            x = torch.randn(4, 2, 80, device=DEV, dtype=torch.float16)
             fa.flash_attn_varlen_func(x, x, x, cu, cu, 4, 4)
         # offsets past q's rows: wrong rows, never a fault; with FLASH_PIPELINE_VALIDATE=1 a ValueError
         bad = torch.tensor([0, 9], dtype=torch.int32, device=DEV)
@@ -610,6 +610,8 @@ SMALL = dict(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidde
 CONFIGS = {
     "llama-d64": lambda: LlamaConfig(head_dim=64, **SMALL),
     "llama-d128": lambda: LlamaConfig(head_dim=128, **SMALL),
+    "llama-d96": lambda: LlamaConfig(head_dim=96, **SMALL),  # Phi-3's head dim
+    "llama-d192": lambda: LlamaConfig(head_dim=192, **SMALL),
     "qwen2": lambda: Qwen2Config(**SMALL),  # q/k/v biases; head dim 512 / 8 = 64
     "mistral": lambda: MistralConfig(head_dim=64, sliding_window=4096, **SMALL),  # window wider than the text
     # windows that cut the text (96-token prompts, 48-token generations): the kernel's sliding window
@@ -786,7 +788,7 @@ needs_provider_registry = pytest.mark.skipif(
 
 @needs_provider_registry
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("d", [64, 128, 96])
+@pytest.mark.parametrize("d", [64, 128, 80])
 @pytest.mark.parametrize("sq,sk,causal", [(256, 256, True), (256, 256, False), (64, 320, True), (64, 320, False)])
 def test_sdpa_provider(dtype, d, sq, sk, causal, monkeypatch):
     """Activated, SDPA's flash backend runs the kernels where they can and SDPA's own semantics

@@ -65,8 +65,8 @@ fn values_are_checked_while_parsing_by_the_launch_api_rules() {
     let err = |args: &[&str]| parse(args).err().unwrap_or_default();
     let e = err(&["xtask", "bench", "--shape", "1,2,3"]);
     assert!(e.contains("B,H,S,D"), "{e}");
-    let e = err(&["xtask", "bench", "--shape", "1,1,128,96"]);
-    assert!(e.contains("head dim is 96") && e.contains("[64, 128, 256]"), "{e}");
+    let e = err(&["xtask", "bench", "--shape", "1,1,128,80"]);
+    assert!(e.contains("head dim is 80") && e.contains("[64, 96, 128, 192, 256]"), "{e}");
     let e = err(&["xtask", "profile", "--shape", "1,0,128,64"]);
     assert!(e.contains("at least 1"), "{e}");
     assert!(err(&["xtask", "test", "--gpus", "0"]).contains("(0,)"));

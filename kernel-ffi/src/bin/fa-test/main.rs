@@ -12,6 +12,7 @@ use kernel_ffi::cli::{self, CheckFailed};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, SkippedCase, TestCase, TestRun, WorkerReply};
+use kernel_ffi::tensor::HEAD_DIMS;
 use kernel_ffi::{Attention, Desc, Dtype, KernelChoice, Layout, Options, Problem, Scores, Splits, Variant, Window};
 
 /// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
@@ -145,18 +146,20 @@ fn sanitize_set() -> Vec<Case> {
             }
         }
         cases.push(sanitize_set_ref(dtype));
-        // Head dim 256, split (its combine).
-        cases.push(Case {
-            head_dim: 256,
-            causal: false,
-            seqlen_q: 130,
-            seqlen_k: 200,
-            splits: Splits::Fixed(3),
-            gpu_reference: false,
-            ..sanitize_set_ref(dtype)
-        });
+        // Head dims 96, 192 and 256, split (their combines).
+        for head_dim in [96, 192, 256] {
+            cases.push(Case {
+                head_dim,
+                causal: false,
+                seqlen_q: 130,
+                seqlen_k: 200,
+                splits: Splits::Fixed(3),
+                gpu_reference: false,
+                ..sanitize_set_ref(dtype)
+            });
+        }
         // Windowed and softcapped entries: a band's both edges and tails.
-        for head_dim in [64, 128, 256] {
+        for head_dim in HEAD_DIMS {
             let band = Window { left: Some(40), right: Some(9) };
             for (window, causal, softcap) in
                 [(band, false, None), (Window::default(), true, Some(20.0)), (band, true, Some(20.0))]
@@ -218,7 +221,7 @@ fn sanitize_set_ref(dtype: Dtype) -> Case {
     }
 }
 
-/// Every dtype × head dim (64, 128, 256) × causal × split mode, each over all lengths; layout,
+/// Every dtype × head dim (HEAD_DIMS) × causal × split mode, each over all lengths; layout,
 /// GQA shape, batch, LSE and explicit scale rotate so each meets every length.
 fn matrix() -> Vec<Case> {
     // Odd and even, below/at/above a 64 tile, Sq ≠ Sk both ways (causal rows with no key), 1 and 0.
@@ -226,7 +229,7 @@ fn matrix() -> Vec<Case> {
     let gqa = [(2, 2), (4, 1), (6, 2)];
     let mut cases = Vec::new();
     for dtype in [Dtype::F16, Dtype::Bf16] {
-        for head_dim in [64, 128, 256] {
+        for head_dim in HEAD_DIMS {
             for causal in [false, true] {
                 for (si, splits) in [Splits::Fixed(1), Splits::Fixed(3), Splits::Auto].into_iter().enumerate() {
                     for (i, &(seqlen_q, seqlen_k)) in lengths.iter().enumerate() {
@@ -257,7 +260,7 @@ fn matrix() -> Vec<Case> {
     // Scores far above a row's first key tile (scale 4): the Hopper kernel's tiles
     // past the kept max's headroom are redone exactly (SoftmaxState::update_kept).
     for dtype in [Dtype::F16, Dtype::Bf16] {
-        for head_dim in [64, 128, 256] {
+        for head_dim in HEAD_DIMS {
             for causal in [false, true] {
                 cases.push(Case {
                     dtype,
@@ -353,7 +356,7 @@ fn matrix() -> Vec<Case> {
     ];
     let lengths = [(1, 77), (65, 130), (200, 513), (130, 64), (300, 300), (0, 10)];
     for dtype in [Dtype::F16, Dtype::Bf16] {
-        for head_dim in [64, 128, 256] {
+        for head_dim in HEAD_DIMS {
             for (wi, &(window, causal, softcap, scale)) in banded.iter().enumerate() {
                 for (i, &(seqlen_q, seqlen_k)) in lengths.iter().enumerate() {
                     let r = i + wi;
@@ -389,6 +392,8 @@ fn matrix() -> Vec<Case> {
         (Dtype::Bf16, 64, w(513, 0), true, Some(50.0)),
         (Dtype::Bf16, 256, w(-1, -1), true, Some(50.0)),
         (Dtype::F16, 256, w(1023, 0), false, Some(50.0)),
+        (Dtype::Bf16, 96, w(-1, -1), false, None),
+        (Dtype::F16, 192, w(-1, -1), true, None),
     ] {
         cases.push(Case {
             window,
