@@ -125,12 +125,13 @@ __device__ __forceinline__ void regs_alloc() {
 }
 
 // ---------------------------------------------------------------- wgmma --
-// Shared-memory matrix descriptor for the 128-byte swizzle (what TMA's
-// SWIZZLE_128B writes): rows of 64 16-bit elements, 8-row atoms of 1024 bytes
-// whose base must be 1024-byte aligned. `lbo`/`sbo` in bytes:
-//   K-major (Q, K): sbo = 1024 between 8-row groups; lbo unused.
-//   MN-major (V, transposed on read): sbo = 1024 between 8-key groups, lbo = the
-//   stride between 64-column panels of the N (head-dim) extent.
+// Shared-memory matrix descriptor for the 128- or 64-byte swizzle (PANEL_BYTES;
+// what TMA's SWIZZLE_128B/_64B writes): rows of 64 or 32 16-bit elements, 8-row
+// atoms of 8 × PANEL_BYTES whose base must be aligned to their size. `lbo`/`sbo`
+// in bytes:
+//   K-major (Q, K): sbo = 8 × PANEL_BYTES between 8-row groups; lbo unused.
+//   MN-major (V, transposed on read): sbo = 8 × PANEL_BYTES between 8-key
+//   groups, lbo = the stride between panels of the N (head-dim) extent.
 //
 // The start address is bits 0-13 (address >> 4; shared memory lies below 256 KB,
 // so the field never carries into the next), so the descriptor of base + offset
@@ -139,9 +140,12 @@ __device__ __forceinline__ void regs_alloc() {
 // where masking and shifting each address takes four or five.
 struct GmmaDesc {
   uint32_t lo, hi;
+  template <int PANEL_BYTES>
   static __device__ __forceinline__ GmmaDesc make(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+    static_assert(PANEL_BYTES == 128 || PANEL_BYTES == 64, "128- or 64-byte swizzle");
+    // Bits 62-63, the layout: 1 = SWIZZLE_128B, 2 = SWIZZLE_64B.
     return {((smem_addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16),
-            ((sbo & 0x3FFFF) >> 4) | (1u << 30)};  // bit 62: SWIZZLE_128B
+            ((sbo & 0x3FFFF) >> 4) | (PANEL_BYTES == 128 ? 1u << 30 : 2u << 30)};
   }
   // The descriptor `units` × 16 bytes past the base. Callers scale each term
   // themselves: ptxas does not distribute a shift over a sum.
@@ -173,6 +177,13 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[NT][4]) {
       "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
       "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
       "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define FA_WGMMA_ACC96(d)                                                                                           \
+  FA_WGMMA_ACC64(d), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]),      \
+      "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), \
+      "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])
+#define FA_WGMMA_REGS96                                                                                              \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%" \
+  "30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}"
 #define FA_WGMMA_ACC128(d)                                                                                            \
   FA_WGMMA_ACC64(d), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]),        \
       "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]),   \
@@ -251,6 +262,10 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
   template <>                                                                                                  \
   __device__ __forceinline__ void wgmma_rs<T, 64>(float(&d)[8][4], const uint32_t(&a)[4], uint64_t b) {        \
     FA_WGMMA_RS(64, TY, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "{%32, %33, %34, %35}", "%36", "%37");                \
+  }                                                                                                            \
+  template <>                                                                                                  \
+  __device__ __forceinline__ void wgmma_rs<T, 96>(float(&d)[12][4], const uint32_t(&a)[4], uint64_t b) {       \
+    FA_WGMMA_RS(96, TY, FA_WGMMA_ACC96, FA_WGMMA_REGS96, "{%48, %49, %50, %51}", "%52", "%53");                \
   }                                                                                                            \
   template <>                                                                                                  \
   __device__ __forceinline__ void wgmma_rs<T, 128>(float(&d)[16][4], const uint32_t(&a)[4], uint64_t b) {      \

@@ -1,6 +1,6 @@
 // The Hopper kernel's unsplit epilogue: a consumer warpgroup's O rows,
-// normalised, go through its own rows of a Q-shaped tile in the same 128-byte
-// swizzle, then out by one TMA store per 64-column panel, which one thread
+// normalised, go through its own rows of a Q-shaped tile in the same swizzle,
+// then out by one TMA store per panel, which one thread
 // issues and nobody waits for (stored straight from the accumulators, each warp
 // instruction would write 4 bytes into each of 8 rows; copied out by the
 // warpgroup in 16-byte loads and stores, the warps wait on shared-memory
@@ -39,16 +39,15 @@ __device__ __forceinline__ bool o_store_issuer() { return threadIdx.x % 128 == 0
 template <typename T, typename Cfg>
 __device__ __forceinline__ void store_staged(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
                                              const HopperItem& it, int cw, int warp, int g, int t,
-                                             const float (&o)[Cfg::kTileCols / 8][4], const SoftmaxState<1>& softmax) {
-  constexpr int BM = Cfg::kBlockM, DT = Cfg::kTileCols / 8;
+                                             const float (&o)[Cfg::kHeadDim / 8][4], const SoftmaxState<1>& softmax) {
+  constexpr int BM = Cfg::kBlockM, DT = Cfg::kHeadDim / 8, PB = Cfg::kPanelBytes, CP = PB / 16;
   if constexpr (Cfg::kPersistent) {
     if (o_store_issuer()) tma_store_wait_read();  // the previous item's rows are out of the tile
     consumer_sync<Cfg>(cw);
   }
-  const uint32_t rows =
-      (Cfg::kPersistent ? sm.o : sm.q) + 64 * cw * 128;  // + panel × BM × 128 + row × 128 + chunk × 16
-  auto chunk_addr = [&](int row, int chunk) {
-    return rows + (chunk / 8) * BM * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+  const uint32_t rows = (Cfg::kPersistent ? sm.o : sm.q) + 64 * cw * PB;  // + panel × BM × PB + row × PB + chunk × 16
+  auto chunk_addr = [&](int row, int chunk) {                             // CP chunks a panel row
+    return rows + (chunk / CP) * BM * PB + row * PB + panel_chunk<Cfg>(row, chunk % CP) * 16;
   };
   float inv[2], lse[2];
   softmax.finish_both(0, inv, lse);
@@ -69,7 +68,7 @@ __device__ __forceinline__ void store_staged(const FlashParams& p, const TmaDesc
   if (o_store_issuer()) {
 #pragma unroll
     for (int panel = 0; panel < Cfg::kPanels; ++panel)
-      tma_store_4d(&o_map, rows + panel * BM * 128, panel * 64, it.m0 + 64 * cw, it.h, it.b);
+      tma_store_4d(&o_map, rows + panel * BM * PB, panel * Cfg::kPanelCols, it.m0 + 64 * cw, it.h, it.b);
     tma_store_commit();
   }
 }
@@ -80,7 +79,7 @@ __device__ __forceinline__ void store_staged(const FlashParams& p, const TmaDesc
 template <typename T, typename Cfg>
 __device__ __forceinline__ void store_item(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
                                            const HopperItem& it, int cw, int warp, int g, int t, int row_lo,
-                                           const float (&o)[Cfg::kTileCols / 8][4], const SoftmaxState<1>& softmax) {
+                                           const float (&o)[Cfg::kHeadDim / 8][4], const SoftmaxState<1>& softmax) {
   if (p.num_splits == 1) {
     store_staged<T, Cfg>(p, o_map, sm, it, cw, warp, g, t, o, softmax);
   } else {
@@ -93,7 +92,7 @@ __device__ __forceinline__ void store_item(const FlashParams& p, const TmaDesc& 
 template <typename T, typename Cfg>
 __device__ __forceinline__ void store_item(const FlashParams& p, const TmaDesc&, const HopperSmem<Cfg>&,
                                            const VarlenItem& it, int, int, int, int t, int row_lo,
-                                           const float (&o)[Cfg::kTileCols / 8][4], const SoftmaxState<1>& softmax) {
+                                           const float (&o)[Cfg::kHeadDim / 8][4], const SoftmaxState<1>& softmax) {
   const SeqInfo& s = it.info;
   store_rows<T, Cfg::kHeadDim>(p, o, softmax, 0, s.q_row0 + row_lo, s.q_batch, it.h, it.split, t,
                                RowsTo{s.q_row0 + s.q_len});

@@ -55,13 +55,14 @@ struct HopperConfig {
   static_assert(D <= 128 || ROWS == 128, "D=192, 256: 128-row CTAs");
   static_assert(D != 256 || !PERSISTENT, "D=256: not persistent");
   static constexpr int kHeadDim = D;
-  // Tiles are whole 64-column (128-byte) swizzle panels, kTileCols wide. D=96
-  // computes on D=128's tiles: TMA fills the columns past the tensor's 96 with
-  // zeros, Q·Kᵀ takes only the 6 k-steps that hold data, P·V all 128 columns
-  // (a transposed B operand spans whole panels) and the TMA store of O clips the
-  // padding.
-  static constexpr int kPanels = (D + 63) / 64;
-  static constexpr int kTileCols = 64 * kPanels;
+  // Tiles are kPanels swizzle panels of kPanelCols columns: 64 (128-byte rows,
+  // TMA's SWIZZLE_128B) where D is a multiple of 64, else 32 (64-byte rows,
+  // SWIZZLE_64B: D=96), each panel rows × kPanelBytes. kernel-ffi's TMA maps
+  // (attention/launch.rs: tensor_map) take the same panels, the wgmma
+  // descriptors (GmmaDesc) the same swizzle.
+  static constexpr int kPanelCols = D % 64 == 0 ? 64 : 32;
+  static constexpr int kPanelBytes = 2 * kPanelCols;
+  static constexpr int kPanels = D / kPanelCols;
   static constexpr int kConsumers = ROWS / 64;
   static constexpr bool kPingPong = kConsumers == 2;
   static constexpr bool kExpTurns = kPingPong && D == 64;  // see "The consumer schedule" above
@@ -78,8 +79,8 @@ struct HopperConfig {
   // Three consumer warpgroups (192 rows) run a persistent grid's last, partial
   // round of units as 64-row items whose key tiles they share (HopperSched::whole_units).
   static constexpr bool kSplitTail = kConsumers == 3 && kPersistent;
-  static constexpr int kQBytes = kBlockM * kTileCols * 2;
-  static constexpr int kKVBytes = kBlockN * kTileCols * 2;
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKVBytes = kBlockN * D * 2;
   // Registers per thread after setmaxnreg, within 65536 per SM: 128 × 40 + 256 × 232
   // for two consumers, 128 × 24 + 128 × 232 per CTA for one, 128 × 32 + 384 × 160
   // for three (S, O and P of the pipelined schedule fit in 160 without spills).
@@ -92,7 +93,7 @@ struct HopperConfig {
   static constexpr int kStageBytes = kPersistent ? kQBytes : 0;
   // Split-tail items: consumer warpgroups 1 and 2 hand warpgroup 0 their O and
   // softmax state (per thread: DT × 4 + 4 floats), kMergeFloats a thread.
-  static constexpr int kMergeFloats = kTileCols / 2 + 4;
+  static constexpr int kMergeFloats = D / 2 + 4;
   static constexpr int kMergeBytes = kSplitTail ? (kConsumers - 1) * 128 * kMergeFloats * 4 : 0;
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kStageBytes + kMergeBytes +
                                     8 * (4 * kStages + 1 + kPersistent + kExpTurns) + 1024;
@@ -101,6 +102,14 @@ struct HopperConfig {
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
   static_assert(kBlockM <= 256 && kBlockN <= 256, "a TMA box spans at most 256 rows");
 };
+
+// Where chunk c (16 bytes) of a panel row lies in that row, as TMA's swizzle
+// puts it: XORed with the row's 8-row (128-byte panels) or 4-row-pair (64-byte
+// panels) phase.
+template <typename Cfg>
+__device__ __forceinline__ int panel_chunk(int row, int c) {
+  return Cfg::kPanelCols == 64 ? c ^ (row % 8) : c ^ ((row / 2) % 4);
+}
 
 // Shared memory of one CTA, from a 1024-byte aligned base (swizzle atoms need it;
 // the dynamic base only promises 16): Q, the K ring, the V ring, persistent

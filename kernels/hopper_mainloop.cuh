@@ -26,15 +26,15 @@ template <typename Cfg>
 __device__ __forceinline__ void clear_v_tail(const HopperItem&, const HopperSmem<Cfg>&, int, int, int) {}
 template <typename Cfg>
 __device__ __forceinline__ void clear_v_tail(const VarlenItem& it, const HopperSmem<Cfg>& sm, int st, int j, int cw) {
-  constexpr int BN = Cfg::kBlockN;
+  constexpr int BN = Cfg::kBlockN, PB = Cfg::kPanelBytes;
   const int r0 = it.info.k_len - (it.n_begin + j * BN);  // the first row past the keys
   if (r0 >= BN) return;
-  const uint32_t rows = sm.v + st * Cfg::kKVBytes + r0 * 128;  // each panel's: 128 bytes a row, BN rows a panel
-  const int chunks = (BN - r0) * 8;                            // 16 bytes each, per panel
+  const uint32_t rows = sm.v + st * Cfg::kKVBytes + r0 * PB;  // each panel's: PB bytes a row, BN rows a panel
+  const int chunks = (BN - r0) * (PB / 16);                   // 16 bytes each, per panel
 #pragma unroll
   for (int c = 0; c < Cfg::kPanels; ++c) {
     for (int i = threadIdx.x % 128; i < chunks; i += 128)
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(rows + c * BN * 128 + 16 * i), "r"(0) : "memory");
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(rows + c * BN * PB + 16 * i), "r"(0) : "memory");
   }
   fence_async_smem();
   consumer_sync<Cfg>(cw);
@@ -48,7 +48,8 @@ template <typename T, typename Cfg, typename Mask, typename Mod, typename Decode
 __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
                                                 int wg, const Decode& decode, const Entry& entry) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
-  constexpr int NT = BN / 8, DT = Cfg::kTileCols / 8;  // O: the tiles' columns (D=96: 128)
+  constexpr int NT = BN / 8, DT = D / 8;
+  constexpr int PB = Cfg::kPanelBytes, PC = Cfg::kPanelCols, KP = PC / 16;  // a panel row's bytes, columns, k-steps
   constexpr bool kPersistent = Cfg::kPersistent;
   const uint32_t bar_q = sm.full_q(), empty_q = sm.empty_q(), scale_slot = sm.scale_slot();
   // Bottom-right causal: row i sees keys j <= i + diag (a dense CTA's items all
@@ -68,15 +69,15 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
   const Mod mod(p);
 
   // Descriptors (see GmmaDesc): Q rows of this warpgroup, K rows, V transposed.
-  // A k-step of 16 columns advances 32 bytes inside a 128-byte swizzled row;
-  // past 64 columns it moves to the next panel.
-  GmmaDesc q_base = GmmaDesc::make(sm.q + 64 * cw * 128, 0, 1024);
-  const GmmaDesc k_base = GmmaDesc::make(sm.k, 0, 1024);
+  // A k-step of 16 columns advances 32 bytes inside a swizzled panel row; past
+  // the panel's columns it moves to the next panel.
+  GmmaDesc q_base = GmmaDesc::make<PB>(sm.q + 64 * cw * PB, 0, 8 * PB);
+  const GmmaDesc k_base = GmmaDesc::make<PB>(sm.k, 0, 8 * PB);
   // Through a shuffle, which ptxas cannot recompute. Left derivable from the
   // shared window's special register, ptxas rebuilds the Q descriptor in every
   // key tile, ten dependent uniform instructions ahead of the first Q·Kᵀ wgmma.
   q_base.lo = __shfl_sync(0xffffffffu, q_base.lo, 0);
-  auto q_desc_of = [&](const GmmaDesc& qb, int kk) { return qb.at(((kk / 4) * BM * 128 + (kk % 4) * 32) / 16); };
+  auto q_desc_of = [&](const GmmaDesc& qb, int kk) { return qb.at(((kk / KP) * BM * PB + (kk % KP) * 32) / 16); };
   auto q_desc = [&](int kk) { return q_desc_of(q_base, kk); };
 
   // A K/V ring slot as the consumers carry it from tile to tile: stage, parity,
@@ -98,11 +99,11 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     return Slot{wrap ? 0 : x.st + 1, x.phase ^ (uint32_t)wrap, wrap ? x.bar - 8 * (S - 1) : x.bar + 8,
                 x.k.plus(wrap ? 0u - (S - 1) * kStageUnits : kStageUnits)};
   };
-  auto k_desc = [&](const Slot& x, int kk) { return x.k.at(((kk / 4) * BN * 128 + (kk % 4) * 32) / 16); };
-  // V transposed: its stage lies S·kKVBytes past K's, its head-dim panels BN·128
-  // apart (the leading offset, bits 16-29); keys 16kk…16kk+15 are 16 rows of 128 bytes.
-  constexpr uint32_t kVFromK = S * kStageUnits + ((BN * 128 / 16) << 16);
-  auto v_desc = [&](const Slot& x, int kk) { return x.k.at(kVFromK + kk * 16 * 128 / 16); };
+  auto k_desc = [&](const Slot& x, int kk) { return x.k.at(((kk / KP) * BN * PB + (kk % KP) * 32) / 16); };
+  // V transposed: its stage lies S·kKVBytes past K's, its head-dim panels BN·PB
+  // apart (the leading offset, bits 16-29); keys 16kk…16kk+15 are 16 panel rows.
+  constexpr uint32_t kVFromK = S * kStageUnits + ((BN * PB / 16) << 16);
+  auto v_desc = [&](const Slot& x, int kk) { return x.k.at(kVFromK + kk * 16 * PB / 16); };
   auto slot_full_v = [](const Slot& x) { return x.bar + 8 * S; };
   auto slot_empty_k = [](const Slot& x) { return x.bar + 16 * S; };
   auto slot_empty_v = [](const Slot& x) { return x.bar + 24 * S; };
@@ -126,7 +127,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     wgmma_fence_operands(o);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, Cfg::kTileCols>(o, pf[kk], v_desc(st, kk));
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
     wgmma_commit();
   };
   // P·V from ring slot x has landed: O may be read, and the V stage is free.
@@ -141,24 +142,23 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
   };
   // This warp's 16 rows of S = Q·K_xᵀ again, synchronously (mma.sync from the Q
-  // and K tiles in shared memory; 128-byte swizzle: 16-byte chunk c of row r
-  // lies at c ^ (r % 8)), for the rare tile whose kept max lacks headroom.
+  // and K tiles in shared memory, swizzled: panel_chunk), for the rare tile
+  // whose kept max lacks headroom.
   auto recompute_s = [&](const Slot& x) {
     auto swizzled = [](uint32_t tile, int panel_bytes, int row, int col) {
-      return tile + (col / 64) * panel_bytes + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16);
+      return tile + (col / PC) * panel_bytes + row * PB + panel_chunk<Cfg>(row, (col % PC) / 8) * 16;
     };
-    const uint32_t q_rows = sm.q + (64 * cw + 16 * warp) * 128, k_tile = sm.k + x.st * Cfg::kKVBytes;
+    const uint32_t q_rows = sm.q + (64 * cw + 16 * warp) * PB, k_tile = sm.k + x.st * Cfg::kKVBytes;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll 1
     for (int kk = 0; kk < D / 16; ++kk) {  // not unrolled: a rare path, kept small
       uint32_t a[4];
-      ldmatrix_x4(a, swizzled(q_rows, BM * 128, lane % 16, 16 * kk + (lane / 16) * 8));
+      ldmatrix_x4(a, swizzled(q_rows, BM * PB, lane % 16, 16 * kk + (lane / 16) * 8));
 #pragma unroll
       for (int np = 0; np < BN / 16; ++np) {
         uint32_t b[4];
-        ldmatrix_x4(b,
-                    swizzled(k_tile, BN * 128, 16 * np + lane % 8 + (lane / 16) * 8, 16 * kk + ((lane / 8) % 2) * 8));
+        ldmatrix_x4(b, swizzled(k_tile, BN * PB, 16 * np + lane % 8 + (lane / 16) * 8, 16 * kk + ((lane / 8) % 2) * 8));
         mma_16816<T>(s[2 * np], a, b[0], b[1]);
         mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
       }
@@ -196,7 +196,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       ++q_loads;
       if (it.tiles <= cw) mbar_arrive_warp(empty_q);
     }
-    const GmmaDesc q0 = GmmaDesc::make(sm.q, 0, 1024);
+    const GmmaDesc q0 = GmmaDesc::make<PB>(sm.q, 0, 8 * PB);
     Slot cur = slot_at(g0);
     for (int j = 0; j < it.tiles; ++j, cur = next_slot(cur)) {
       mbar_wait(cur.bar, cur.phase);

@@ -24,7 +24,7 @@ struct HopperProducer {
     mbar_expect_tx(sm.full_q(), Cfg::kQBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
-      tma_load_4d(sm.q + c * BM * 128, &hp.q_map, sm.full_q(), c * 64, at.x, at.y, at.z);
+      tma_load_4d(sm.q + c * BM * Cfg::kPanelBytes, &hp.q_map, sm.full_q(), c * Cfg::kPanelCols, at.x, at.y, at.z);
   }
 
   // Key tile j (`keys`: where an item's tiles lie, key_tiles) into ring position g.
@@ -36,12 +36,14 @@ struct HopperProducer {
     mbar_expect_tx(sm.full_k(st), Cfg::kKVBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
-      tma_load_4d(sm.k + st * Cfg::kKVBytes + c * BN * 128, &hp.k_map, sm.full_k(st), c * 64, at.x, at.y, at.z);
+      tma_load_4d(sm.k + st * Cfg::kKVBytes + c * BN * Cfg::kPanelBytes, &hp.k_map, sm.full_k(st), c * Cfg::kPanelCols,
+                  at.x, at.y, at.z);
     if (g >= S) mbar_wait(sm.empty_v(st), ((g / S) - 1) & 1);
     mbar_expect_tx(sm.full_v(st), Cfg::kKVBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
-      tma_load_4d(sm.v + st * Cfg::kKVBytes + c * BN * 128, &hp.v_map, sm.full_v(st), c * 64, at.x, at.y, at.z);
+      tma_load_4d(sm.v + st * Cfg::kKVBytes + c * BN * Cfg::kPanelBytes, &hp.v_map, sm.full_v(st), c * Cfg::kPanelCols,
+                  at.x, at.y, at.z);
   }
 
   // Thread 0, before the CTA barrier: every mbarrier, exp turns' scale, and the

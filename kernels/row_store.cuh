@@ -30,13 +30,11 @@ struct RowsTo {
 
 // Normalises and writes rows row_lo and row_lo + 8 (tile mt of the softmax
 // state) of (b, h) that lie before `rows.end(p)`: O in the input dtype and the
-// natural-log LSE, or with several splits the fp32 partial and its LSE. `o` may
-// be wider than D (the Hopper kernel's D=96 computes on 128 columns).
-template <typename T, int D, int OT, int MT, typename Rows = RowsToSeqlen>
-__device__ __forceinline__ void store_rows(const FlashParams& p, const float (&o)[OT][4],
+// natural-log LSE, or with several splits the fp32 partial and its LSE.
+template <typename T, int D, int MT, typename Rows = RowsToSeqlen>
+__device__ __forceinline__ void store_rows(const FlashParams& p, const float (&o)[D / 8][4],
                                            const SoftmaxState<MT>& softmax, int mt, int row_lo, int b, int h, int split,
                                            int t, Rows rows = {}) {
-  static_assert(OT * 8 >= D, "the accumulators hold every column");
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float inv, lse;

@@ -135,13 +135,13 @@ pub struct HopperSched {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct HopperParams {
-    /// Q's map: boxes of 64 columns × the entry's query rows.
+    /// Q's map: boxes of one swizzle panel (64 or 32 columns) × the entry's query rows.
     pub q_map: TmaDesc,
-    /// K's map: boxes of 64 columns × the entry's key tile.
+    /// K's map: boxes of one swizzle panel (64 or 32 columns) × the entry's key tile.
     pub k_map: TmaDesc,
-    /// V's map: boxes of 64 columns × the entry's key tile.
+    /// V's map: boxes of one swizzle panel (64 or 32 columns) × the entry's key tile.
     pub v_map: TmaDesc,
-    /// The output's map: boxes of 64 columns × a warpgroup's 64 rows.
+    /// The output's map: boxes of one swizzle panel (64 or 32 columns) × a warpgroup's 64 rows.
     pub o_map: TmaDesc,
     /// Addresses, strides and sizes, as the portable entries take them.
     pub p: FlashParams,

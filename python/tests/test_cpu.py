@@ -169,7 +169,7 @@ def test_serving_index_rules():
     "q, k, match",
     [
         (meta((9, 6, 64)), meta((9, 4, 64)), "q has 6 heads and k has 4"),
-        (meta((9, 6, 96)), meta((9, 6, 96)), r"head dim is 80; serving calls .* support head dims \[64, 128\]"),
+        (meta((9, 6, 80)), meta((9, 6, 80)), r"head dim is 80; serving calls .* support head dims \[64, 128\]"),
         (meta((9, 6, 256)), meta((9, 6, 256)), r"head dim is 256; serving calls .* support head dims \[64, 128\]"),
         (meta((9, 6, 64)), meta((9, 6, 128)), "k head dim is 128 but q head dim is 64"),
         (meta((9, 6, 64)), meta((9, 6, 64), "bfloat16"), "dtypes are float16, bfloat16"),
@@ -265,7 +265,7 @@ def test_fake_impl_shapes():
             out, lse = torch.ops.flash_pipeline.fwd(q, k, k, None, True, 64, -1, 30.0)
             out2, _ = torch.ops.flash_pipeline.fwd(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], 0.1, False, -1, -1, 0.0)
             with pytest.raises(ValueError, match="head dim is 80"):
-                x = torch.empty(1, 4, 2, 96, dtype=torch.float16, device="cuda")
+                x = torch.empty(1, 4, 2, 80, dtype=torch.float16, device="cuda")
                 torch.ops.flash_pipeline.fwd(x, x, x, None, False, -1, -1, 0.0)
     except (RuntimeError, AssertionError) as e:  # torch builds that cannot make fake CUDA tensors
         if "CUDA" not in str(e) and "cuda" not in str(e):

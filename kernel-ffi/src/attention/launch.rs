@@ -316,15 +316,22 @@ impl Attention {
 }
 
 /// A TMA map of a [B, H, S, D] tensor at `ptr`: 4-D innermost first (d, seq, head,
-/// batch), boxes of 64 columns × `rows` rows with the 128-byte swizzle the wgmma
-/// descriptors expect. A zero-length sequence is described as one row; the kernel
-/// issues no load or store for it.
+/// batch), boxes of one swizzle panel × `rows` rows, as the kernel's tiles and
+/// wgmma descriptors lay them out (`HopperConfig::kPanelCols`): 64 columns with
+/// the 128-byte swizzle where D is a multiple of 64, else 32 with the 64-byte
+/// one. A zero-length sequence is described as one row; the kernel issues no
+/// load or store for it.
 pub(super) fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Result<TmaDesc> {
     let [b, h, seq, d] = desc.dims.map(|x| x as u64);
     let [sb, sh, ss] = desc.strides.map(|x| x as u64 * 2);
     let dims = [d, seq.max(1), h, b];
     let strides = [ss, sh, sb];
-    let boxes = [64u32, rows, 1, 1];
+    let (panel, swizzle) = if d % 64 == 0 {
+        (64u32, CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B)
+    } else {
+        (32, CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B)
+    };
+    let boxes = [panel, rows, 1, 1];
     let element_strides = [1u32; 4];
     let data_type = match dtype {
         Dtype::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -344,7 +351,7 @@ pub(super) fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Resu
             boxes.as_ptr(),
             element_strides.as_ptr(),
             CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            swizzle,
             CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
