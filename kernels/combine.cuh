@@ -106,11 +106,13 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
   extern "C" __global__ void __launch_bounds__(128) NAME(const fa::CombineParams p) { \
     fa::flash_combine<T, D, VARLEN>(p);                                               \
   }
-#define FA_COMBINE_ENTRIES(T, DT)                                \
-  FA_COMBINE_ENTRY(T, 64, false, flash_combine_##DT##_d64)       \
-  FA_COMBINE_ENTRY(T, 96, false, flash_combine_##DT##_d96)       \
-  FA_COMBINE_ENTRY(T, 128, false, flash_combine_##DT##_d128)     \
-  FA_COMBINE_ENTRY(T, 192, false, flash_combine_##DT##_d192)     \
-  FA_COMBINE_ENTRY(T, 256, false, flash_combine_##DT##_d256)     \
-  FA_COMBINE_ENTRY(T, 64, true, flash_combine_varlen_##DT##_d64) \
-  FA_COMBINE_ENTRY(T, 128, true, flash_combine_varlen_##DT##_d128)
+#define FA_COMBINE_ENTRIES(T, DT)                                  \
+  FA_COMBINE_ENTRY(T, 64, false, flash_combine_##DT##_d64)         \
+  FA_COMBINE_ENTRY(T, 96, false, flash_combine_##DT##_d96)         \
+  FA_COMBINE_ENTRY(T, 128, false, flash_combine_##DT##_d128)       \
+  FA_COMBINE_ENTRY(T, 192, false, flash_combine_##DT##_d192)       \
+  FA_COMBINE_ENTRY(T, 256, false, flash_combine_##DT##_d256)       \
+  FA_COMBINE_ENTRY(T, 64, true, flash_combine_varlen_##DT##_d64)   \
+  FA_COMBINE_ENTRY(T, 96, true, flash_combine_varlen_##DT##_d96)   \
+  FA_COMBINE_ENTRY(T, 128, true, flash_combine_varlen_##DT##_d128) \
+  FA_COMBINE_ENTRY(T, 192, true, flash_combine_varlen_##DT##_d192)

@@ -164,7 +164,9 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   FA_VARLEN_ENTRY(T, D, NoMask, Softcap, flash_fwd_varlen_##DT##_d##D##_softcap)            \
   FA_VARLEN_ENTRY(T, D, CausalMask, Softcap, flash_fwd_varlen_##DT##_d##D##_causal_softcap) \
   FA_VARLEN_ENTRY(T, D, LocalMask, Softcap, flash_fwd_varlen_##DT##_d##D##_local_softcap)
-#define FA_VARLEN_ENTRIES(T, DT) FA_VARLEN_ENTRIES_D(T, DT, 64) FA_VARLEN_ENTRIES_D(T, DT, 128)
+#define FA_VARLEN_ENTRIES(T, DT) \
+  FA_VARLEN_ENTRIES_D(T, DT, 64) \
+  FA_VARLEN_ENTRIES_D(T, DT, 96) FA_VARLEN_ENTRIES_D(T, DT, 128) FA_VARLEN_ENTRIES_D(T, DT, 192)
 // The masked and modified entries of head dim D in one 16-row tile per warp.
 #define FA_FWD_MASKED_ENTRIES(T, DT, D)                                                 \
   FA_FWD_ENTRY(T, D, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d##D##_causal)       \

@@ -68,19 +68,20 @@ struct TileCopy {
 };
 
 // Copies ROWS rows whose sources are not a constant stride apart into a
-// swizzled shared tile: the thread's chunk column and shared addresses as
-// TileCopy's, the source of row r, its pass i's, from `row_at(r, i)` (null:
+// swizzled shared tile: the thread's chunk column, panels and shared addresses
+// as TileCopy's, the source of row r, its pass i's, from `row_at(r, i)` (null:
 // zero-filled).
 template <typename T, int ROWS, int D, int THREADS>
 struct RowGather {
   using Copy = TileCopy<T, ROWS, D, THREADS>;
-  static_assert(!Copy::kTwoPhases && Copy::kPanels == 1, "one swizzle phase and one panel per thread");
-  static constexpr int kChunks = Copy::kChunks, kRowsPerPass = Copy::kRowsPerPass, kPasses = Copy::kPasses;
+  static_assert(!Copy::kTwoPhases, "one swizzle phase per thread");
+  static constexpr int kPanelChunks = Copy::kPanelChunks, kPanels = Copy::kPanels;
+  static constexpr int kRowsPerPass = Copy::kRowsPerPass, kPasses = Copy::kPasses;
   const int row, col;
   const uint32_t smem;
 
   __device__ __forceinline__ RowGather(T* tile, unsigned tid)
-      : row(tid / kChunks), col((tid % kChunks) * 8), smem(smem_u32(tile + swizzle<D>(row, col))) {}
+      : row(tid / kPanelChunks), col((tid % kPanelChunks) * 8), smem(smem_u32(tile + swizzle<D>(row, col))) {}
 
   // `any`: a readable address for the zero-filled rows' (never read) source.
   template <typename RowAt>
@@ -88,7 +89,11 @@ struct RowGather {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const T* src = row_at(row + i * kRowsPerPass, i);
-      cp_async_16(smem + i * kRowsPerPass * D * 2, src != nullptr ? src + col : any, src != nullptr ? 16 : 0);
+#pragma unroll
+      for (int c = 0; c < kPanels; ++c) {
+        cp_async_16(smem + i * kRowsPerPass * D * 2 + c * kPanelChunks * 16,
+                    src != nullptr ? src + col + c * kPanelChunks * 8 : any, src != nullptr ? 16 : 0);
+      }
     }
   }
 };
@@ -272,14 +277,14 @@ struct SeqTiles {
         ahead.page[i] = n + r < blk.info.k_len ? blk.info.page_of(first + (r >> page_shift), sp) : -1;
       }
     } else if (page_shift >= 0) {
-      const int row = grp.tid / Copy::kChunks, first = n >> page_shift;
+      const int row = grp.tid / Copy::kPanelChunks, first = n >> page_shift;
 #pragma unroll
       for (int i = 0; i < Copy::kPasses; ++i) {
         const int r = row + i * Copy::kRowsPerPass;
         ahead.page[i] = n + r < blk.info.k_len ? blk.info.page_of(first + (r >> page_shift), sp) : -1;
       }
     } else {
-      const int row = grp.tid / Copy::kChunks;
+      const int row = grp.tid / Copy::kPanelChunks;
 #pragma unroll
       for (int i = 0; i < Copy::kPasses; ++i) ahead.page[i] = page_of(n + row + i * Copy::kRowsPerPass);
     }
@@ -296,7 +301,7 @@ struct SeqTiles {
       copy.copy(max(page, 0) * page_stride + (int64_t)in_page * row_stride, n, page < 0 ? 0 : info.k_len);
     } else if (passes_in_pages) {
       // This thread's rows lie a row stride apart within each pass's page.
-      const int row = grp.tid / Copy::kChunks, in_page_mask = sp.page_size.div - 1;
+      const int row = grp.tid / Copy::kPanelChunks, in_page_mask = sp.page_size.div - 1;
       const T* rows = head + (int64_t)row * row_stride;
       RowGather<T, BN, D, GT>(tile, grp.tid)
           .gather(

@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 DTYPES = {"float16": "f16", "bfloat16": "bf16"}
 # What the kernels run when the extension cannot be asked (it is the source of truth: _C.supported()).
 DEFAULT_HEAD_DIMS = (64, 96, 128, 192, 256)
-DEFAULT_SERVING_HEAD_DIMS = (64, 128)
+DEFAULT_SERVING_HEAD_DIMS = (64, 96, 128, 192)
 
 
 class Meta(NamedTuple):

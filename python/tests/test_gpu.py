@@ -306,7 +306,7 @@ def check_sequences(out_of, lse_of, qs, ks, vs, causal, scale=None, **mask):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 192])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4)], ids=["gqa4", "mha"])
 def test_varlen_matches_reference(heads, causal, d, dtype):
@@ -329,7 +329,7 @@ def test_varlen_matches_reference(heads, causal, d, dtype):
     assert bool((lse[:, c[4]:c[5]] == float("-inf")).all())  # the sequence without keys
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 192])
 @pytest.mark.parametrize("mask", [((40, 0), True, 0.0), ((-1, -1), True, 30.0), ((100, 8), False, 20.0)],
                          ids=["w40-causal", "causal-cap30", "w100_8-cap20"])
 def test_varlen_and_kvcache_windows_and_softcap(mask, d):
@@ -448,11 +448,12 @@ def test_kvcache_appends_then_attends(dtype, seqlen_q, page_size):
     torch.testing.assert_close(v_cache, want_v, atol=0, rtol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("d", [96, 128, 192])
 @pytest.mark.parametrize("page_size", [None, 16, 256], ids=["dense", "page16", "page256"])
 @pytest.mark.parametrize("seqlen_q", [1, 5], ids=["decode", "chunk"])
-def test_kvcache_attends_without_append(seqlen_q, page_size):
+def test_kvcache_attends_without_append(seqlen_q, page_size, d):
     torch.manual_seed(24)
-    dtype, b, h, hk, d = torch.bfloat16, 4, 16, 4, 128
+    dtype, b, h, hk = torch.bfloat16, 4, 16, 4
     lens = [1000, 1, 0, 257]  # a sequence without keys: rows of 0, lse -inf
     ks, vs = seqs_of(lens, hk, d, dtype), seqs_of(lens, hk, d, dtype)
     q = torch.randn(b, seqlen_q, h, d, device=DEV, dtype=dtype)
