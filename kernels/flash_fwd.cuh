@@ -157,13 +157,7 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   extern "C" __global__ void __launch_bounds__(fa::FwdConfig<D, 1, 1>::kThreads, 1) NAME(const fa::VarlenParams p) { \
     fa::flash_fwd_varlen<T, D, fa::MASK, fa::MOD>(p);                                                                \
   }
-#define FA_VARLEN_ENTRIES_D(T, DT, D)                                                       \
-  FA_VARLEN_ENTRY(T, D, NoMask, NoSoftcap, flash_fwd_varlen_##DT##_d##D)                    \
-  FA_VARLEN_ENTRY(T, D, CausalMask, NoSoftcap, flash_fwd_varlen_##DT##_d##D##_causal)       \
-  FA_VARLEN_ENTRY(T, D, LocalMask, NoSoftcap, flash_fwd_varlen_##DT##_d##D##_local)         \
-  FA_VARLEN_ENTRY(T, D, NoMask, Softcap, flash_fwd_varlen_##DT##_d##D##_softcap)            \
-  FA_VARLEN_ENTRY(T, D, CausalMask, Softcap, flash_fwd_varlen_##DT##_d##D##_causal_softcap) \
-  FA_VARLEN_ENTRY(T, D, LocalMask, Softcap, flash_fwd_varlen_##DT##_d##D##_local_softcap)
+#define FA_VARLEN_ENTRIES_D(T, DT, D) FA_ENTRIES_EVERY_SCORES(FA_VARLEN_ENTRY, T, D, flash_fwd_varlen_##DT##_d##D)
 #define FA_VARLEN_ENTRIES(T, DT) \
   FA_VARLEN_ENTRIES_D(T, DT, 64) \
   FA_VARLEN_ENTRIES_D(T, DT, 96) FA_VARLEN_ENTRIES_D(T, DT, 128) FA_VARLEN_ENTRIES_D(T, DT, 192)

@@ -167,13 +167,8 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
       NAME(const __grid_constant__ fa::HopperVarlenParams p) {                                               \
     fa::flash_fwd_hopper_varlen<T, D, fa::MASK, fa::MOD>(p);                                                 \
   }
-#define FA_HOPPER_VARLEN_ENTRIES_D(T, DT, D)                                                              \
-  FA_HOPPER_VARLEN_ENTRY(T, D, NoMask, NoSoftcap, flash_fwd_hopper_varlen_##DT##_d##D)                    \
-  FA_HOPPER_VARLEN_ENTRY(T, D, CausalMask, NoSoftcap, flash_fwd_hopper_varlen_##DT##_d##D##_causal)       \
-  FA_HOPPER_VARLEN_ENTRY(T, D, LocalMask, NoSoftcap, flash_fwd_hopper_varlen_##DT##_d##D##_local)         \
-  FA_HOPPER_VARLEN_ENTRY(T, D, NoMask, Softcap, flash_fwd_hopper_varlen_##DT##_d##D##_softcap)            \
-  FA_HOPPER_VARLEN_ENTRY(T, D, CausalMask, Softcap, flash_fwd_hopper_varlen_##DT##_d##D##_causal_softcap) \
-  FA_HOPPER_VARLEN_ENTRY(T, D, LocalMask, Softcap, flash_fwd_hopper_varlen_##DT##_d##D##_local_softcap)
+#define FA_HOPPER_VARLEN_ENTRIES_D(T, DT, D) \
+  FA_ENTRIES_EVERY_SCORES(FA_HOPPER_VARLEN_ENTRY, T, D, flash_fwd_hopper_varlen_##DT##_d##D)
 
 // The masked and modified entries of head dim D in persistent 128-row CTAs
 // (units of one query block; causal ones pairs or a host schedule).

@@ -104,11 +104,11 @@ struct HopperConfig {
 };
 
 // Where chunk c (16 bytes) of a panel row lies in that row, as TMA's swizzle
-// puts it: XORed with the row's 8-row (128-byte panels) or 4-row-pair (64-byte
-// panels) phase.
+// puts it: the portable kernel's swizzle of rows as wide as a panel
+// (common.cuh).
 template <typename Cfg>
 __device__ __forceinline__ int panel_chunk(int row, int c) {
-  return Cfg::kPanelCols == 64 ? c ^ (row % 8) : c ^ ((row / 2) % 4);
+  return c ^ swizzle_xor<Cfg::kPanelCols>(row);
 }
 
 // Shared memory of one CTA, from a 1024-byte aligned base (swizzle atoms need it;

@@ -124,3 +124,13 @@ __device__ __forceinline__ void mask_tile_rows(float (&s)[NT][4], int n0, int t,
 }
 
 }  // namespace fa
+
+// One entry per mask policy and score modifier: ENTRY(T, D, MASK, MOD, NAME)
+// with NAME suffixed as kernel-ffi names them (`Scores::suffix`).
+#define FA_ENTRIES_EVERY_SCORES(ENTRY, T, D, NAME)        \
+  ENTRY(T, D, NoMask, NoSoftcap, NAME)                    \
+  ENTRY(T, D, CausalMask, NoSoftcap, NAME##_causal)       \
+  ENTRY(T, D, LocalMask, NoSoftcap, NAME##_local)         \
+  ENTRY(T, D, NoMask, Softcap, NAME##_softcap)            \
+  ENTRY(T, D, CausalMask, Softcap, NAME##_causal_softcap) \
+  ENTRY(T, D, LocalMask, Softcap, NAME##_local_softcap)
