@@ -248,10 +248,12 @@ struct SeqTiles {
             q);
   }
 
-  // A paged tile's pages: with tiles in pages, the tile's one page (page[0]);
-  // with passes in pages, pass i's; else the page of each row this thread
-  // copies (row + i · kRowsPerPass); −1 for keys past the sequence (a pass's:
-  // its first) or on a page the table does not name.
+  // A paged tile's block-table entries: with tiles in pages, the tile's one
+  // page's (page[0]); with passes in pages, pass i's; else those of the rows
+  // this thread copies (row + i · kRowsPerPass). Slots past the sequence's
+  // last read its last. Entries are read unchecked, so that the reads issue
+  // back to back, and checked (SeqInfo::checked_page) where a load uses them:
+  // a check at the read would wait for each read in turn.
   using Copy = TileCopy<T, BN, D, GT>;
   struct Pages {
     int page[Copy::kPasses];
@@ -260,33 +262,28 @@ struct SeqTiles {
   // over as `current`, which its V load (a loop turn later) reads too.
   mutable Pages ahead, current;
 
-  // Key n's page, or −1.
-  __device__ __forceinline__ int page_of(int n) const {
-    return n < blk.info.k_len ? blk.info.page_of(fast_div(sp.page_size, n), sp) : -1;
+  // The slot of the sequence's last key (0 when it has none or is not paged).
+  __device__ __forceinline__ int last_slot() const {
+    return blk.info.pages != nullptr && blk.info.k_len > 0 ? fast_div(sp.page_size, blk.info.k_len - 1) : 0;
   }
+  __device__ __forceinline__ int entry(int slot, int last) const { return blk.info.pages[min(slot, last)]; }
 
   __device__ __forceinline__ void look_ahead(int n) const {
     if (blk.info.pages == nullptr) return;
+    const int last = last_slot();
     if (tiles_in_pages) {
-      ahead.page[0] = page_of(n);
-    } else if (passes_in_pages) {
-      const int first = n >> page_shift;
-#pragma unroll
-      for (int i = 0; i < Copy::kPasses; ++i) {
-        const int r = i * Copy::kRowsPerPass;
-        ahead.page[i] = n + r < blk.info.k_len ? blk.info.page_of(first + (r >> page_shift), sp) : -1;
-      }
+      ahead.page[0] = entry(fast_div(sp.page_size, n), last);
     } else if (page_shift >= 0) {
-      const int row = grp.tid / Copy::kPanelChunks, first = n >> page_shift;
+      // With passes in pages a pass's rows share its first row's page.
+      const int row = passes_in_pages ? 0 : grp.tid / Copy::kPanelChunks, first = n >> page_shift;
 #pragma unroll
-      for (int i = 0; i < Copy::kPasses; ++i) {
-        const int r = row + i * Copy::kRowsPerPass;
-        ahead.page[i] = n + r < blk.info.k_len ? blk.info.page_of(first + (r >> page_shift), sp) : -1;
-      }
+      for (int i = 0; i < Copy::kPasses; ++i)
+        ahead.page[i] = entry(first + ((row + i * Copy::kRowsPerPass) >> page_shift), last);
     } else {
       const int row = grp.tid / Copy::kPanelChunks;
 #pragma unroll
-      for (int i = 0; i < Copy::kPasses; ++i) ahead.page[i] = page_of(n + row + i * Copy::kRowsPerPass);
+      for (int i = 0; i < Copy::kPasses; ++i)
+        ahead.page[i] = entry(fast_div(sp.page_size, n + row + i * Copy::kRowsPerPass), last);
     }
   }
 
@@ -297,7 +294,8 @@ struct SeqTiles {
     if (info.pages == nullptr) {
       copy.copy((int64_t)n * row_stride, n, info.k_len);
     } else if (tiles_in_pages) {
-      const int page = pg.page[0], in_page = n - fast_div(sp.page_size, n) * sp.page_size.div;
+      const int page = SeqInfo::checked_page(pg.page[0], sp);
+      const int in_page = n - fast_div(sp.page_size, n) * sp.page_size.div;
       copy.copy(max(page, 0) * page_stride + (int64_t)in_page * row_stride, n, page < 0 ? 0 : info.k_len);
     } else if (passes_in_pages) {
       // This thread's rows lie a row stride apart within each pass's page.
@@ -306,7 +304,7 @@ struct SeqTiles {
       RowGather<T, BN, D, GT>(tile, grp.tid)
           .gather(
               [&](int r, int pass) -> const T* {
-                const int page = pg.page[pass];
+                const int page = SeqInfo::checked_page(pg.page[pass], sp);
                 if (page < 0 || n + r >= info.k_len) return nullptr;
                 const int pass_row = (pass * Copy::kRowsPerPass) & in_page_mask;  // the pass's first, in its page
                 return rows + (int64_t)page * page_stride + (int64_t)pass_row * row_stride;
@@ -316,9 +314,8 @@ struct SeqTiles {
       RowGather<T, BN, D, GT>(tile, grp.tid)
           .gather(
               [&](int r, int pass) -> const T* {
-                const int page = pg.page[pass];
-                if (page < 0) return nullptr;
-                const int key = n + r;
+                const int page = SeqInfo::checked_page(pg.page[pass], sp), key = n + r;
+                if (page < 0 || key >= info.k_len) return nullptr;
                 const int in_page = page_shift >= 0 ? r & ((1 << page_shift) - 1)
                                                     : key - fast_div(sp.page_size, key) * sp.page_size.div;
                 return head + page * page_stride + (int64_t)in_page * row_stride;

@@ -54,12 +54,12 @@ struct SeqInfo {
   // Bottom-right causal alignment: row i sees keys j <= i + diag().
   __device__ __forceinline__ int diag() const { return k_len - q_len; }
 
-  // The page in block-table slot `slot` (< max_pages) of a paged sequence, or
-  // −1 where the table names no page of k and v.
-  __device__ __forceinline__ int page_of(int slot, const SeqParams& sp) const {
-    const int page = pages[slot];
-    return page >= 0 && page < sp.kv_batch ? page : -1;
+  // A block-table entry as a page of k and v, or −1 where it names none.
+  __device__ __forceinline__ static int checked_page(int entry, const SeqParams& sp) {
+    return entry >= 0 && entry < sp.kv_batch ? entry : -1;
   }
+  // The page in block-table slot `slot` (< max_pages) of a paged sequence, or −1.
+  __device__ __forceinline__ int page_of(int slot, const SeqParams& sp) const { return checked_page(pages[slot], sp); }
 };
 
 }  // namespace fa
