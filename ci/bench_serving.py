@@ -13,6 +13,7 @@
   flash_attn_varlen_func / flash_attn_with_kvcache, in the same process.
 
 Usage: python3 ci/bench_serving.py [--varlen 16,32,8,8192,128,causal] [--paged 64,32,8,32768,128,16] --json out.json
+       [--page-runs G] [--ours-only]   (a page-size or page-locality sweep of ours alone)
 """
 import argparse
 import inspect
@@ -20,6 +21,7 @@ import json
 import math
 import os
 import sys
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -125,6 +127,24 @@ def bench_varlen(results, spec, dtype, dname, args, flush):
               args, flush, flops=flops)
 
 
+def block_table(pages, runs):
+    """A block table for sequences of `pages` pages: a sequence's pages lie in
+    runs of `runs` consecutive physical pages, the runs in a fixed shuffled
+    order (1: every page shuffled, as a serving cache hands them out; 0: all in
+    order). Returns the table on the GPU and the pages the cache needs."""
+    g = max(runs, 1)
+    counts = [-(-n // g) for n in pages]
+    total = sum(counts)
+    order = torch.arange(total) if runs == 0 else torch.randperm(total, generator=torch.Generator().manual_seed(17))
+    table = torch.zeros(len(pages), max(pages), dtype=torch.int32)
+    at = 0
+    for i, n in enumerate(pages):
+        slots = torch.arange(n)
+        table[i, :n] = (order[at + slots // g] * g + slots % g).to(torch.int32)
+        at += counts[i]
+    return table.cuda(), total * g
+
+
 def bench_paged(results, spec, dtype, dname, args, flush):
     b, h, hkv, s, d, ps = map(int, spec.split(","))
     lens = paged_lengths(b, s)
@@ -132,15 +152,7 @@ def bench_paged(results, spec, dtype, dname, args, flush):
     kv_bytes = 2.0 * 2 * sum(lens) * hkv * d
     flops = sum(4.0 * h * n * d for n in lens)
     pages = [-(-n // ps) for n in lens]
-    n_pages = sum(pages)
-    width = max(pages)
-    perm = torch.randperm(n_pages, generator=torch.Generator().manual_seed(17))
-    table = torch.zeros(b, width, dtype=torch.int32)
-    at = 0
-    for i, n in enumerate(pages):
-        table[i, :n] = perm[at:at + n]
-        at += n
-    table = table.cuda()
+    table, n_pages = block_table(pages, args.page_runs)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, h, d, device="cuda", dtype=dtype)
     k_pages = torch.randn(n_pages, ps, hkv, d, device="cuda", dtype=dtype)
@@ -148,15 +160,31 @@ def bench_paged(results, spec, dtype, dname, args, flush):
     print(f"{name}: {b} sequences, {sum(lens)} cached keys ({kv_bytes / 1e9:.2f} GB of K/V), {n_pages} pages",
           flush=True)
 
+    cache = SimpleNamespace(q=q, k_pages=k_pages, v_pages=v_pages, table=table, seqlens=seqlens, lens=lens,
+                            pages=pages, page_size=ps, n_pages=n_pages, longest=s)
+    if not args.ours_only:
+        paged_anchors(results, name, args, flush, cache, flops=flops, kv_bytes=kv_bytes)
+    ours = flash_pipeline()
+    if ours is not None:
+        timed(results, name, "ours-python",
+              lambda: ours.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table),
+              args, flush, flops=flops, kv_bytes=kv_bytes)
+
+
+def paged_anchors(results, name, args, flush, c, flops, kv_bytes):
+    """SDPA on the cache `c` (bench_paged's) laid out densely, and paged FlexAttention over it."""
+    b, _, _, d = c.q.shape
+    hkv, s, ps, width, dtype = c.k_pages.shape[2], c.longest, c.page_size, max(c.pages), c.q.dtype
+    table, pages, k_pages, v_pages = c.table, c.pages, c.k_pages, c.v_pages
+    qt = c.q.transpose(1, 2)  # [B, H, 1, D]
     # SDPA on the same cache laid out densely: [B, Hkv, longest, D] and a key-padding mask.
     dense_k = torch.zeros(b, hkv, s, d, device="cuda", dtype=dtype)
     dense_v = torch.zeros_like(dense_k)
-    for i, n in enumerate(lens):
+    for i, n in enumerate(c.lens):
         rows = table[i, :pages[i]].long()
         dense_k[i, :, :n] = k_pages[rows].reshape(-1, hkv, d)[:n].transpose(0, 1)
         dense_v[i, :, :n] = v_pages[rows].reshape(-1, hkv, d)[:n].transpose(0, 1)
-    mask = (torch.arange(s, device="cuda")[None, :] < seqlens[:, None])[:, None, None, :]
-    qt = q.transpose(1, 2)  # [B, H, 1, D]
+    mask = (torch.arange(s, device="cuda")[None, :] < c.seqlens[:, None])[:, None, None, :]
     timed(results, name, "torch-sdpa-dense",
           lambda: F.scaled_dot_product_attention(qt, dense_k, dense_v, attn_mask=mask, enable_gqa=True), args, flush,
           flops=flops, kv_bytes=kv_bytes)
@@ -167,20 +195,20 @@ def bench_paged(results, spec, dtype, dname, args, flush):
         from torch.nn.attention.experimental._paged_attention import PagedAttention
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        pa = PagedAttention(n_pages, ps, b)
+        pa = PagedAttention(c.n_pages, ps, b)
         pa.page_table[:, :width] = table.long()
         pa.page_table[:, width:] = -1
         for i, n in enumerate(pages):
             pa.physical_to_logical[i, table[i, :n].long()] = torch.arange(n, device="cuda")
         pa.capacity[:] = torch.tensor(pages, device="cuda") * ps
-        k_cache = k_pages.permute(2, 0, 1, 3).reshape(1, hkv, n_pages * ps, d)
-        v_cache = v_pages.permute(2, 0, 1, 3).reshape(1, hkv, n_pages * ps, d)
+        k_cache = k_pages.permute(2, 0, 1, 3).reshape(1, hkv, c.n_pages * ps, d)
+        v_cache = v_pages.permute(2, 0, 1, 3).reshape(1, hkv, c.n_pages * ps, d)
 
         def causal_free(b_, h_, q_idx, kv_idx):
             return kv_idx >= 0
 
         logical = create_block_mask(causal_free, b, None, 1, width * ps, device="cuda", BLOCK_SIZE=(128, ps))
-        physical = pa.convert_logical_block_mask(logical, kv_len=seqlens.long())
+        physical = pa.convert_logical_block_mask(logical, kv_len=c.seqlens.long())
         flex = torch.compile(flex_attention, dynamic=False)
         timed(results, name, "torch-flex-paged",
               lambda: flex(qt, k_cache, v_cache, block_mask=physical, enable_gqa=True), args, flush, flops=flops,
@@ -188,12 +216,6 @@ def bench_paged(results, spec, dtype, dname, args, flush):
     except Exception as e:
         print(f"{name:<40} torch-flex-paged       not available: {str(e).splitlines()[0][:160]}", flush=True)
         results.append({"name": name, "implementation": "torch-flex-paged", "error": str(e).splitlines()[0]})
-
-    ours = flash_pipeline()
-    if ours is not None:
-        timed(results, name, "ours-python",
-              lambda: ours.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table),
-              args, flush, flops=flops, kv_bytes=kv_bytes)
 
 
 def flash_pipeline():
@@ -224,6 +246,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--varlen", action="append", help="B,H,HKV,S,D[,causal] as fa-bench's varlen:")
     ap.add_argument("--paged", action="append", help="B,H,HKV,S,D,PAGE as fa-bench's paged:")
+    ap.add_argument("--page-runs", type=int, default=1,
+                    help="a sequence's pages in runs of this many consecutive physical pages (1: shuffled; 0: in order)")
+    ap.add_argument("--ours-only", action="store_true", help="time only ours (and the copy bandwidth)")
     add_anchor_args(ap)
     args = ap.parse_args()
     varlen = args.varlen or ["16,32,8,8192,128,causal"]
@@ -233,7 +258,7 @@ def main():
     results = []
     copy_bandwidth(results, args, flush)
     for dname in args.dtype.split(","):
-        for spec in varlen:
+        for spec in [] if args.ours_only and args.paged else varlen:
             bench_varlen(results, spec, DTYPES[dname], dname, args, flush)
         for spec in paged:
             bench_paged(results, spec, DTYPES[dname], dname, args, flush)
