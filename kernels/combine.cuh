@@ -100,19 +100,12 @@ __device__ __forceinline__ void flash_combine(const CombineParams& p) {
 }  // namespace fa
 
 // The combine entries of one dtype, launched with 128 threads (four rows per
-// block): flash_combine[_varlen]_<dtype>_d<D>, dense for every head dim,
-// varlen for the serving ones.
+// block): flash_combine[_varlen]_<dtype>_d<D>, dense and varlen, every head dim.
 #define FA_COMBINE_ENTRY(T, D, VARLEN, NAME)                                          \
   extern "C" __global__ void __launch_bounds__(128) NAME(const fa::CombineParams p) { \
     fa::flash_combine<T, D, VARLEN>(p);                                               \
   }
-#define FA_COMBINE_ENTRIES(T, DT)                                  \
-  FA_COMBINE_ENTRY(T, 64, false, flash_combine_##DT##_d64)         \
-  FA_COMBINE_ENTRY(T, 96, false, flash_combine_##DT##_d96)         \
-  FA_COMBINE_ENTRY(T, 128, false, flash_combine_##DT##_d128)       \
-  FA_COMBINE_ENTRY(T, 192, false, flash_combine_##DT##_d192)       \
-  FA_COMBINE_ENTRY(T, 256, false, flash_combine_##DT##_d256)       \
-  FA_COMBINE_ENTRY(T, 64, true, flash_combine_varlen_##DT##_d64)   \
-  FA_COMBINE_ENTRY(T, 96, true, flash_combine_varlen_##DT##_d96)   \
-  FA_COMBINE_ENTRY(T, 128, true, flash_combine_varlen_##DT##_d128) \
-  FA_COMBINE_ENTRY(T, 192, true, flash_combine_varlen_##DT##_d192)
+#define FA_COMBINE_ENTRIES_D(T, DT, D)                     \
+  FA_COMBINE_ENTRY(T, D, false, flash_combine_##DT##_d##D) \
+  FA_COMBINE_ENTRY(T, D, true, flash_combine_varlen_##DT##_d##D)
+#define FA_COMBINE_ENTRIES(T, DT) FA_EVERY_HEAD_DIM(FA_COMBINE_ENTRIES_D, T, DT)

@@ -181,3 +181,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 }  // namespace fa
+
+// ENTRIES(T, DT, D) for every head dim the kernels serve (fa_schema's
+// HEAD_DIMS; the manifest names each entry).
+#define FA_EVERY_HEAD_DIM(ENTRIES, T, DT) \
+  ENTRIES(T, DT, 64) ENTRIES(T, DT, 96) ENTRIES(T, DT, 128) ENTRIES(T, DT, 192) ENTRIES(T, DT, 256)

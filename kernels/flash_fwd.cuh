@@ -158,9 +158,7 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
     fa::flash_fwd_varlen<T, D, fa::MASK, fa::MOD>(p);                                                                \
   }
 #define FA_VARLEN_ENTRIES_D(T, DT, D) FA_ENTRIES_EVERY_SCORES(FA_VARLEN_ENTRY, T, D, flash_fwd_varlen_##DT##_d##D)
-#define FA_VARLEN_ENTRIES(T, DT) \
-  FA_VARLEN_ENTRIES_D(T, DT, 64) \
-  FA_VARLEN_ENTRIES_D(T, DT, 96) FA_VARLEN_ENTRIES_D(T, DT, 128) FA_VARLEN_ENTRIES_D(T, DT, 192)
+#define FA_VARLEN_ENTRIES(T, DT) FA_EVERY_HEAD_DIM(FA_VARLEN_ENTRIES_D, T, DT)
 // The masked and modified entries of head dim D in one 16-row tile per warp.
 #define FA_FWD_MASKED_ENTRIES(T, DT, D)                                                 \
   FA_FWD_ENTRY(T, D, CausalMask, NoSoftcap, 1, 1, flash_fwd_##DT##_d##D##_causal)       \

@@ -215,7 +215,4 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
   FA_HOPPER_ENTRY(T, 256, NoMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_softcap)                          \
   FA_HOPPER_ENTRY(T, 256, CausalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_causal_softcap)               \
   FA_HOPPER_ENTRY(T, 256, LocalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_local_softcap)                 \
-  FA_HOPPER_VARLEN_ENTRIES_D(T, DT, 64)                                                                               \
-  FA_HOPPER_VARLEN_ENTRIES_D(T, DT, 96)                                                                               \
-  FA_HOPPER_VARLEN_ENTRIES_D(T, DT, 128)                                                                              \
-  FA_HOPPER_VARLEN_ENTRIES_D(T, DT, 192)
+  FA_EVERY_HEAD_DIM(FA_HOPPER_VARLEN_ENTRIES_D, T, DT)

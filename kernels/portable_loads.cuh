@@ -44,9 +44,13 @@ struct TileCopy {
     row = tid / kPanelChunks;
     const int ch = tid % kPanelChunks;
     smem = smem_u32(tile + swizzle<D>(row, ch * 8));
-    odd = kTwoPhases ? (int32_t)(smem_u32(tile + swizzle<D>(row + 4, ch * 8)) - smem) - 4 * D * 2 : 0;
+    odd = odd_offset(tile, row, ch * 8, smem);
     gmem = base + (int64_t)row * row_stride + ch * 8;
     pass_stride = (int64_t)kRowsPerPass * row_stride;
+  }
+  // `odd` of the thread whose first chunk (row, col) lies at shared address `at`.
+  __device__ __forceinline__ static int32_t odd_offset(T* tile, int row, int col, uint32_t at) {
+    return kTwoPhases ? (int32_t)(smem_u32(tile + swizzle<D>(row + 4, col)) - at) - 4 * D * 2 : 0;
   }
 
   // Rows [row0, row0 + ROWS); `offset` = row0 × row_stride; into the tile
@@ -69,19 +73,22 @@ struct TileCopy {
 
 // Copies ROWS rows whose sources are not a constant stride apart into a
 // swizzled shared tile: the thread's chunk column, panels and shared addresses
-// as TileCopy's, the source of row r, its pass i's, from `row_at(r, i)` (null:
-// zero-filled).
+// (and phases) as TileCopy's, the source of row r, its pass i's, from
+// `row_at(r, i)` (null: zero-filled).
 template <typename T, int ROWS, int D, int THREADS>
 struct RowGather {
   using Copy = TileCopy<T, ROWS, D, THREADS>;
-  static_assert(!Copy::kTwoPhases, "one swizzle phase per thread");
   static constexpr int kPanelChunks = Copy::kPanelChunks, kPanels = Copy::kPanels;
   static constexpr int kRowsPerPass = Copy::kRowsPerPass, kPasses = Copy::kPasses;
   const int row, col;
   const uint32_t smem;
+  const int32_t odd;
 
   __device__ __forceinline__ RowGather(T* tile, unsigned tid)
-      : row(tid / kPanelChunks), col((tid % kPanelChunks) * 8), smem(smem_u32(tile + swizzle<D>(row, col))) {}
+      : row(tid / kPanelChunks),
+        col((tid % kPanelChunks) * 8),
+        smem(smem_u32(tile + swizzle<D>(row, col))),
+        odd(Copy::odd_offset(tile, row, col, smem)) {}
 
   // `any`: a readable address for the zero-filled rows' (never read) source.
   template <typename RowAt>
@@ -91,7 +98,7 @@ struct RowGather {
       const T* src = row_at(row + i * kRowsPerPass, i);
 #pragma unroll
       for (int c = 0; c < kPanels; ++c) {
-        cp_async_16(smem + i * kRowsPerPass * D * 2 + c * kPanelChunks * 16,
+        cp_async_16(smem + i * kRowsPerPass * D * 2 + (i % 2) * odd + c * kPanelChunks * 16,
                     src != nullptr ? src + col + c * kPanelChunks * 8 : any, src != nullptr ? 16 : 0);
       }
     }
@@ -258,9 +265,9 @@ struct SeqTiles {
   struct Pages {
     int page[Copy::kPasses];
   };
-  // `look_ahead` reads the next tile's into `ahead`; its K load takes them
-  // over as `current`, which its V load (a loop turn later) reads too.
-  mutable Pages ahead, current;
+  // `look_ahead` reads the next tile's, after this tile's V load and before
+  // the next tile's K load: that tile's K and V loads read them in turn.
+  mutable Pages pages;
 
   // The slot of the sequence's last key (0 when it has none or is not paged).
   __device__ __forceinline__ int last_slot() const {
@@ -272,24 +279,24 @@ struct SeqTiles {
     if (blk.info.pages == nullptr) return;
     const int last = last_slot();
     if (tiles_in_pages) {
-      ahead.page[0] = entry(fast_div(sp.page_size, n), last);
+      pages.page[0] = entry(fast_div(sp.page_size, n), last);
     } else if (page_shift >= 0) {
       // With passes in pages a pass's rows share its first row's page.
       const int row = passes_in_pages ? 0 : grp.tid / Copy::kPanelChunks, first = n >> page_shift;
 #pragma unroll
       for (int i = 0; i < Copy::kPasses; ++i)
-        ahead.page[i] = entry(first + ((row + i * Copy::kRowsPerPass) >> page_shift), last);
+        pages.page[i] = entry(first + ((row + i * Copy::kRowsPerPass) >> page_shift), last);
     } else {
       const int row = grp.tid / Copy::kPanelChunks;
 #pragma unroll
       for (int i = 0; i < Copy::kPasses; ++i)
-        ahead.page[i] = entry(fast_div(sp.page_size, n + row + i * Copy::kRowsPerPass), last);
+        pages.page[i] = entry(fast_div(sp.page_size, n + row + i * Copy::kRowsPerPass), last);
     }
   }
 
   __device__ __forceinline__ void load(const Copy& copy, T* tile, const T* head, int64_t page_stride,
                                        int64_t row_stride, int n) const {
-    const Pages& pg = current;
+    const Pages& pg = pages;
     const SeqInfo& info = blk.info;
     if (info.pages == nullptr) {
       copy.copy((int64_t)n * row_stride, n, info.k_len);
@@ -324,7 +331,6 @@ struct SeqTiles {
     }
   }
   __device__ __forceinline__ void load_k(int n) const {
-    current = ahead;
     load(k_copy, grp.k, k_head, p.k_batch_stride, p.k_row_stride, n);
   }
   __device__ __forceinline__ void load_v(int n) const {

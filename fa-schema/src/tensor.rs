@@ -182,10 +182,9 @@ impl Problem {
     }
 }
 
-/// The head dims the kernels are compiled for (256: dense entries only).
+/// The head dims the kernels are compiled for, dense and serving
+/// (`FA_EVERY_HEAD_DIM` in kernels/common.cuh).
 pub const HEAD_DIMS: [usize; 5] = [64, 96, 128, 192, 256];
-/// The head dims of the serving (`_varlen`) entries.
-pub const SERVING_HEAD_DIMS: [usize; 4] = [64, 96, 128, 192];
 /// Grid y is batch × heads, and gridDim.y is at most 65535.
 pub const MAX_BATCH_HEADS: usize = 65_535;
 

@@ -17,7 +17,7 @@
 //! the paged rows with strides (page_size·heads·D, D, heads·D).
 
 use crate::error::{Result, invalid};
-use crate::tensor::{self, Arg, MAX_BATCH_HEADS, Problem, SERVING_HEAD_DIMS};
+use crate::tensor::{self, Arg, MAX_BATCH_HEADS, Problem};
 
 /// A paged K/V cache's block table: `[seqs, stride]` int32 page indices, of
 /// which each sequence uses its first `max_pages`.
@@ -129,12 +129,6 @@ impl VarlenProblem {
 /// ```
 pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, layout: &SeqLayout, scale: Option<f32>) -> Result<VarlenProblem> {
     let t = tensor::operands(q, k, v, o, scale)?;
-    if !SERVING_HEAD_DIMS.contains(&t.head_dim) {
-        invalid!(
-            "q head dim is {}; serving calls (variable lengths, paged caches) support head dims {SERVING_HEAD_DIMS:?}",
-            t.head_dim
-        );
-    }
     let seqs = layout.seqs;
     let offsets = |name: &str, len: usize| -> Result<()> {
         if len <= seqs {

@@ -4,7 +4,7 @@
     out = flash_attn_func(q, k, v, causal=True)   # q: (batch, seqlen, nheads, headdim)
 
 Supported: CUDA float16/bfloat16, head dims of ``supported()["head_dims"]``
-(64, 128 and 256; the serving calls 64 and 128), causal (bottom-right aligned) or not, sliding windows
+(64, 96, 128, 192 and 256, dense and serving calls), causal (bottom-right aligned) or not, sliding windows
 (``window_size``, aligned as causal) and logit softcapping (``softcap``),
 GQA/MQA, seqlen_q != seqlen_k, any strides whose head_dim stride is 1.
 Forward only (inference).

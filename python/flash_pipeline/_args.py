@@ -17,7 +17,6 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 DTYPES = {"float16": "f16", "bfloat16": "bf16"}
 # What the kernels run when the extension cannot be asked (it is the source of truth: _C.supported()).
 DEFAULT_HEAD_DIMS = (64, 96, 128, 192, 256)
-DEFAULT_SERVING_HEAD_DIMS = (64, 96, 128, 192)
 
 
 class Meta(NamedTuple):
@@ -168,7 +167,7 @@ def check_index(name: str, m: Optional[Meta], device: str, rank: int = 1) -> Non
         raise ValueError(f"{name} rows are not contiguous (stride {m.stride[1]}); use .contiguous()")
 
 
-def check_serving(q: Meta, k: Meta, v: Meta, head_dims: Sequence[int] = DEFAULT_SERVING_HEAD_DIMS) -> None:
+def check_serving(q: Meta, k: Meta, v: Meta, head_dims: Sequence[int] = DEFAULT_HEAD_DIMS) -> None:
     """The rules the tensors of a serving call share: one device and dtype, k and v alike,
     a supported head dim, q heads a multiple of k heads."""
     for name, m in (("k", k), ("v", v)):
@@ -182,8 +181,7 @@ def check_serving(q: Meta, k: Meta, v: Meta, head_dims: Sequence[int] = DEFAULT_
         raise ValueError(f"k head dim is {k.shape[-1]} but q head dim is {q.shape[-1]}; they must be equal")
     if q.shape[-1] not in tuple(head_dims):
         raise ValueError(
-            f"q head dim is {q.shape[-1]}; serving calls (variable lengths, paged caches) support head dims "
-            f"{sorted(head_dims)}"
+            f"q head dim is {q.shape[-1]}; the kernels support head dims {sorted(head_dims)}"
         )
     h, hk = q.shape[-2], k.shape[-2]
     if hk < 1 or h % hk != 0:

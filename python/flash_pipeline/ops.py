@@ -60,8 +60,8 @@ def _ext():
 
 
 def supported() -> dict:
-    """What the kernels run, from the extension: {"head_dims": [...], "serving_head_dims": [...],
-    "dtypes": ["f16", "bf16"]}."""
+    """What the kernels run, from the extension: {"head_dims": [...], "dtypes": ["f16", "bf16"]};
+    the head dims serve dense and serving calls alike."""
     return dict(_ext().supported())
 
 
@@ -76,15 +76,6 @@ def head_dims() -> Tuple[int, ...]:
         return _head_dims_from_ext()
     except ImportError:
         return _args.DEFAULT_HEAD_DIMS
-
-
-@functools.lru_cache(maxsize=None)
-def serving_head_dims() -> Tuple[int, ...]:
-    """Head dims of the serving calls (a default when the extension is not built)."""
-    try:
-        return tuple(supported()["serving_head_dims"])
-    except ImportError:
-        return _args.DEFAULT_SERVING_HEAD_DIMS
 
 
 def _meta(t: torch.Tensor) -> _args.Meta:
@@ -220,7 +211,7 @@ def _serving_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
     views = (_args.serving_view("q", mq, cu_seqlens_q is not None),
              _args.serving_view("k", mk, cu_seqlens_k is not None),
              _args.serving_view("v", mv, cu_seqlens_k is not None))
-    _args.check_serving(mq, mk, mv, serving_head_dims())
+    _args.check_serving(mq, mk, mv, head_dims())
     index = {}
     for name, t, rank in (("cu_seqlens_q", cu_seqlens_q, 1), ("cu_seqlens_k", cu_seqlens_k, 1),
                           ("seqused_k", seqused_k, 1), ("block_table", block_table, 2)):

@@ -47,8 +47,8 @@ How each call runs:
   While compiling (``torch.compile``) or capturing a CUDA graph a given mask is
   not inspected: those calls fall back to SDPA.
 * also falling back to SDPA, with a one-time warning: non-CUDA inputs, dtypes
-  other than float16/bfloat16, head dims the kernels lack (they run 64, 128
-  and 256; padded batches 64 and 128), inputs that need gradients (the
+  other than float16/bfloat16, head dims the kernels lack (they run 64, 96,
+  128, 192 and 256, padded batches too), inputs that need gradients (the
   kernels are forward-only), a ``position_bias``.
 * raising NotImplementedError: ``dropout`` > 0 (attention dropout in training),
   ``s_aux`` (sinks).
@@ -73,7 +73,6 @@ from . import ops
 NAME = "fa_pipeline"
 # Read once here, not per call: a plain tuple keeps the per-call checks traceable by torch.compile.
 _HEAD_DIMS = ops.head_dims()
-_SERVING_HEAD_DIMS = ops.serving_head_dims()
 
 stats = {}
 _warned = set()
@@ -238,16 +237,12 @@ def attention_forward(
             out, _ = torch.ops.flash_pipeline.fwd(q, k, v, scaling, plan.causal, plan.left, -1, float(softcap or 0.0))
             _note("kernel")
             return out, None
-        serving = query.shape[-1] in _SERVING_HEAD_DIMS
-        if isinstance(plan, _Padded) and serving:
+        if isinstance(plan, _Padded):
             causal = bool(is_causal and query.shape[2] > 1)
             out = _varlen(query, key, value, *plan, causal, scaling, float(softcap or 0.0))
             _note("varlen")
             return out, None
-        if isinstance(plan, _Padded):
-            bad = ("mask", "a padded batch" + ("" if serving else f" of head dim {query.shape[-1]}"))
-        else:
-            bad = ("mask", plan)
+        bad = ("mask", plan)
     category, detail = bad
     if softcap:
         raise NotImplementedError(

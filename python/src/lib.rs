@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use kernel_ffi::tensor::{Desc, Dtype, HEAD_DIMS, SERVING_HEAD_DIMS};
+use kernel_ffi::tensor::{Desc, Dtype, HEAD_DIMS};
 use kernel_ffi::{Attention, BlockTable, Error, Gpu, KernelChoice, Options, Sequences, Splits, Window};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -185,12 +185,11 @@ fn forward_varlen(
     Ok(())
 }
 
-/// What the kernels run: head dims (dense calls, serving calls) and dtypes.
+/// What the kernels run: head dims (dense and serving calls) and dtypes.
 #[pyfunction]
 fn supported(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("head_dims", HEAD_DIMS.to_vec())?;
-    d.set_item("serving_head_dims", SERVING_HEAD_DIMS.to_vec())?;
     d.set_item("dtypes", ["f16", "bf16"])?;
     Ok(d)
 }

@@ -169,8 +169,7 @@ def test_serving_index_rules():
     "q, k, match",
     [
         (meta((9, 6, 64)), meta((9, 4, 64)), "q has 6 heads and k has 4"),
-        (meta((9, 6, 80)), meta((9, 6, 80)), r"head dim is 80; serving calls .* support head dims \[64, 96, 128, 192\]"),
-        (meta((9, 6, 256)), meta((9, 6, 256)), r"head dim is 256; serving calls .* support head dims \[64, 96, 128, 192\]"),
+        (meta((9, 6, 80)), meta((9, 6, 80)), r"head dim is 80; the kernels support head dims \[64, 96, 128, 192, 256\]"),
         (meta((9, 6, 64)), meta((9, 6, 128)), "k head dim is 128 but q head dim is 64"),
         (meta((9, 6, 64)), meta((9, 6, 64), "bfloat16"), "dtypes are float16, bfloat16"),
         (meta((9, 6, 64)), meta((9, 6, 64), device="cuda:1"), "k is on cuda:1 but q is on cuda:0"),
@@ -612,7 +611,7 @@ def test_the_installed_extension_loads_without_torch():
     ext_spec = importlib.util.spec_from_file_location("flash_pipeline._C", built[0])
     ext = importlib.util.module_from_spec(ext_spec)
     ext_spec.loader.exec_module(ext)
-    assert ext.supported() == {"head_dims": [64, 96, 128, 192, 256], "serving_head_dims": [64, 96, 128, 192], "dtypes": ["f16", "bf16"]}
+    assert ext.supported() == {"head_dims": [64, 96, 128, 192, 256], "dtypes": ["f16", "bf16"]}
     assert (folder / "kernels" / "kernel-set.json").is_file()
     with pytest.raises(ValueError, match="unknown dtype"):
         ext.forward(1, 1, 1, 1, 0, "f32", (1, 1, 1, 8, 8, 64), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0),

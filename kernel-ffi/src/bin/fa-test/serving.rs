@@ -9,7 +9,7 @@ use kernel_ffi::check::{compare, compare_lse, tolerances};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ShapeRecord, TestCase};
-use kernel_ffi::tensor::SERVING_HEAD_DIMS;
+use kernel_ffi::tensor::HEAD_DIMS;
 use kernel_ffi::{
     Attention, BlockTable, CudaSlice, Desc, Dtype, KernelChoice, Layout, Options, Problem, Scores, Sequences, Splits,
     Variant, Window, sequences,
@@ -174,7 +174,7 @@ pub fn matrix() -> Vec<Case> {
     let mut cases = Vec::new();
     let mut i = 0usize;
     for dtype in [Dtype::F16, Dtype::Bf16] {
-        for head_dim in SERVING_HEAD_DIMS {
+        for head_dim in HEAD_DIMS {
             for causal in [false, true] {
                 for (tag, q_lens, k_lens) in lengths() {
                     for (ki, &keys) in keys.iter().enumerate() {
@@ -209,7 +209,7 @@ pub fn matrix() -> Vec<Case> {
     // packed, dense and paged keys in turn.
     let w = |left, right| Window::from_pair(left, right).expect("a valid window");
     for dtype in [Dtype::F16, Dtype::Bf16] {
-        for head_dim in SERVING_HEAD_DIMS {
+        for head_dim in HEAD_DIMS {
             for (window, causal, softcap) in
                 [(w(40, 0), true, None), (w(-1, -1), true, Some(30.0)), (w(100, 8), false, Some(20.0))]
             {
