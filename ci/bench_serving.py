@@ -14,6 +14,7 @@
 
 Usage: python3 ci/bench_serving.py [--varlen 16,32,8,8192,128,causal] [--paged 64,32,8,32768,128,16] --json out.json
        [--page-runs G] [--ours-only]   (a page-size or page-locality sweep of ours alone)
+Shapes named with --varlen or --paged replace both default sets.
 """
 import argparse
 import inspect
@@ -107,7 +108,7 @@ def bench_varlen(results, spec, dtype, dname, args, flush):
     except ImportError as e:
         print(f"varlen_attn not available: {e}")
         varlen_attn = None
-    if varlen_attn is not None:
+    if varlen_attn is not None and not args.ours_only:
         params = inspect.signature(varlen_attn).parameters
         kw, kk, vv = {}, k, v
         if "enable_gqa" in params:
@@ -248,17 +249,18 @@ def main():
     ap.add_argument("--paged", action="append", help="B,H,HKV,S,D,PAGE as fa-bench's paged:")
     ap.add_argument("--page-runs", type=int, default=1,
                     help="a sequence's pages in runs of this many consecutive physical pages (1: shuffled; 0: in order)")
-    ap.add_argument("--ours-only", action="store_true", help="time only ours (and the copy bandwidth)")
+    ap.add_argument("--ours-only", action="store_true", help="time only ours (and the copy bandwidth), no anchors")
     add_anchor_args(ap)
     args = ap.parse_args()
-    varlen = args.varlen or ["16,32,8,8192,128,causal"]
-    paged = args.paged or ["64,32,8,32768,128,16", "64,32,8,32768,128,128"]
+    named = args.varlen or args.paged  # else the issue's shapes
+    varlen = args.varlen or ([] if named else ["16,32,8,8192,128,causal"])
+    paged = args.paged or ([] if named else ["64,32,8,32768,128,16", "64,32,8,32768,128,128"])
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     results = []
     copy_bandwidth(results, args, flush)
     for dname in args.dtype.split(","):
-        for spec in [] if args.ours_only and args.paged else varlen:
+        for spec in varlen:
             bench_varlen(results, spec, DTYPES[dname], dname, args, flush)
         for spec in paged:
             bench_paged(results, spec, DTYPES[dname], dname, args, flush)

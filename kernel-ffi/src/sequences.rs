@@ -226,8 +226,9 @@ pub fn validate(q: Arg, k: Arg, v: Arg, o: Arg, layout: &SeqLayout, scale: Optio
 }
 
 /// Why the Hopper kernel's serving entries cannot run a call, or `None`: they
-/// read each key tile (128 keys) from one page by TMA, so pages must hold a
-/// multiple of 128 keys; their grid's y dimension is sequences × query heads.
+/// read each key tile (128 keys, 64 at D=192 and 256) from one page by TMA, so
+/// pages must hold a multiple of 128 keys (of every head dim's tile); their
+/// grid's y dimension is sequences × query heads.
 ///
 /// ```
 /// use kernel_ffi::sequences::{PageTable, SeqLayout, hopper_unfit, validate};

@@ -192,9 +192,9 @@ impl Attention {
                 // SAFETY: matches `flash_fwd_hopper_varlen_<dtype>_d<D>[_causal|_local][_softcap](const __grid_constant__
                 // HopperVarlenParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
                 // exactly the validated q/k/v extents (TMA zero-fills and never reads past them; paged,
-                // hopper_unfit proved each 128-key tile lies in one page); out, lse and the partials are
-                // written with plain stores, as by the portable entries (the arm above): the same
-                // validation, clamping and lifetimes hold.
+                // hopper_unfit proved each key tile (at most 128 keys) lies in one page); out, lse and the
+                // partials are written with plain stores, as by the portable entries (the arm above): the
+                // same validation, clamping and lifetimes hold.
                 unsafe { s.launch_builder(&kern.func).arg(&vp).launch(cfg) }.cuda(format!("launching {name}"))?;
             }
         }

@@ -374,7 +374,9 @@ fn build(case: &Case, rng: &mut Rng) -> Result<Built> {
                 }
             }
             let pages_of: Vec<usize> = case.k_lens.iter().map(|&n| n.div_ceil(ps)).collect();
-            let max_pages = pages_of.iter().copied().max().unwrap_or(0) + 1; // one slot never used
+            // The longest sequence fills its row of the table: a read past a row's last slot would
+            // leave the table (the last row) or name the next row's page.
+            let max_pages = pages_of.iter().copied().max().unwrap_or(0).max(1);
             let owned: usize = pages_of.iter().sum::<usize>() - prefix;
             let n_pages = owned + 3; // spare pages no sequence reads, poisoned
             let mut order: Vec<usize> = (0..n_pages).collect();
