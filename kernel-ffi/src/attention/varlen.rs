@@ -320,3 +320,31 @@ fn seq_params(s: &CudaStream, seqs: &Sequences, p: &VarlenProblem) -> SeqParams 
         page_size: FastDiv::new(if table.is_some() { p.tensors.seqlen_k as u32 } else { 1 }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::Manifest;
+    use crate::tensor::HEAD_DIMS;
+
+    #[test]
+    fn the_manifest_serves_every_head_dim_with_every_mask_and_modifier() {
+        let m = Manifest::parse(include_str!("../../../kernels/manifest.json")).unwrap();
+        let has = |name: &str| m.sources.iter().any(|s| s.kernels.iter().any(|k| k.entry == name));
+        let bands = [Band::Full, Band::Causal, Band::Local { left: 8, right: 0 }];
+        for dtype in [Dtype::F16, Dtype::Bf16] {
+            for d in HEAD_DIMS {
+                assert!(has(&format!("flash_combine_varlen_{}_d{d}", dtype.name())), "combine {d}");
+                for band in bands {
+                    for softcap in [None, Some(30.0)] {
+                        let scores = Scores { band, softcap };
+                        for family in [Family::Portable, Family::Hopper] {
+                            let name = varlen_entry(family, dtype, d, scores);
+                            assert!(has(&name), "{name} is not in kernels/manifest.json");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
