@@ -54,13 +54,18 @@ def check(q: Meta, k: Meta, v: Meta, head_dims: Sequence[int] = DEFAULT_HEAD_DIM
         raise ValueError(f"k batch is {bk} but q batch is {b}; they must be equal")
     if dk != d:
         raise ValueError(f"k head dim is {dk} but q head dim is {d}; they must be equal")
-    if d not in tuple(head_dims):
-        raise ValueError(f"q head dim is {d}; the kernels support head dims {sorted(head_dims)}")
+    check_head_dim(d, head_dims)
     if hk < 1:
         raise ValueError(f"k has {hk} heads; it needs at least 1")
     if h % hk != 0:
         raise ValueError(f"q has {h} heads and k has {hk}; q heads must be a multiple of kv heads (GQA/MQA)")
     return DTYPES[q.dtype], (b, h, hk, sq, sk, d)
+
+
+def check_head_dim(d: int, head_dims: Sequence[int]) -> None:
+    """A head dim the kernels run, dense and serving calls alike."""
+    if d not in tuple(head_dims):
+        raise ValueError(f"q head dim is {d}; the kernels support head dims {sorted(head_dims)}")
 
 
 def bhs_strides(name: str, m: Meta) -> Tuple[int, int, int]:
@@ -179,10 +184,7 @@ def check_serving(q: Meta, k: Meta, v: Meta, head_dims: Sequence[int] = DEFAULT_
         raise ValueError(f"k shape {tuple(k.shape)} differs from v shape {tuple(v.shape)}; they must be equal")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"k head dim is {k.shape[-1]} but q head dim is {q.shape[-1]}; they must be equal")
-    if q.shape[-1] not in tuple(head_dims):
-        raise ValueError(
-            f"q head dim is {q.shape[-1]}; the kernels support head dims {sorted(head_dims)}"
-        )
+    check_head_dim(q.shape[-1], head_dims)
     h, hk = q.shape[-2], k.shape[-2]
     if hk < 1 or h % hk != 0:
         raise ValueError(f"q has {h} heads and k has {hk}; q heads must be a multiple of kv heads (GQA/MQA)")
