@@ -59,6 +59,41 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// FP8 (e4m3, sm_89+): two elements, as the FP8 entries' tiles move them (a
+// 16-bit column each: the tiles, copies and ldmatrix reads of the 16-bit
+// entries, over D / 2 columns a row).
+struct e4m3x2 {
+  uint16_t bits;
+};
+
+// D = A·B + D for m16n8k32 e4m3 with fp32 accumulators. Byte j of each register
+// (t = lane%4): A a0:(g,4t+j) a1:(g+8,4t+j) a2:(g,16+4t+j) a3:(g+8,16+4t+j);
+// B b0:(k=4t+j,n=g) b1:(k=16+4t+j,n=g); C as m16n8k16's. Byte for byte these are
+// m16n8k16's 16-bit fragments, so the same ldmatrix reads load Q and K.
+// (The FP8 sources build for sm_89 and up only; elsewhere these are never called.)
+__device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
+// Four floats to e4m3, rounded to nearest and saturated at ±448; byte j is x_j.
+__device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
+  uint16_t lo = 0, hi = 0;  // cvt puts its first source in the upper byte
+#if __CUDA_ARCH__ >= 890
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+#else
+  __trap();
+#endif
+  return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
 // ------------------------------------------------------------- ldmatrix --
 // Four 8x8 b16 matrices; lane l supplies the row address of matrix l/8, row l%8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_addr) {

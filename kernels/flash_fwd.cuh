@@ -47,7 +47,11 @@ namespace fa {
 // and, for proving the CI gate: FA_PLANT_SLOWDOWN=N (a dependent chain of N FMAs
 // per key tile, plant_slowdown: after P·V in PortableMainloop::run and after
 // each P·V has landed in hopper_consumer) and FA_PLANT_WRONG_RESULT (a 1% wrong softmax
-// scale), e.g. `cargo xtask ci --gpu --define FA_PLANT_WRONG_RESULT …`.
+// scale), e.g. `cargo xtask ci --gpu --define FA_PLANT_WRONG_RESULT …`; and, for
+// proving fa-test's tolerances (the e4m3 ones, README "FP8"): FA_PLANT_NO_RESCALE
+// (O not rescaled when a row's max grows; SoftmaxState::step),
+// FA_PLANT_MASK_OFF_BY_ONE (causal rows see one key more; KeyBand) and
+// FA_PLANT_E4M3_DESCALE (v_descale dropped; Fp8Descale).
 
 template <typename T, int D, typename Mask, typename Mod, int MT, int KG>
 __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
@@ -88,8 +92,8 @@ __device__ __forceinline__ void flash_fwd(const FlashParams& p) {
   const int w0 = wr.w0();
   const TileLoads<T, Cfg> loads(p, grp, in);
   const Tiles tiles{p, blk, keys, loads};
-  const FragAddr<D> k_frag = Mainloop::k_frag_addr(grp, wr.lane);
-  const FragAddr<D> v_frag = Mainloop::v_frag_addr(grp, wr.lane);
+  const typename Mainloop::KFrag k_frag = Mainloop::k_frag_addr(grp, wr.lane);
+  const typename Mainloop::VFrag v_frag = Mainloop::v_frag_addr(grp, wr.lane);
   const Mainloop mainloop{tiles, grp, wr, w0, scale_log2, k_frag, v_frag, Mod(p)};
   {
     float s[MT][BN / 8][4];
@@ -131,8 +135,8 @@ __device__ __forceinline__ void flash_fwd_varlen(const VarlenParams& vp) {
   typename Mainloop::QFrags qf;
   const int w0 = wr.w0();
   const Tiles tiles(p, sp, blk, keys, grp);
-  const FragAddr<D> k_frag = Mainloop::k_frag_addr(grp, wr.lane);
-  const FragAddr<D> v_frag = Mainloop::v_frag_addr(grp, wr.lane);
+  const typename Mainloop::KFrag k_frag = Mainloop::k_frag_addr(grp, wr.lane);
+  const typename Mainloop::VFrag v_frag = Mainloop::v_frag_addr(grp, wr.lane);
   const Mainloop mainloop{tiles, grp, wr, w0, p.scale_log2, k_frag, v_frag, Mod(p)};
   {
     float s[1][Cfg::kBlockN / 8][4];

@@ -30,6 +30,17 @@ struct FlashParams {
   float softcap_pre;  // the `_softcap` entries' scale / c (Softcap)
 };
 
+// The e4m3 entries' parameters: a FlashParams whose q, k and v strides count
+// pairs of elements (e4m3x2, what their tiles move), and the dequantisation
+// factors, [B, Hkv] fp32 contiguous or null for 1: scores are
+// q_descale · k_descale · Q·Kᵀ, O is v_descale · P·V.
+struct Fp8Params {
+  FlashParams p;
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+};
+
 // A CUtensorMap's bytes, encoded on the host by cuTensorMapEncodeTiled and read
 // by TMA from kernel parameter space (hence __grid_constant__ parameters).
 struct alignas(64) TmaDesc {

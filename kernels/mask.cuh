@@ -30,7 +30,11 @@ struct KeyBand {
 
   KeyBand() = default;
   __device__ __forceinline__ KeyBand(const FlashParams& p, int diag)
+#ifdef FA_PLANT_MASK_OFF_BY_ONE
+      : lo(diag - p.window_left), hi(BEGIN ? diag + p.window_right : diag + 1) {}  // planted: one key too many
+#else
       : lo(diag - p.window_left), hi(BEGIN ? diag + p.window_right : diag) {}
+#endif
 
   // One past the last key rows up to `last_row` see (kEnd).
   __device__ __forceinline__ int end_after(int last_row) const { return last_row + 1 + hi; }

@@ -96,17 +96,18 @@ struct SeqRows {
   }
 };
 
-// This warp's rows w0 … w0 + 16·MT − 1 of the block, from its O accumulators and
-// softmax state, to where `rows` (DenseRows, SeqRows) puts them.
-template <typename T, typename Cfg, typename Rows>
+// This warp's rows w0 … w0 + 16·MT − 1 of the block, from its O accumulators
+// (pairs at Cfg::pair_col) and softmax state, to where `rows` (DenseRows,
+// SeqRows) puts them as T, staged in the group's tiles (of input type In).
+template <typename T, typename Cfg, typename Rows, typename In>
 __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Rows& rows, int split,
-                                                  const KeyGroup<T, Cfg>& grp, const WarpRows<Cfg::kRowTiles>& wr,
+                                                  const KeyGroup<In, Cfg>& grp, const WarpRows<Cfg::kRowTiles>& wr,
                                                   int w0, const float (&o)[Cfg::kRowTiles][Cfg::kHeadDim / 8][4],
                                                   const SoftmaxState<Cfg::kRowTiles>& softmax) {
   constexpr int D = Cfg::kHeadDim, DT = D / 8, MT = Cfg::kRowTiles, KG = Cfg::kKeyGroups;
   const int lane = wr.lane, g = wr.g, t = wr.t;
-  T* sQ = grp.q;
-  // Each thread stages its normalised pairs (`put(row, dt, x, y)`; `lse_out(row,
+  T* sQ = reinterpret_cast<T*>(grp.smem);
+  // Each thread stages its normalised pairs (`put(row, dt, x, y)`: pair dt; `lse_out(row,
   // lse)` for t = 0), then the warp copies its rows (`copy(row, chunk)`, kChunks
   // per row).
   auto stage = [&](auto&& put, auto&& lse_out) {
@@ -157,9 +158,12 @@ __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Ro
     float* tile = reinterpret_cast<float*>(grp.smem);
     auto at = [&](int row, int chunk) { return tile + row * D + ((chunk ^ (row & 7)) << 2); };
     const auto part = rows.partials(split);
-    stage([&](int row, int dt, float x,
-              float y) { *reinterpret_cast<float2*>(at(row, 2 * dt + t / 2) + 2 * (t % 2)) = make_float2(x, y); },
-          [&](int row, float lse) { p.lse_partial[part.at(row)] = lse; });
+    stage(
+        [&](int row, int dt, float x, float y) {
+          const int2 c = Cfg::pair_chunk4(dt, t);
+          *reinterpret_cast<float2*>(at(row, c.x) + c.y) = make_float2(x, y);
+        },
+        [&](int row, float lse) { p.lse_partial[part.at(row)] = lse; });
     copy_rows(std::integral_constant<int, D / 4>{}, [&](int row, int chunk) {
       *reinterpret_cast<float4*>(p.o_partial + part.at(row) * D + 4 * chunk) =
           *reinterpret_cast<const float4*>(at(row, chunk));
@@ -171,11 +175,13 @@ __device__ __forceinline__ void portable_epilogue(const FlashParams& p, const Ro
   // groups: the hand-over slots lie in these tiles, so
   // group 0's warps first finish reading them.
   if constexpr (KG == 2) grp.sync();
-  stage([&](int row, int dt, float x,
-            float y) { *reinterpret_cast<uint32_t*>(sQ + swizzle<D>(row, 8 * dt + 2 * t)) = Dtype<T>::pack(x, y); },
-        [&](int row, float lse) {
-          if (p.lse != nullptr) p.lse[rows.index(row)] = lse;
-        });
+  stage(
+      [&](int row, int dt, float x, float y) {
+        *reinterpret_cast<uint32_t*>(sQ + swizzle<D>(row, Cfg::pair_col(dt, t))) = Dtype<T>::pack(x, y);
+      },
+      [&](int row, float lse) {
+        if (p.lse != nullptr) p.lse[rows.index(row)] = lse;
+      });
   const auto out = rows.template outs<T>();
   copy_rows(std::integral_constant<int, D / 8>{}, [&](int row, int chunk) {
     *reinterpret_cast<uint4*>(out.at(row) + 8 * chunk) =

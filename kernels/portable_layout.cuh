@@ -36,6 +36,7 @@ struct FwdConfig {
   // rows), as a 64-thread group would copy 4 rows of 16 chunks per pass (TileCopy
   // needs 8).
   static constexpr int kHeadDim = D;
+  static constexpr int kTileCols = D;  // 16-bit columns of a Q, K or V tile's row
   static constexpr int kWarps = KG > 1 ? (D == 64 ? 2 : 4) : D == 64 ? FA_WARPS_D64 : D == 128 ? FA_WARPS_D128 : 4;
   static_assert(KG > 1 || kWarps == 4 || kWarps == 8, "4 or 8 warps");
   static constexpr int kKeyGroups = KG;
@@ -60,6 +61,11 @@ struct FwdConfig {
   // tiles (portable_epilogue.cuh): twice the Q tile's bytes, so the K and V tiles
   // must hold at least as many rows as Q.
   static_assert(2 * kBlockN >= kBlockM, "the split epilogue's fp32 O fits the group's tiles");
+  // The first of the two columns of O accumulator pair dt (o[mt][dt][0..1],
+  // and [2..3] of row g + 8) in thread t: the mma.sync C layout's.
+  __device__ __forceinline__ static constexpr int pair_col(int dt, int t) { return 8 * dt + 2 * t; }
+  // The same column as (4-float chunk, offset in it): the fp32 staging's terms.
+  __device__ __forceinline__ static int2 pair_chunk4(int dt, int t) { return make_int2(2 * dt + t / 2, 2 * (t % 2)); }
   static constexpr int kMergeFloats = (4 * D / 8 + 4) * MT;
   static_assert(KG == 1 || kMergeFloats * kGroupThreads * 4 <= kSmemBytes, "the merge hand-over fits the tiles");
   static_assert(kBlockN % 16 == 0 && D % 16 == 0, "mma k-steps are 16 wide");
@@ -89,10 +95,10 @@ struct FragAddr {
 };
 
 // This thread's key group, its index in it, the group's shared tiles (Q, K, V,
-// each swizzled [rows, D]) and its barrier.
+// each swizzled [rows, kTileCols]) and its barrier.
 template <typename T, typename Cfg>
 struct KeyGroup {
-  static constexpr int D = Cfg::kHeadDim, KG = Cfg::kKeyGroups, GT = Cfg::kGroupThreads;
+  static constexpr int D = Cfg::kTileCols, KG = Cfg::kKeyGroups, GT = Cfg::kGroupThreads;
   const int id;
   const unsigned tid;
   unsigned char* const smem;  // the group's tiles

@@ -123,7 +123,7 @@ struct HeadTensors {
 // ends are zero-filled.
 template <typename T, typename Cfg>
 struct TileLoads {
-  static constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, GT = Cfg::kGroupThreads;
+  static constexpr int D = Cfg::kTileCols, BM = Cfg::kBlockM, BN = Cfg::kBlockN, GT = Cfg::kGroupThreads;
   const FlashParams& p;
   T* const sq;
   const unsigned gtid;
@@ -182,7 +182,7 @@ struct DenseTiles {
 // table does not name, are zero-filled.
 template <typename T, typename Cfg, typename Mask>
 struct SeqTiles {
-  static constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, GT = Cfg::kGroupThreads;
+  static constexpr int D = Cfg::kTileCols, BM = Cfg::kBlockM, BN = Cfg::kBlockN, GT = Cfg::kGroupThreads;
   using Block = VarlenBlock<BM, Mask>;
   const FlashParams& p;
   const SeqParams& sp;

@@ -16,6 +16,8 @@ namespace fa {
 template <typename T, typename Cfg>
 struct WarpMma {
   static constexpr int D = Cfg::kHeadDim, MT = Cfg::kRowTiles, BN = Cfg::kBlockN, NT = BN / 8;
+  using KFrag = FragAddr<D>;
+  using VFrag = FragAddr<D>;
   // Q fragments stay in registers, loaded once, unless that would spill (two row
   // tiles at D=128): then they are re-read from the resident Q tile per key tile.
   static constexpr bool kQInRegs = D * MT <= 128;
@@ -31,6 +33,19 @@ struct WarpMma {
   __device__ __forceinline__ WarpMma(QFrags& qf, const KeyGroup<T, Cfg>& grp, int w0, int lane,
                                      const FragAddr<D>& k_frag, const FragAddr<D>& v_frag)
       : qf(qf), sq(grp.q), w0(w0), lane(lane), k_frag(k_frag), v_frag(v_frag) {}
+
+  // K fragments: matrices (keys +0..7, d +0..7), (keys +0..7, d +8..15), (keys +8..15, d +0..7), (…, d +8..15).
+  __device__ __forceinline__ static KFrag k_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
+    return KFrag(smem_u32(grp.k), (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+  }
+  // V fragments, transposed: (keys +0..7, d +0..7), (keys +8..15, d +0..7), (keys +0..7, d +8..15), (…).
+  __device__ __forceinline__ static VFrag v_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
+    return VFrag(smem_u32(grp.v), ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+  }
+  // P of 16-key step kk as an A fragment, from the tile's exponentials.
+  __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
+    fa::p_fragment<T>(pf, s, kk);
+  }
 
   __device__ __forceinline__ uint32_t q_addr(int mt, int kk) const {
     return smem_u32(sq + swizzle<D>(w0 + 16 * mt + (lane % 16), kk * 16 + (lane / 16) * 8));
@@ -115,6 +130,8 @@ struct PortableMainloop {
   static constexpr int kStep = Cfg::kKeyGroups * BN;  // between a group's key tiles
   using Mma = WarpMma<T, Cfg>;
   using QFrags = typename Mma::QFrags;
+  using KFrag = typename Mma::KFrag;
+  using VFrag = typename Mma::VFrag;
   using O = float[MT][D / 8][4];
   using S = float[MT][NT][4];
   const Tiles& tiles;
@@ -122,17 +139,15 @@ struct PortableMainloop {
   const WarpRows<MT>& wr;
   const int w0;
   const float scale_log2;
-  const FragAddr<D>& k_frag;
-  const FragAddr<D>& v_frag;
+  const KFrag& k_frag;
+  const VFrag& v_frag;
   const Mod mod;
 
-  // K fragments: matrices (keys +0..7, d +0..7), (keys +0..7, d +8..15), (keys +8..15, d +0..7), (…, d +8..15).
-  __device__ __forceinline__ static FragAddr<D> k_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
-    return FragAddr<D>(smem_u32(grp.k), (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+  __device__ __forceinline__ static KFrag k_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
+    return Mma::k_frag_addr(grp, lane);
   }
-  // V fragments, transposed: (keys +0..7, d +0..7), (keys +8..15, d +0..7), (keys +0..7, d +8..15), (…).
-  __device__ __forceinline__ static FragAddr<D> v_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
-    return FragAddr<D>(smem_u32(grp.v), ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+  __device__ __forceinline__ static VFrag v_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
+    return Mma::v_frag_addr(grp, lane);
   }
 
   // O and the softmax state before the first key tile.
@@ -196,7 +211,7 @@ struct PortableMainloop {
       }
       // P straight from the S accumulators.
       if (Tiles::kEveryWarpComputes || computes)
-        mma.pv(o, [&](uint32_t(&f)[4], int mt, int kk) { p_fragment<T>(f, s[mt], kk); });
+        mma.pv(o, [&](uint32_t(&f)[4], int mt, int kk) { Mma::p_fragment(f, s[mt], kk); });
       plant_slowdown(o[0][0][0]);
 #ifndef FA_DEFECT_RACE
       grp.sync();  // every warp is done reading sV before the next V load

@@ -191,7 +191,9 @@ struct SoftmaxState {
   __device__ __forceinline__ void step(int mt, float (&s)[NT][4], float (&o)[DT][4], float scale_log2) {
     float correction[2];
     update(mt, s, correction, scale_log2);
+#ifndef FA_PLANT_NO_RESCALE
     rescale(o, correction);
+#endif
   }
 
   // Folds another thread's state of row r of tile mt (max, partial sum) into

@@ -61,6 +61,10 @@ pub struct Kernel {
     /// that the tensor-core path survived compilation (checked by `cargo xtask build`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sass_requires: Vec<String>,
+    /// More opcodes required on one arch only, e.g. `QMMA` where e4m3 mma.sync is
+    /// native (sm_89; sm_90 emulates it through f16 HMMA).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sass_requires_on: BTreeMap<String, Vec<String>>,
     /// Launch geometry the kernel was compiled for; kernel-ffi launches with it.
     #[serde(default)]
     pub launch: Option<Launch>,
@@ -332,7 +336,13 @@ mod tests {
         assert_eq!(m.archs.keys().collect::<Vec<_>>(), ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]);
         for src in &m.sources {
             let hopper = src.kernels.iter().all(|k| is_hopper_entry(&k.entry));
-            let expected: &[&str] = if hopper { &["sm_90a"] } else { &["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"] };
+            // e4m3 mma.sync needs sm_89.
+            let e4m3 = src.kernels.iter().all(|k| k.entry.starts_with("flash_fwd_e4m3_"));
+            let expected: &[&str] = match (hopper, e4m3) {
+                (true, _) => &["sm_90a"],
+                (_, true) => &["sm_89", "sm_90", "sm_90a"],
+                _ => &["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"],
+            };
             assert_eq!(src.archs, expected, "{}", src.file);
         }
         // Only sm_80 carries PTX, for GPUs newer than any SASS built.

@@ -22,7 +22,9 @@ macro_rules! invalid {
     ($($arg:tt)*) => { return Err(Invalid(format!($($arg)*))) };
 }
 
-/// The element type of every tensor of a call; the kernels take their bits as `u16`.
+/// The element type of a call's tensors: q, k and v share one, the output is
+/// theirs, or f16 or bf16 where they are e4m3. Host code holds every element's
+/// bits in a `u16` (e4m3's in the low byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
@@ -30,43 +32,63 @@ pub enum Dtype {
     F16,
     /// bfloat16: 8-bit significand, f32's 8-bit exponent.
     Bf16,
+    /// OCP FP8 e4m3 (PyTorch's `float8_e4m3fn`): 4-bit significand, 4-bit
+    /// exponent, no infinities, at most ±448. Inputs only.
+    E4m3,
 }
 
 impl Dtype {
-    /// `f16` or `bf16`: what `name` writes.
+    /// `f16`, `bf16` or `e4m3`: what `name` writes.
     ///
     /// ```
     /// use fa_schema::tensor::Dtype;
     ///
     /// assert_eq!(Dtype::parse("bf16"), Ok(Dtype::Bf16));
-    /// assert_eq!(Dtype::Bf16.name(), "bf16");
-    /// assert_eq!(Dtype::parse("fp32"), Err("unknown dtype `fp32`; use f16 or bf16".to_string()));
+    /// assert_eq!(Dtype::E4m3.name(), "e4m3");
+    /// assert_eq!(Dtype::parse("fp32"), Err("unknown dtype `fp32`; use f16, bf16 or e4m3".to_string()));
     /// ```
     pub fn parse(s: &str) -> std::result::Result<Dtype, String> {
         match s {
             "f16" => Ok(Dtype::F16),
             "bf16" => Ok(Dtype::Bf16),
-            other => Err(format!("unknown dtype `{other}`; use f16 or bf16")),
+            "e4m3" => Ok(Dtype::E4m3),
+            other => Err(format!("unknown dtype `{other}`; use f16, bf16 or e4m3")),
         }
     }
 
-    /// `f16` or `bf16`.
+    /// `f16`, `bf16` or `e4m3`.
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F16 => "f16",
             Dtype::Bf16 => "bf16",
+            Dtype::E4m3 => "e4m3",
         }
     }
 
-    /// The value of `bits` (exact: both types widen to f32 without rounding).
+    /// Bytes an element takes on the device.
+    pub fn bytes(self) -> usize {
+        match self {
+            Dtype::F16 | Dtype::Bf16 => 2,
+            Dtype::E4m3 => 1,
+        }
+    }
+
+    /// Whether the kernels write outputs of this type (f16, bf16).
+    pub fn is_output(self) -> bool {
+        self != Dtype::E4m3
+    }
+
+    /// The value of `bits` (exact: every type widens to f32 without rounding).
     pub fn to_f32(self, bits: u16) -> f32 {
         match self {
             Dtype::F16 => half::f16::from_bits(bits).to_f32(),
             Dtype::Bf16 => half::bf16::from_bits(bits).to_f32(),
+            Dtype::E4m3 => float8::F8E4M3::from_bits(bits as u8).to_f32(),
         }
     }
 
-    /// `x` rounded to the nearest value of this type, as its bits.
+    /// `x` rounded to the nearest value of this type (ties to even), as its
+    /// bits; e4m3 saturates at ±448, as the kernels' conversions do.
     ///
     /// ```
     /// use fa_schema::tensor::Dtype;
@@ -74,11 +96,41 @@ impl Dtype {
     /// let bits = Dtype::F16.from_f32(0.1);
     /// assert_eq!(Dtype::F16.to_f32(bits), 0.0999755859375);
     /// assert_eq!(Dtype::Bf16.to_f32(Dtype::Bf16.from_f32(0.1)), 0.10009765625);
+    /// assert_eq!(Dtype::E4m3.to_f32(Dtype::E4m3.from_f32(0.1)), 0.1015625);
+    /// assert_eq!(Dtype::E4m3.to_f32(Dtype::E4m3.from_f32(1e6)), 448.0);
     /// ```
     pub fn from_f32(self, x: f32) -> u16 {
         match self {
             Dtype::F16 => half::f16::from_f32(x).to_bits(),
             Dtype::Bf16 => half::bf16::from_f32(x).to_bits(),
+            Dtype::E4m3 => u16::from(float8::F8E4M3::from_f32(x).to_bits()),
+        }
+    }
+
+    /// Elements' bits (one `u16` each) as the device holds them: little-endian
+    /// pairs of bytes, or for e4m3 one byte, the low one.
+    ///
+    /// ```
+    /// use fa_schema::tensor::Dtype;
+    ///
+    /// assert_eq!(Dtype::F16.encode(&[0x3c00, 0x0102]), [0x00, 0x3c, 0x02, 0x01]);
+    /// assert_eq!(Dtype::E4m3.encode(&[0x38, 0x7f]), [0x38, 0x7f]);
+    /// assert_eq!(Dtype::E4m3.decode(&[0x38, 0x7f]), [0x38, 0x7f]);
+    /// assert_eq!(Dtype::Bf16.decode(&Dtype::Bf16.encode(&[0x3f80, 7])), [0x3f80, 7]);
+    /// ```
+    pub fn encode(self, bits: &[u16]) -> Vec<u8> {
+        match self {
+            Dtype::F16 | Dtype::Bf16 => bits.iter().flat_map(|b| b.to_le_bytes()).collect(),
+            Dtype::E4m3 => bits.iter().map(|&b| b as u8).collect(),
+        }
+    }
+
+    /// The bits of the elements in `bytes` (as `encode` writes them; a last
+    /// partial 16-bit element is dropped).
+    pub fn decode(self, bytes: &[u8]) -> Vec<u16> {
+        match self {
+            Dtype::F16 | Dtype::Bf16 => bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect(),
+            Dtype::E4m3 => bytes.iter().map(|&b| u16::from(b)).collect(),
         }
     }
 
@@ -87,6 +139,7 @@ impl Dtype {
         match self {
             Dtype::F16 => 0x7e00,
             Dtype::Bf16 => 0x7fc0,
+            Dtype::E4m3 => 0x7f,
         }
     }
 }
@@ -185,6 +238,8 @@ impl Problem {
 /// The head dims the kernels are compiled for, dense and serving
 /// (`FA_EVERY_HEAD_DIM` in kernels/common.cuh).
 pub const HEAD_DIMS: [usize; 5] = [64, 96, 128, 192, 256];
+/// The head dims of the e4m3 entries (kernels/flash_fwd_e4m3.cu).
+pub const E4M3_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Grid y is batch × heads, and gridDim.y is at most 65535.
 pub const MAX_BATCH_HEADS: usize = 65_535;
 
@@ -203,9 +258,10 @@ pub struct Arg<'a> {
 
 /// Checks q, k, v and o against each other and against the kernels' rules,
 /// and returns the problem they describe. q is [B, H, Sq, D], k and v
-/// [B, Hkv, Sk, D] with H a multiple of Hkv, o q's shape; one dtype; D one of
-/// [`HEAD_DIMS`]; B × H at most [`MAX_BATCH_HEADS`]; strides multiples of 8
-/// elements; every buffer long enough for its dims and strides; the scale
+/// [B, Hkv, Sk, D] with H a multiple of Hkv, o q's shape; one dtype (o f16 or
+/// bf16 where q, k and v are e4m3); D one of [`HEAD_DIMS`] ([`E4M3_HEAD_DIMS`]
+/// for e4m3); B × H at most [`MAX_BATCH_HEADS`]; strides of 16 bytes' multiples
+/// (8 elements, 16 for e4m3); every buffer long enough for its dims and strides; the scale
 /// (`None`: 1/sqrt(D)) finite and positive. The first rule broken is returned,
 /// naming the tensor, the value and the rule.
 ///
@@ -246,10 +302,21 @@ pub fn operands(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Pr
     if !HEAD_DIMS.contains(&head_dim) {
         invalid!("q head dim is {head_dim}; the kernels support head dims {HEAD_DIMS:?}");
     }
-    for t in [&k, &v, &o] {
+    if q.dtype == Dtype::E4m3 && !E4M3_HEAD_DIMS.contains(&head_dim) {
+        invalid!("q head dim is {head_dim}; e4m3 inputs take head dims {E4M3_HEAD_DIMS:?}");
+    }
+    for t in [&k, &v] {
         if t.dtype != q.dtype {
-            invalid!("{} is {} but q is {}; all tensors must share one dtype", t.name, t.dtype.name(), q.dtype.name());
+            invalid!("{} is {} but q is {}; q, k and v must share one dtype", t.name, t.dtype.name(), q.dtype.name());
         }
+    }
+    if q.dtype == Dtype::E4m3 && !o.dtype.is_output() {
+        invalid!("out is e4m3; e4m3 inputs write f16 or bf16 output");
+    }
+    if q.dtype != Dtype::E4m3 && o.dtype != q.dtype {
+        invalid!("out is {} but q is {}; all tensors must share one dtype", o.dtype.name(), q.dtype.name());
+    }
+    for t in [&k, &v, &o] {
         if t.desc.dims[3] != head_dim {
             invalid!("{} head dim is {} but q's is {head_dim}; they must match", t.name, t.desc.dims[3]);
         }
@@ -272,12 +339,14 @@ pub fn operands(q: Arg, k: Arg, v: Arg, o: Arg, scale: Option<f32>) -> Result<Pr
         }
     }
     for t in [&q, &k, &v, &o] {
+        let multiple = 16 / t.dtype.bytes();
         for (axis, stride) in ["batch", "head", "row"].iter().zip(t.desc.strides) {
-            if stride % 8 != 0 {
+            if stride % multiple != 0 {
                 invalid!(
-                    "{} {axis} stride is {stride} elements; strides must be multiples of 8 \
+                    "{} {axis} stride is {stride} elements; {} strides must be multiples of {multiple} \
                      (16-byte rows for cp.async)",
-                    t.name
+                    t.name,
+                    t.dtype.name()
                 );
             }
         }
@@ -376,6 +445,28 @@ mod tests {
         o.dtype = Dtype::Bf16;
         let e = validate(a, a, a, o, None).unwrap_err().to_string();
         assert!(e.contains("out is bf16 but q is f16"), "{e}");
+    }
+
+    #[test]
+    fn e4m3_inputs_write_16_bit_output_at_their_head_dims_and_strides() {
+        let e4m3 = |name, dims| Arg { dtype: Dtype::E4m3, ..arg(name, dims) };
+        let (q, o) = (e4m3("q", [1, 2, 32, 128]), arg("out", [1, 2, 32, 128]));
+        assert!(validate(q, e4m3("k", [1, 2, 32, 128]), e4m3("v", [1, 2, 32, 128]), o, None).is_ok());
+        let bf16_out = Arg { dtype: Dtype::Bf16, ..o };
+        assert!(validate(q, e4m3("k", [1, 2, 32, 128]), e4m3("v", [1, 2, 32, 128]), bf16_out, None).is_ok());
+        let e = check(q, e4m3("k", [1, 2, 32, 128]), e4m3("v", [1, 2, 32, 128]), e4m3("out", [1, 2, 32, 128]));
+        assert!(e.contains("out is e4m3; e4m3 inputs write f16 or bf16 output"), "{e}");
+        let e = check(q, arg("k", [1, 2, 32, 128]), e4m3("v", [1, 2, 32, 128]), o);
+        assert!(e.contains("k is f16 but q is e4m3; q, k and v must share one dtype"), "{e}");
+        let q96 = e4m3("q", [1, 2, 32, 96]);
+        let e = check(q96, e4m3("k", [1, 2, 32, 96]), e4m3("v", [1, 2, 32, 96]), arg("out", [1, 2, 32, 96]));
+        assert!(e.contains("head dim is 96; e4m3 inputs take head dims [64, 128, 256]"), "{e}");
+        // A row of 136 e4m3 elements is not a 16-byte multiple; 136 f16 ones are.
+        let mut k = e4m3("k", [1, 2, 32, 128]);
+        k.desc.strides[2] = 136;
+        k.len = 10_000;
+        let e = check(q, k, e4m3("v", [1, 2, 32, 128]), o);
+        assert!(e.contains("k row stride is 136 elements; e4m3 strides must be multiples of 16"), "{e}");
     }
 
     #[test]

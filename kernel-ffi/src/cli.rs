@@ -9,10 +9,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
+use crate::Precision;
 use crate::attention::{Family, KernelChoice};
 use crate::manifest::Manifest;
 use crate::scores::Scores;
-use crate::tensor::Dtype;
 
 pub use fa_schema::exit::CheckFailed;
 
@@ -56,15 +56,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 pub fn check_choice(
     manifest: &Manifest,
     choice: &KernelChoice,
-    dtype: Dtype,
+    precision: impl Into<Precision>,
     head_dim: usize,
     scores: Scores,
 ) -> Result<()> {
+    let precision = precision.into();
     if *choice == KernelChoice::default() {
         return Ok(());
     }
     let families = choice.variant.family().map_or(Family::ALL.to_vec(), |f| vec![f]);
-    let geometries = entry_geometries(manifest, &families, dtype, head_dim, scores);
+    let geometries = entry_geometries(manifest, &families, precision, head_dim, scores);
     let fits = |&(_, m, g, p): &(Family, u32, u32, bool)| {
         choice.block_m.is_none_or(|want| want == m)
             && choice.key_groups.is_none_or(|want| want == g)
@@ -80,7 +81,7 @@ pub fn check_choice(
         choice.persistent.map(|p| format!("--persistent {p}")),
     ];
     let asked: Vec<String> = asked.into_iter().flatten().collect();
-    let problem = format!("{} D={head_dim}{}", dtype.name(), scores.suffix().replace('_', " "));
+    let problem = format!("{} D={head_dim}{}", precision.name(), scores.suffix().replace('_', " "));
     if geometries.is_empty() {
         bail!("{}: the kernel manifest has no such forward entry for {problem}", asked.join(" "));
     }
@@ -100,13 +101,13 @@ pub fn check_choice(
 fn entry_geometries(
     manifest: &Manifest,
     families: &[Family],
-    dtype: Dtype,
+    precision: Precision,
     head_dim: usize,
     scores: Scores,
 ) -> Vec<(Family, u32, u32, bool)> {
     let mut out = Vec::new();
     for &family in families {
-        let base = family.entry_stem(dtype, head_dim, scores);
+        let base = family.entry_stem(precision, head_dim, scores);
         for name in [format!("{base}_m64"), base.clone(), format!("{base}_kg2")] {
             for name in [name.clone(), format!("{name}_persistent")] {
                 if let Some(l) = manifest.kernel(&name).and_then(|k| k.launch) {
@@ -153,7 +154,7 @@ mod tests {
         let m = manifest();
         let check = |c: KernelChoice, causal: bool| {
             let scores = Scores { band: if causal { crate::Band::Causal } else { crate::Band::Full }, softcap: None };
-            check_choice(&m, &c, Dtype::F16, 64, scores).map_err(|e| format!("{e:#}"))
+            check_choice(&m, &c, crate::Dtype::F16, 64, scores).map_err(|e| format!("{e:#}"))
         };
         assert!(check(KernelChoice::default(), false).is_ok());
         assert!(check(choice(Variant::Portable, Some(32), Some(2), None), false).is_ok());

@@ -82,10 +82,11 @@ impl<'de> serde::Deserialize<'de> for Entries {
     }
 }
 
-/// One contiguous 16-bit tensor on the host.
+/// One contiguous tensor on the host, each element's bits in a `u16`
+/// (`Dtype::encode`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostTensor16 {
-    /// f16 or bf16.
+    /// f16, bf16 or e4m3.
     pub dtype: Dtype,
     /// Logical dims [batch, heads, seq, head_dim] and the strides of the
     /// layout it was read in.
@@ -114,7 +115,40 @@ impl HostTensor16 {
     }
 }
 
-/// Reads tensors `q`, `k`, `v`: rank 4, f16 or bf16, in `layout` order
+/// The e4m3 inputs' descales a file may hold: F32 `q_descale`, `k_descale`,
+/// `v_descale`, each [batch, kv_heads] (FA3's), as `[Option<(values, shape)>; 3]`.
+pub type Descales = [Option<(Vec<f32>, Vec<usize>)>; 3];
+
+/// The names of [`Descales`]' tensors, in its order.
+pub const DESCALE_TENSORS: [&str; 3] = ["q_descale", "k_descale", "v_descale"];
+
+/// Reads the [`Descales`] a file holds.
+///
+/// ```
+/// use kernel_ffi::io::read_descales;
+/// use safetensors::tensor::{Dtype, TensorView};
+///
+/// let bytes: Vec<u8> = [0.5f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+/// let view = TensorView::new(Dtype::F32, vec![1, 2], &bytes).unwrap();
+/// let file = safetensors::serialize([("k_descale", view)], None).unwrap();
+/// let [q, k, v] = read_descales(&file).unwrap();
+/// assert!(q.is_none() && v.is_none());
+/// assert_eq!(k, Some((vec![0.5, 2.0], vec![1, 2])));
+/// ```
+pub fn read_descales(bytes: &[u8]) -> Result<Descales> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| Error::Invalid(format!("not a safetensors file: {e}")))?;
+    let read = |name: &str| -> Result<Option<(Vec<f32>, Vec<usize>)>> {
+        let Ok(t) = st.tensor(name) else { return Ok(None) };
+        if t.dtype() != StDtype::F32 {
+            invalid!("`{name}` is {:?}; descales are F32 [batch, kv_heads] (use .float())", t.dtype());
+        }
+        let v = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(Some((v, t.shape().to_vec())))
+    };
+    Ok([read(DESCALE_TENSORS[0])?, read(DESCALE_TENSORS[1])?, read(DESCALE_TENSORS[2])?])
+}
+
+/// Reads tensors `q`, `k`, `v`: rank 4, f16, bf16 or e4m3, in `layout` order
 /// ([B, H, S, D] for bhsd, [B, S, H, D] for bshd).
 pub fn read_qkv(bytes: &[u8], layout: Layout) -> Result<[HostTensor16; 3]> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| Error::Invalid(format!("not a safetensors file: {e}")))?;
@@ -130,10 +164,14 @@ fn read16(st: &SafeTensors, name: &str, desc_of: impl FnOnce(&[usize]) -> Result
     let dtype = match t.dtype() {
         StDtype::F16 => Dtype::F16,
         StDtype::BF16 => Dtype::Bf16,
-        other => invalid!("`{name}` is {other:?}; the kernels take F16 or BF16 (use .half() or .bfloat16())"),
+        StDtype::F8_E4M3 => Dtype::E4m3,
+        other => invalid!(
+            "`{name}` is {other:?}; the kernels take F16, BF16 or F8_E4M3 (use .half(), .bfloat16() or \
+             .to(torch.float8_e4m3fn))"
+        ),
     };
     let desc = desc_of(t.shape())?;
-    let bits = t.data().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+    let bits = dtype.decode(t.data());
     Ok(HostTensor16 { dtype, desc, bits })
 }
 
@@ -259,8 +297,9 @@ fn write_shaped(out: &HostTensor16, shape: Vec<usize>, lse: Option<(&[f32], Vec<
     let dtype = match out.dtype {
         Dtype::F16 => StDtype::F16,
         Dtype::Bf16 => StDtype::BF16,
+        Dtype::E4m3 => StDtype::F8_E4M3,
     };
-    let out_bytes: Vec<u8> = out.bits.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let out_bytes = out.dtype.encode(&out.bits);
     let lse_bytes: Vec<u8> = lse.as_ref().map_or(&[][..], |l| l.0).iter().flat_map(|x| x.to_le_bytes()).collect();
     let err = |e: safetensors::SafeTensorError| Error::Invalid(format!("serialising outputs: {e}"));
     let mut views = vec![("out", TensorView::new(dtype, shape, &out_bytes).map_err(err)?)];

@@ -108,7 +108,8 @@ pub mod scores;
 pub mod sequences;
 
 pub use attention::{
-    Attention, BlockTable, Family, KernelChoice, Launched, Options, Sequences, Splits, Tensor, Variant,
+    Attention, BlockTable, Descales, Family, KernelChoice, Launched, Options, Precision, Sequences, Splits, Tensor,
+    Variant,
 };
 pub use cudarc;
 pub use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};

@@ -57,6 +57,21 @@ pub struct FlashParams {
     pub softcap_pre: f32,
 }
 
+/// The e4m3 entries' parameters (fa::Fp8Params): q, k and v strides in pairs of
+/// elements, and the descales' device addresses (0: none).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8Params {
+    /// The forward parameters.
+    pub p: FlashParams,
+    /// q's factors, fp32 [B, Hkv].
+    pub q_descale: u64,
+    /// k's.
+    pub k_descale: u64,
+    /// v's.
+    pub v_descale: u64,
+}
+
 /// The bytes of a `CUtensorMap` (fa::TmaDesc).
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy)]
@@ -278,6 +293,8 @@ pub struct ReferenceParams {
 // SAFETY: plain-old-data with the C layout of the structs in flash_params.h
 // (pointers as u64 device addresses, int64_t strides, int32_t/float scalars).
 unsafe impl DeviceRepr for FlashParams {}
+// SAFETY: #[repr(C)] plain data mirroring fa::Fp8Params (kernels/flash_params.h).
+unsafe impl DeviceRepr for Fp8Params {}
 // SAFETY: as above, mirrors fa::HopperParams (four 64-byte-aligned 128-byte tensor maps, FlashParams,
 // then HopperSched: an int32_t, five FastDiv of three uint32_t, a pointer as u64 and two
 // int32_t).
@@ -297,6 +314,7 @@ unsafe impl DeviceRepr for ReferenceParams {}
 const _: () = assert!(std::mem::size_of::<FlashParams>() == 7 * 8 + 12 * 8 + 12 * 4);
 // Four tensor maps, FlashParams at offset 512, HopperSched right after it, padded
 // to the 64-byte alignment.
+const _: () = assert!(std::mem::size_of::<Fp8Params>() == std::mem::size_of::<FlashParams>() + 3 * 8);
 const _: () = assert!(std::mem::size_of::<HopperSched>() == 4 + 5 * 12 + 8 + 2 * 4);
 const _: () = assert!(std::mem::offset_of!(HopperSched, order) == 4 + 5 * 12);
 const _: () = assert!(std::mem::offset_of!(HopperParams, p) == 512);

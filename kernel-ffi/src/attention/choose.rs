@@ -1,7 +1,7 @@
 //! Which loaded entry runs a call, and its split plan: the caller's
 //! `KernelChoice` where it names one, else `planner`'s measured rules.
 
-use super::{Attention, Chosen, Family, Kernel, Options, Splits, Variant};
+use super::{Attention, Chosen, Family, Kernel, Options, Precision, Splits, Variant};
 use crate::error::{Error, Result, invalid};
 use crate::planner::{self, Plan};
 use crate::scores::{Band, Scores};
@@ -10,9 +10,17 @@ use crate::tensor::{Dtype, Problem};
 impl Attention {
     /// The family `forward` runs for this problem: `Auto` takes the Hopper kernel
     /// where loaded, compiled for the head dim and measured faster
-    /// (`planner::prefer_hopper`).
-    pub fn resolve(&self, p: &Problem, variant: Variant) -> Result<Family> {
+    /// (`planner::prefer_hopper`); e4m3 inputs run on the portable kernel.
+    pub fn resolve(&self, p: &Problem, precision: impl Into<Precision>, variant: Variant) -> Result<Family> {
         let hopper_dim = self.has_head_dim(Family::Hopper, p.head_dim);
+        if precision.into().input == Dtype::E4m3 {
+            return match variant {
+                Variant::Hopper => Err(Error::Unsupported(
+                    "the Hopper kernel has no e4m3 entries; use the portable variant (or auto)".into(),
+                )),
+                Variant::Auto | Variant::Portable => Ok(Family::Portable),
+            };
+        }
         match variant {
             Variant::Auto if self.has_hopper() && hopper_dim && planner::prefer_hopper(p.seqlen_k) => {
                 Ok(Family::Hopper)
@@ -39,17 +47,24 @@ impl Attention {
     }
 
     /// The split plan `forward` would use for this problem.
-    pub fn plan(&self, p: &Problem, dtype: Dtype, opts: &Options) -> Result<Plan> {
-        let family = self.resolve(p, opts.choice.variant)?;
-        Ok(self.choose_entry(family, dtype, p, opts)?.plan)
+    pub fn plan(&self, p: &Problem, precision: impl Into<Precision>, opts: &Options) -> Result<Plan> {
+        let precision = precision.into();
+        let family = self.resolve(p, precision, opts.choice.variant)?;
+        Ok(self.choose_entry(family, precision, p, opts)?.plan)
     }
 
     /// (query rows per CTA, key groups, persistent) of the loaded entries for
     /// (dtype, head dim, scores) and their persistent twins: what
     /// `KernelChoice::block_m`, `KernelChoice::key_groups` and
     /// `KernelChoice::persistent` may name.
-    pub fn geometries(&self, family: Family, dtype: Dtype, head_dim: usize, scores: Scores) -> Vec<(u32, u32, bool)> {
-        let entries = self.fwd_entries(family, dtype, head_dim, scores).1;
+    pub fn geometries(
+        &self,
+        family: Family,
+        precision: impl Into<Precision>,
+        head_dim: usize,
+        scores: Scores,
+    ) -> Vec<(u32, u32, bool)> {
+        let entries = self.fwd_entries(family, precision.into(), head_dim, scores).1;
         let mut out = Vec::new();
         for (name, k) in entries {
             out.push((k.launch.block_m, k.launch.key_groups, k.launch.persistent));
@@ -66,11 +81,11 @@ impl Attention {
     fn fwd_entries(
         &self,
         family: Family,
-        dtype: Dtype,
+        precision: Precision,
         head_dim: usize,
         scores: Scores,
     ) -> (String, Vec<(String, &Kernel)>) {
-        let base = family.entry_stem(dtype, head_dim, scores);
+        let base = family.entry_stem(precision, head_dim, scores);
         let loaded = [format!("{base}_m64"), base.clone(), format!("{base}_kg2")]
             .into_iter()
             .filter_map(|name| self.kernels.get(&name).map(|k| (name, k)))
@@ -95,10 +110,16 @@ impl Attention {
     /// `planner::prefer_wide_d64`, causal `planner::prefer_wide_causal_d64`); then
     /// key groups: `key_groups`, or else `choose_groups`. With the entry's split
     /// plan (the twin's, where that was already made).
-    pub(super) fn choose_entry(&self, family: Family, dtype: Dtype, p: &Problem, opts: &Options) -> Result<Chosen<'_>> {
+    pub(super) fn choose_entry(
+        &self,
+        family: Family,
+        precision: Precision,
+        p: &Problem,
+        opts: &Options,
+    ) -> Result<Chosen<'_>> {
         let scores = opts.scores(p.seqlen_q, p.seqlen_k)?;
         let causal = scores.band == Band::Causal;
-        let (base, loaded) = self.fwd_entries(family, dtype, p.head_dim, scores);
+        let (base, loaded) = self.fwd_entries(family, precision, p.head_dim, scores);
         let single: Vec<&Kernel> = loaded.iter().map(|(_, k)| *k).filter(|k| k.launch.key_groups == 1).collect();
         let slots = |k: &Kernel| u64::from(self.device.sm_count) * u64::from(k.ctas_per_sm.max(1));
         let rows = opts.choice.block_m.or_else(|| match single.as_slice() {
@@ -132,7 +153,15 @@ impl Attention {
             .into_iter()
             .find(|(_, k)| rows.is_none_or(|m| k.launch.block_m == m) && groups.is_none_or(|g| k.launch.key_groups == g))
             .ok_or_else(|| {
-                if found.is_empty() {
+                if found.is_empty() && precision.input == Dtype::E4m3 {
+                    Error::Unsupported(format!(
+                        "{base} is not loaded: e4m3 entries are built for sm_89 and newer ({} is {}), head dims \
+                         {:?}, no mask or a causal one (no window, no softcap); cast the inputs to bf16 for the rest",
+                        self.device.name,
+                        self.device.compute_capability,
+                        crate::tensor::E4M3_HEAD_DIMS
+                    ))
+                } else if found.is_empty() {
                     Error::MissingKernels(format!("entry {base} (or {base}_m64, {base}_kg2) is not in the loaded fatbins"))
                 } else {
                     let shown = |x: Option<u32>| x.map_or_else(|| "any".to_string(), |v| v.to_string());

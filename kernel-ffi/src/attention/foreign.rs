@@ -62,7 +62,7 @@ impl Attention {
         unsafe { self.ctx.wrap_borrowed_stream(stream as sys::CUstream) }
     }
 
-    /// A `Tensor` over `len` 16-bit elements at device address `ptr`. Its dims,
+    /// A `Tensor` over `len` elements of `dtype` at device address `ptr`. Its dims,
     /// strides and `len` are checked by `forward_on` like any tensor's.
     ///
     /// # Safety
@@ -78,7 +78,7 @@ impl Attention {
         desc: Desc,
     ) -> Borrowed<Tensor> {
         // SAFETY: the caller vouches for the allocation; Borrowed leaks it rather than free it.
-        let data = unsafe { stream.upgrade_device_ptr::<u16>(ptr, len) };
+        let data = unsafe { stream.upgrade_device_ptr::<u8>(ptr, len.saturating_mul(dtype.bytes())) };
         Borrowed(ManuallyDrop::new(Tensor { data, dtype, desc }))
     }
 

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::memory::{device_ptr, strides};
-use super::{Attention, Chosen, Family, Kernel, Tensor};
+use super::{Attention, Chosen, Descales, Family, Kernel, Tensor};
 use crate::error::{CudaContext, Error, Result};
-use crate::params::{CombineParams, FastDiv, FlashParams, HopperParams, HopperSched, TmaDesc};
+use crate::params::{CombineParams, FastDiv, FlashParams, Fp8Params, HopperParams, HopperSched, TmaDesc};
 use crate::planner::{self, Plan};
 use crate::schema::EntryRecord;
 use crate::scores::Scores;
@@ -136,6 +136,8 @@ impl Attention {
         scores: Scores,
     ) -> FlashParams {
         let ptr = |t: &Tensor| device_ptr(&t.data, s);
+        // The e4m3 entries' tiles move pairs of elements: their strides count pairs.
+        let strides = |t: &Tensor| strides(&t.desc).map(|x| if t.dtype == Dtype::E4m3 { x / 2 } else { x });
         let (scale_log2, softcap_pre) = scores.kernel_scales(p.scale);
         let (window_left, window_right) = scores.band.window();
         FlashParams {
@@ -146,10 +148,10 @@ impl Attention {
             lse,
             o_partial: partials.map_or(0, |b| device_ptr(&b.o, s)),
             lse_partial: partials.map_or(0, |b| device_ptr(&b.lse, s)),
-            q_strides: strides(&q.desc),
-            k_strides: strides(&k.desc),
-            v_strides: strides(&v.desc),
-            o_strides: strides(&out.desc),
+            q_strides: strides(q),
+            k_strides: strides(k),
+            v_strides: strides(v),
+            o_strides: strides(out),
             batch: p.batch as i32,
             heads: p.heads as i32,
             kv_heads: p.kv_heads as i32,
@@ -171,6 +173,27 @@ impl Attention {
         // pointers are 16-byte aligned; lse (if any) holds B·H·Sq floats; the partials hold
         // splits·B·H·Sq(·D). The buffers outlive the launch because the stream frees in order.
         unsafe { s.launch_builder(&c.kern.func).arg(params).launch(grid.cfg) }.cuda(format!("launching {}", c.name))?;
+        Ok(())
+    }
+
+    /// An e4m3 entry takes the portable entries' parameters (strides in pairs of
+    /// elements) and the descales.
+    pub(super) fn launch_e4m3(
+        s: &CudaStream,
+        c: &Chosen,
+        grid: &Grid,
+        p: FlashParams,
+        descales: &Descales,
+    ) -> Result<()> {
+        let ptr = |d: Option<&CudaSlice<f32>>| d.map_or(0, |d| device_ptr(d, s));
+        let params =
+            Fp8Params { p, q_descale: ptr(descales.q), k_descale: ptr(descales.k), v_descale: ptr(descales.v) };
+        // SAFETY: matches `flash_fwd_e4m3_<out dtype>_d<D>[_causal](const Fp8Params p)` in
+        // kernels/flash_fwd_e4m3.cu. As launch_portable's, with q/k/v strides halved (tensor::validate
+        // proved them multiples of 16 elements); each descale given holds batch × kv_heads floats
+        // (validate::descales), which the kernel indexes by (batch, kv head).
+        unsafe { s.launch_builder(&c.kern.func).arg(&params).launch(grid.cfg) }
+            .cuda(format!("launching {}", c.name))?;
         Ok(())
     }
 
@@ -323,7 +346,7 @@ impl Attention {
 /// load or store for it.
 pub(super) fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Result<TmaDesc> {
     let [b, h, seq, d] = desc.dims.map(|x| x as u64);
-    let [sb, sh, ss] = desc.strides.map(|x| x as u64 * 2);
+    let [sb, sh, ss] = desc.strides.map(|x| (x * dtype.bytes()) as u64);
     let dims = [d, seq.max(1), h, b];
     let strides = [ss, sh, sb];
     let (panel, swizzle) = if d % 64 == 0 {
@@ -336,6 +359,7 @@ pub(super) fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Resu
     let data_type = match dtype {
         Dtype::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         Dtype::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        Dtype::E4m3 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
     };
     let mut map = std::mem::MaybeUninit::<cu::CUtensorMap>::uninit();
     // SAFETY: the four-element arrays outlive the call, which only writes the 128-byte map

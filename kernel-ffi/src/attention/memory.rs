@@ -6,17 +6,18 @@ use super::Attention;
 use crate::error::{CudaContext, Result, invalid};
 use crate::tensor::{Arg, Desc, Dtype};
 
-/// A device tensor of 16-bit elements (f16 or bf16 bits): a 4-D attention
-/// operand, [batch, heads, seq, head_dim] with the strides of `desc`.
+/// A device tensor: a 4-D attention operand, [batch, heads, seq, head_dim]
+/// with the strides of `desc`, its elements' bytes as [`Dtype::encode`] lays
+/// them out.
 ///
 /// Made by [`Attention::upload`] or [`Attention::alloc_poisoned`], or from a
-/// device buffer of the caller's own (any `CudaSlice<u16>` on the same
-/// context); [`Attention::forward`] checks `desc` against `data.len()` before
-/// it launches.
+/// device buffer of the caller's own (any `CudaSlice<u8>` on the same
+/// context); [`Attention::forward`] checks `desc` against the buffer's
+/// elements before it launches.
 pub struct Tensor {
-    /// The elements' bits, on the device.
-    pub data: CudaSlice<u16>,
-    /// What the bits are: f16 or bf16.
+    /// The elements' bytes, on the device.
+    pub data: CudaSlice<u8>,
+    /// What the elements are: f16, bf16 or e4m3.
     pub dtype: Dtype,
     /// Logical dims and element strides: where element (b, h, s, d) lies in `data`.
     pub desc: Desc,
@@ -25,14 +26,14 @@ pub struct Tensor {
 impl Tensor {
     /// The tensor as `tensor::validate` sees it.
     pub(super) fn arg<'a>(&self, name: &'a str) -> Arg<'a> {
-        Arg { name, dtype: self.dtype, desc: self.desc, len: self.data.len() }
+        Arg { name, dtype: self.dtype, desc: self.desc, len: self.data.len() / self.dtype.bytes() }
     }
 }
 
 impl Attention {
-    /// Copies host bits to a new device tensor. `bits` holds at least
-    /// `desc.span()` elements, laid out by `desc`'s strides; the copy is
-    /// enqueued on the stream.
+    /// Copies host bits (one `u16` an element; e4m3's in the low byte) to a new
+    /// device tensor. `bits` holds at least `desc.span()` elements, laid out by
+    /// `desc`'s strides; the copy is enqueued on the stream.
     pub fn upload(&self, dtype: Dtype, desc: Desc, bits: &[u16]) -> Result<Tensor> {
         if bits.len() < desc.span() {
             invalid!(
@@ -43,7 +44,10 @@ impl Attention {
                 desc.span()
             );
         }
-        let data = self.stream.clone_htod(bits).cuda("copying a tensor to the device")?;
+        if let Some(i) = bits.iter().position(|&b| dtype == Dtype::E4m3 && b > 0xff) {
+            invalid!("element {i} has bits {:#06x}; an e4m3 element's bits are one byte", bits[i]);
+        }
+        let data = self.stream.clone_htod(&dtype.encode(bits)).cuda("copying a tensor to the device")?;
         Ok(Tensor { data, dtype, desc })
     }
 
@@ -81,10 +85,11 @@ impl Attention {
         Ok(all)
     }
 
-    /// Copies a tensor's bits to the host, after the work enqueued before it.
-    /// The whole buffer comes back, in the tensor's own strides.
+    /// Copies a tensor's bits to the host (one `u16` an element), after the
+    /// work enqueued before it. The whole buffer comes back, in the tensor's own
+    /// strides.
     pub fn download(&self, t: &Tensor) -> Result<Vec<u16>> {
-        self.stream.clone_dtoh(&t.data).cuda("copying a tensor to the host")
+        Ok(t.dtype.decode(&self.stream.clone_dtoh(&t.data).cuda("copying a tensor to the host")?))
     }
 }
 

@@ -33,7 +33,7 @@ pub use launch::Launched;
 pub use load::{default_kernel_dir, uuid_string};
 pub use memory::Tensor;
 use memory::device_ptr;
-pub use options::{Family, KernelChoice, Options, Splits, Variant};
+pub use options::{Family, KernelChoice, Options, Precision, Splits, Variant};
 pub use varlen::{BlockTable, Sequences};
 
 use crate::error::{CudaContext, Error, Result};
@@ -41,6 +41,7 @@ use crate::manifest::Launch;
 use crate::planner::{LaunchGrid, Plan};
 use crate::schema::DeviceInfo;
 use crate::scores::{Band, Scores};
+use crate::tensor::Dtype;
 
 /// A loaded entry: its function, launch geometry and residency.
 struct Kernel {
@@ -58,6 +59,18 @@ struct Chosen<'a> {
     plan: Plan,
     /// The mask and modifier the entry compiles in, and their values.
     scores: Scores,
+}
+
+/// The dequantisation factors of a call's e4m3 inputs, each fp32 [B, Hkv]
+/// contiguous, or `None` for 1 ([`Attention::forward_descaled_on`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Descales<'a> {
+    /// q's, by (batch, the K/V head its query head reads).
+    pub q: Option<&'a CudaSlice<f32>>,
+    /// k's.
+    pub k: Option<&'a CudaSlice<f32>>,
+    /// v's.
+    pub v: Option<&'a CudaSlice<f32>>,
 }
 
 /// A persistent causal launch's schedule on the device: (row length, the rows).
@@ -152,8 +165,10 @@ impl Attention {
     /// the kernel surface at the next synchronising call.
     ///
     /// q is [B, H, Sq, D], k and v [B, Hkv, Sk, D] with H a multiple of Hkv
-    /// (GQA), out q's shape, all of one dtype; D is 64 or 128; any strides that
-    /// are multiples of 8 elements (each tensor's [`Desc`](crate::Desc)). The
+    /// (GQA), out q's shape, all of one dtype (or e4m3 q, k and v with f16 or
+    /// bf16 out: [`forward_descaled_on`](Attention::forward_descaled_on)); D one
+    /// of [`HEAD_DIMS`](crate::tensor::HEAD_DIMS); any strides of 16-byte
+    /// multiples (each tensor's [`Desc`](crate::Desc)). The
     /// causal mask is bottom-right aligned (query row i sees keys
     /// j ≤ i + Sk − Sq, PyTorch's `causal_lower_right`); a row that sees no key
     /// gets zeros and an LSE of −∞. Every rule is checked before anything is
@@ -188,12 +203,33 @@ impl Attention {
         lse: Option<&mut CudaSlice<f32>>,
         opts: &Options,
     ) -> Result<Launched> {
+        self.forward_descaled_on(stream, q, k, v, Descales::default(), out, lse, opts)
+    }
+
+    /// `forward_on` with e4m3 inputs' dequantisation factors (FA3's
+    /// `q_descale`, `k_descale`, `v_descale`: the scores are
+    /// q_descale · k_descale · q·kᵀ, the output v_descale · softmax · v). Each is
+    /// fp32 [B, Hkv], contiguous, or `None` for 1; other dtypes take none.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_descaled_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        descales: Descales,
+        out: &mut Tensor,
+        lse: Option<&mut CudaSlice<f32>>,
+        opts: &Options,
+    ) -> Result<Launched> {
         let p = validate::forward(q, k, v, out, lse.as_deref(), opts.scale)?;
-        let family = self.resolve(&p, opts.choice.variant)?;
+        validate::descales(&descales, q.dtype, &p)?;
+        let precision = Precision { input: q.dtype, output: out.dtype };
+        let family = self.resolve(&p, precision, opts.choice.variant)?;
         if p.rows() == 0 {
             return Ok(Launched { family, ..Launched::default() }); // empty result: nothing to launch
         }
-        let chosen = self.choose_entry(family, q.dtype, &p, opts)?;
+        let chosen = self.choose_entry(family, precision, &p, opts)?;
         // Every rule is checked before the first allocation or launch.
         let s = stream;
         validate::aligned([("q", q), ("k", k), ("v", v), ("out", out)], s)?;
@@ -203,11 +239,12 @@ impl Attention {
         let lse = lse.map_or(0, |l| device_ptr(l, s));
         let params = Self::flash_params(s, [q, k, v, out], lse, partials.as_ref(), &p, &chosen.plan, chosen.scores);
         match family {
+            Family::Portable if q.dtype == Dtype::E4m3 => Self::launch_e4m3(s, &chosen, &grid, params, &descales)?,
             Family::Portable => Self::launch_portable(s, &chosen, &grid, &params)?,
             Family::Hopper => self.launch_hopper(s, &chosen, &grid, [q, k, v, out], &p, params, causal)?,
         }
         if let Some(partials) = &partials {
-            self.launch_combine(s, q.dtype, &p, chosen.plan.num_splits, partials, out, lse, None)?;
+            self.launch_combine(s, out.dtype, &p, chosen.plan.num_splits, partials, out, lse, None)?;
         }
         let geometry = chosen.kern.launch;
         Ok(Launched {

@@ -187,25 +187,60 @@ impl Family {
         }
     }
 
-    /// The name stem of its forward entries for (dtype, head dim, scores),
-    /// `flash_fwd[_hopper]_<dtype>_d<D>[_causal|_local][_softcap]`, which `_m64`
-    /// (64-row CTAs), `_kg2` (two key groups) and `_persistent` extend.
+    /// The name stem of its forward entries for (precision, head dim, scores),
+    /// `flash_fwd[_hopper]_<precision>_d<D>[_causal|_local][_softcap]`, which
+    /// `_m64` (64-row CTAs), `_kg2` (two key groups) and `_persistent` extend.
     ///
     /// ```
-    /// use kernel_ffi::{Band, Dtype, Family, Scores};
+    /// use kernel_ffi::{Band, Dtype, Family, Precision, Scores};
     ///
     /// let causal = Scores { band: Band::Causal, softcap: None };
     /// assert_eq!(Family::Hopper.entry_stem(Dtype::Bf16, 128, causal), "flash_fwd_hopper_bf16_d128_causal");
     /// assert_eq!(Family::Portable.entry_stem(Dtype::F16, 64, Scores::default()), "flash_fwd_f16_d64");
     /// let capped = Scores { band: Band::Local { left: 8, right: 0 }, softcap: Some(50.0) };
     /// assert_eq!(Family::Portable.entry_stem(Dtype::F16, 64, capped), "flash_fwd_f16_d64_local_softcap");
+    /// let fp8 = Precision { input: Dtype::E4m3, output: Dtype::Bf16 };
+    /// assert_eq!(Family::Portable.entry_stem(fp8, 128, causal), "flash_fwd_e4m3_bf16_d128_causal");
     /// ```
-    pub fn entry_stem(self, dtype: Dtype, head_dim: usize, scores: Scores) -> String {
+    pub fn entry_stem(self, precision: impl Into<Precision>, head_dim: usize, scores: Scores) -> String {
         let family = match self {
             Family::Portable => "flash_fwd",
             Family::Hopper => "flash_fwd_hopper",
         };
-        format!("{family}_{}_d{head_dim}{}", dtype.name(), scores.suffix())
+        format!("{family}_{}_d{head_dim}{}", precision.into().name(), scores.suffix())
+    }
+}
+
+/// A forward call's element types, its inputs' and its output's: one dtype, or
+/// e4m3 inputs with f16 or bf16 output. What an entry's name says of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Precision {
+    /// q, k and v.
+    pub input: Dtype,
+    /// out.
+    pub output: Dtype,
+}
+
+impl Precision {
+    /// `input` with the output a call of it writes unless told otherwise: its
+    /// own dtype, bf16 for e4m3 (FA3's).
+    pub fn default_for(input: Dtype) -> Precision {
+        Precision { input, output: if input.is_output() { input } else { Dtype::Bf16 } }
+    }
+
+    /// `f16`, `bf16`, or `e4m3_<output>`.
+    pub fn name(self) -> String {
+        if self.input == self.output {
+            self.input.name().to_string()
+        } else {
+            format!("{}_{}", self.input.name(), self.output.name())
+        }
+    }
+}
+
+impl From<Dtype> for Precision {
+    fn from(dtype: Dtype) -> Precision {
+        Precision { input: dtype, output: dtype }
     }
 }
 

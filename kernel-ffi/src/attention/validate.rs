@@ -3,10 +3,10 @@
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::Tensor;
 use super::memory::device_ptr;
+use super::{Descales, Tensor};
 use crate::error::{Result, invalid};
-use crate::tensor::{self, Problem};
+use crate::tensor::{self, Dtype, Problem};
 
 /// The problem q, k, v and out describe (`tensor::validate`: dtypes, dims,
 /// strides, extents), with room for its rows in `lse`.
@@ -26,6 +26,22 @@ pub(super) fn forward(
         invalid!("lse holds {} floats but batch × heads × seqlen_q = {rows}", l.len());
     }
     Ok(p)
+}
+
+/// Descales dequantise e4m3 inputs: none for other dtypes, and each given one
+/// holds batch × kv_heads factors.
+pub(super) fn descales(d: &Descales, input: Dtype, p: &Problem) -> Result<()> {
+    let need = p.batch * p.kv_heads;
+    for (name, given) in [("q_descale", d.q), ("k_descale", d.k), ("v_descale", d.v)] {
+        let Some(given) = given else { continue };
+        if input != Dtype::E4m3 {
+            invalid!("{name} is given but q is {}; descales dequantise e4m3 inputs", input.name());
+        }
+        if given.len() < need {
+            invalid!("{name} holds {} floats but batch × kv_heads = {need} ([B, Hkv] fp32, contiguous)", given.len());
+        }
+    }
+    Ok(())
 }
 
 /// The kernels load rows with 16-byte accesses: every tensor's device pointer is

@@ -120,6 +120,11 @@ impl Attention {
         opts: &Options,
     ) -> Result<Launched> {
         let p = sequences::validate(q.arg("q"), k.arg("k"), v.arg("v"), out.arg("out"), &seqs.layout(), opts.scale)?;
+        if q.dtype == Dtype::E4m3 {
+            return Err(Error::Unsupported(
+                "serving calls take f16 or bf16; e4m3 runs dense calls only (forward_descaled_on)".into(),
+            ));
+        }
         if let Some(l) = lse.as_deref()
             && l.len() < p.rows()
         {
@@ -231,7 +236,7 @@ impl Attention {
                 })
             }
             Variant::Hopper => {
-                self.resolve(&p.tensors, Variant::Hopper)?; // the device's error, where it has no Hopper kernel
+                self.resolve(&p.tensors, dtype, Variant::Hopper)?; // the device's error, where it has no Hopper kernel
                 match unfit {
                     Some(why) => Err(Error::Unsupported(format!("{why}; use the portable variant (or auto)"))),
                     None => Ok(Family::Hopper),

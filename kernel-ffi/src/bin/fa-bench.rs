@@ -26,8 +26,8 @@ use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{BenchCase, BenchRun, SERVE_PROTOCOL, ServeReply, ServeRequest, ShapeRecord};
 use kernel_ffi::tensor::HEAD_DIMS;
 use kernel_ffi::{
-    Attention, Band, BlockTable, Desc, Dtype, KernelChoice, Launched, Layout, Options, Scores, Sequences, Splits,
-    Tensor, Window, cli, kernel_dir, sequences,
+    Attention, Band, BlockTable, Desc, Dtype, KernelChoice, Launched, Layout, Options, Precision, Scores, Sequences,
+    Splits, Tensor, Window, cli, kernel_dir, sequences,
 };
 
 #[derive(Parser)]
@@ -107,7 +107,7 @@ fn check_choice(manifest: &Manifest, args: &Args, shapes: &[Shape]) -> Result<()
         for &dtype in &args.dtype {
             for s in shapes {
                 let scores = masking(s).scores(s.seqlen, s.seqlen)?;
-                cli::check_choice(manifest, &args.choice, dtype, s.head_dim, scores)
+                cli::check_choice(manifest, &args.choice, Precision::default_for(dtype), s.head_dim, scores)
                     .with_context(|| format!("--shape {}", s.spec()))?;
             }
         }
@@ -359,7 +359,7 @@ impl<'a> Case<'a> {
                 q: random_tensor(att, dtype, q_desc, 3 * i + 1)?,
                 k: random_tensor(att, dtype, kv_desc, 3 * i + 2)?,
                 v: random_tensor(att, dtype, kv_desc, 3 * i + 3)?,
-                out: att.alloc_poisoned(dtype, q_desc)?,
+                out: att.alloc_poisoned(Precision::default_for(dtype).output, q_desc)?,
                 seq,
             });
             self.next = self.sets.len() - 1;

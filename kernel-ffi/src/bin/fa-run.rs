@@ -3,6 +3,11 @@
 //!
 //!   fa-run --input qkv.safetensors --output out.safetensors [--layout bhsd|bshd]
 //!          [--causal] [--window LEFT,RIGHT] [--softcap C] [--scale S] [--splits auto|N] [--lse]
+//!          [--out-dtype f16|bf16]
+//!
+//! e4m3 q, k and v (F8_E4M3) may come with F32 `q_descale`, `k_descale`,
+//! `v_descale` of [batch, kv_heads] (FA3's); their output is bf16 unless
+//! `--out-dtype` says f16.
 //!
 //! A file that also holds int32 `cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`
 //! (or `cache_seqlens`) or `block_table` is a serving call in FlashAttention's
@@ -17,8 +22,8 @@ use clap::Parser;
 use kernel_ffi::io::{self, HostTensor16, ServingInput, read_qkv, read_serving, write_outputs, write_packed_outputs};
 use kernel_ffi::manifest::Manifest;
 use kernel_ffi::{
-    Attention, BlockTable, CudaSlice, KernelChoice, Launched, Layout, Options, Sequences, Splits, Tensor, Window, cli,
-    kernel_dir, sequences, tensor,
+    Attention, BlockTable, CudaSlice, Descales, Dtype, KernelChoice, Launched, Layout, Options, Precision, Sequences,
+    Splits, Tensor, Window, cli, kernel_dir, sequences, tensor,
 };
 
 #[derive(Parser)]
@@ -28,7 +33,8 @@ struct Args {
     /// `nvidia-smi -L` prints it.
     #[arg(long, env = fa_schema::env::DEVICE, default_value = "0")]
     device: kernel_ffi::Gpu,
-    /// safetensors file holding `q`, `k`, `v` (f16 or bf16, rank 4).
+    /// safetensors file holding `q`, `k`, `v` (f16, bf16 or e4m3, rank 4), and for
+    /// e4m3 optionally F32 `q_descale`, `k_descale`, `v_descale` [batch, kv_heads].
     #[arg(long)]
     input: PathBuf,
     /// Where to write `out` (and `lse` with --lse).
@@ -58,6 +64,16 @@ struct Args {
     /// Also write the per-row log-sum-exp (F32 [B, H, Sq]).
     #[arg(long)]
     lse: bool,
+    /// The output's dtype for e4m3 inputs: bf16 (default) or f16.
+    #[arg(long, value_parser = parse_out_dtype)]
+    out_dtype: Option<Dtype>,
+}
+
+fn parse_out_dtype(s: &str) -> Result<Dtype, String> {
+    match Dtype::parse(s)? {
+        Dtype::E4m3 => Err("the kernels write f16 or bf16 output".into()),
+        d => Ok(d),
+    }
 }
 
 impl Args {
@@ -121,15 +137,19 @@ fn run() -> Result<()> {
         return run_serving(&args, serving);
     }
     let [q, k, v] = read_qkv(&bytes, args.layout).with_context(|| format!("in {}", args.input.display()))?;
-    let out_arg = tensor::Arg { name: "out", dtype: q.dtype, desc: q.desc, len: q.desc.span() };
+    let precision = precision(&args, q.dtype)?;
+    let out_arg = tensor::Arg { name: "out", dtype: precision.output, desc: q.desc, len: q.desc.span() };
     let problem = tensor::validate(q.arg("q"), k.arg("k"), v.arg("v"), out_arg, args.scale)
+        .with_context(|| format!("in {}", args.input.display()))?;
+    let descales = io::read_descales(&bytes).with_context(|| format!("in {}", args.input.display()))?;
+    check_descales(&descales, q.dtype, problem.batch, problem.kv_heads)
         .with_context(|| format!("in {}", args.input.display()))?;
     check_output(&args.output)?;
     let kernels = kernel_dir::find()?;
     let manifest_path = kernels.join("manifest.json");
     let opts = args.options();
     let scores = opts.scores(problem.seqlen_q, problem.seqlen_k)?;
-    cli::check_choice(&Manifest::load(&manifest_path)?, &args.choice, q.dtype, problem.head_dim, scores)
+    cli::check_choice(&Manifest::load(&manifest_path)?, &args.choice, precision, problem.head_dim, scores)
         .with_context(|| format!("checking the flags against {}", manifest_path.display()))?;
     let att = Attention::with_kernel_dir(&args.device, &kernels).context("setting up the kernels")?;
     let (qd, kd, vd) = (
@@ -137,19 +157,49 @@ fn run() -> Result<()> {
         att.upload(k.dtype, k.desc, &k.bits)?,
         att.upload(v.dtype, v.desc, &v.bits)?,
     );
-    let mut out = att.alloc_poisoned(q.dtype, q.desc)?;
+    let mut out = att.alloc_poisoned(precision.output, q.desc)?;
     let [b, h, s, _] = q.desc.dims;
     let mut lse = if args.lse { Some(att.alloc_lse(b * h * s)?) } else { None };
-    let launched = att.forward(&qd, &kd, &vd, &mut out, lse.as_mut(), &opts)?;
+    let factors = descales
+        .iter()
+        .map(|d| {
+            d.as_ref().map(|(f, _)| att.stream().clone_htod(f).context("copying a descale to the GPU")).transpose()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let given = Descales { q: factors[0].as_ref(), k: factors[1].as_ref(), v: factors[2].as_ref() };
+    let launched = att.forward_descaled_on(att.stream(), &qd, &kd, &vd, given, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
-    let out = HostTensor16 { dtype: q.dtype, desc: q.desc, bits: att.download(&out)? };
+    let out = HostTensor16 { dtype: precision.output, desc: q.desc, bits: att.download(&out)? };
     let lse = match &lse {
         Some(l) => Some(att.download_lse(l, b * h * s)?),
         None => None,
     };
     let bytes = write_outputs(&out, args.layout, lse.as_deref())?;
     cli::write_atomic(&args.output, &bytes)?;
-    report(q.dtype.name(), &format!("{:?}", q.desc.dims), &att, &launched, &args.output);
+    report(&precision.name(), &format!("{:?}", q.desc.dims), &att, &launched, &args.output);
+    Ok(())
+}
+
+/// The call's dtypes: `--out-dtype` is for e4m3 inputs only.
+fn precision(args: &Args, input: Dtype) -> Result<Precision> {
+    match (input, args.out_dtype) {
+        (Dtype::E4m3, Some(output)) => Ok(Precision { input, output }),
+        (_, None) => Ok(Precision::default_for(input)),
+        (_, Some(_)) => bail!("--out-dtype is for e4m3 inputs; q is {}, and the output takes its dtype", input.name()),
+    }
+}
+
+/// Descales in the file are for e4m3 inputs, each [batch, kv_heads].
+fn check_descales(descales: &io::Descales, input: Dtype, batch: usize, kv_heads: usize) -> Result<()> {
+    for (name, d) in io::DESCALE_TENSORS.iter().zip(descales) {
+        let Some((_, shape)) = d else { continue };
+        if input != Dtype::E4m3 {
+            bail!("`{name}` is given but q is {}; descales dequantise e4m3 inputs", input.name());
+        }
+        if shape[..] != [batch, kv_heads] {
+            bail!("`{name}` has shape {shape:?}; expected [batch, kv_heads] = [{batch}, {kv_heads}]");
+        }
+    }
     Ok(())
 }
 
@@ -178,6 +228,9 @@ fn report(dtype: &str, what: &str, att: &Attention, launched: &Launched, output:
 /// call, its index arrays on the host before the launch.
 fn run_serving(args: &Args, input: ServingInput) -> Result<()> {
     let ServingInput { qkv: [q, k, v], cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, seqs } = input;
+    if q.dtype == Dtype::E4m3 {
+        bail!("in {}: serving calls take f16 or bf16; e4m3 runs dense calls only", args.input.display());
+    }
     let lens = |cu: &Option<Vec<i32>>| {
         cu.as_ref().map_or(0, |c| c.windows(2).map(|w| (w[1] - w[0]).max(0) as usize).max().unwrap_or(0))
     };

@@ -71,7 +71,7 @@ fn values_are_checked_while_parsing_by_the_launch_api_rules() {
     assert!(e.contains("at least 1"), "{e}");
     assert!(err(&["xtask", "test", "--gpus", "0"]).contains("(0,)"));
     assert!(err(&["xtask", "sanitize", "--gpus", ","]).contains("names no GPU"));
-    assert!(err(&["xtask", "bench", "--dtype", "f32"]).contains("use f16 or bf16"));
+    assert!(err(&["xtask", "bench", "--dtype", "f32"]).contains("use f16, bf16 or e4m3"));
     assert!(err(&["xtask", "test", "--shard", "3/2"]).contains("I/N"));
     assert!(err(&["xtask", "build", "--define", "1X=2"]).contains("C identifier"));
     assert!(err(&["xtask", "build", "--jobs", "0"]).contains("--jobs"));

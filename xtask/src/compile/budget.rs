@@ -187,7 +187,7 @@ pub fn check_sass(manifest: &Manifest, records: &[SassRecord]) -> Vec<Breach> {
             budget: budget.into(),
             hint: hint.to_string(),
         };
-        for op in &kernel.sass_requires {
+        for op in kernel.sass_requires.iter().chain(kernel.sass_requires_on.get(&rec.arch).into_iter().flatten()) {
             if rec.opcodes.get(op).copied().unwrap_or(0) == 0 {
                 out.push(breach(
                     format!("SASS {op} instructions"),
@@ -374,6 +374,7 @@ mod tests {
             allow_stack: true,
             local_memory_on: Vec::new(),
             sass_requires: Vec::new(),
+            sass_requires_on: Default::default(),
             launch: None,
         });
         let b = check_all(&m, &fixture());
@@ -408,5 +409,11 @@ mod tests {
         assert_eq!((b[0].what.as_str(), b[0].value), ("SASS local memory instructions (LDL/STL)", 5));
         m.sources[0].kernels[2].allow_spills = true;
         assert!(check_sass(&m, &[spilled]).is_empty());
+        // An opcode required on one arch only (e4m3 mma.sync: QMMA on sm_89).
+        m.sources[0].kernels[2].sass_requires_on.insert("sm_89".into(), vec!["QMMA".into()]);
+        let on = |arch: &str| SassRecord { arch: arch.into(), ..record("spilly", "flash_fwd_f16_d64") };
+        assert!(check_sass(&m, &[on("sm_90a")]).is_empty());
+        let b = check_sass(&m, &[on("sm_89")]);
+        assert_eq!((b.len(), b[0].what.as_str(), b[0].arch.as_str()), (1, "SASS QMMA instructions", "sm_89"), "{b:#?}");
     }
 }

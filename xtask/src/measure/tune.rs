@@ -84,8 +84,11 @@ impl Config {
         let mut m = manifest.clone();
         let prefixes = [format!("FA_WARPS_D{}=", self.head_dim), format!("FA_BLOCK_N_D{}=", self.head_dim)];
         let suffix = format!("_d{}", self.head_dim);
-        // The portable kernel's entries only: the Hopper kernel's tiles are fixed in its header.
-        let portable = |entry: &str| entry.starts_with("flash_fwd_") && !is_hopper_entry(entry);
+        // The portable kernel's 16-bit entries only: the Hopper kernel's tiles and
+        // the e4m3 entries' are fixed in their headers (Fp8Config).
+        let portable = |entry: &str| {
+            entry.starts_with("flash_fwd_") && !is_hopper_entry(entry) && !entry.starts_with("flash_fwd_e4m3_")
+        };
         for src in &mut m.sources {
             if !src.kernels.iter().any(|k| portable(&k.entry)) {
                 continue;

@@ -12,8 +12,11 @@ use kernel_ffi::cli::{self, CheckFailed};
 use kernel_ffi::reference::{self, HostTensor};
 use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, SkippedCase, TestCase, TestRun, WorkerReply};
-use kernel_ffi::tensor::HEAD_DIMS;
-use kernel_ffi::{Attention, Desc, Dtype, KernelChoice, Layout, Options, Problem, Scores, Splits, Variant, Window};
+use kernel_ffi::tensor::{E4M3_HEAD_DIMS, HEAD_DIMS};
+use kernel_ffi::{
+    Attention, Desc, Descales, Dtype, KernelChoice, Layout, Options, Precision, Problem, Scores, Splits, Variant,
+    Window,
+};
 
 /// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
 const PORTABLE: KernelChoice =
@@ -37,12 +40,28 @@ struct Case {
     lse: bool,
     scale: Option<f32>,
     gpu_reference: bool,
+    /// An e4m3 case (`dtype` E4m3): its output dtype and inputs.
+    fp8: Option<Fp8>,
     /// The kernel, and the query rows, key groups per CTA and persistence that
     /// `on_every_entry` names (`None`: the planner's choice).
     choice: KernelChoice,
 }
 
+/// An e4m3 case's output dtype, and whether its inputs carry outliers (a few
+/// K channels and Q rows 16× the rest, as LLM activations do). Its descales are
+/// random, so a descale the kernel drops or misplaces shows.
+#[derive(Debug, Clone, Copy)]
+struct Fp8 {
+    out: Dtype,
+    outliers: bool,
+}
+
 impl Case {
+    /// Its inputs' and output's dtypes.
+    fn precision(&self) -> Precision {
+        Precision { input: self.dtype, output: self.fp8.map_or(self.dtype, |f| f.out) }
+    }
+
     fn shape(&self) -> ShapeRecord {
         ShapeRecord {
             batch: self.batch,
@@ -82,8 +101,9 @@ impl Case {
 
     fn name(&self) -> String {
         format!(
-            "{}-d{}{}{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}{}{}{}{}",
-            self.dtype.name(),
+            "{}{}-d{}{}{}{}-b{}h{}kv{}-q{}k{}-{}-s{}{}{}{}{}{}{}",
+            self.precision().name(),
+            if self.fp8.is_some_and(|f| f.outliers) { "-outliers" } else { "" },
             self.head_dim,
             if self.causal { "-causal" } else { "" },
             self.window.label(),
@@ -128,6 +148,7 @@ fn sanitize_set() -> Vec<Case> {
                     layout,
                     splits,
                     gpu_reference: false,
+                    fp8: None,
                     ..sanitize_set_ref(dtype)
                 };
                 cases.push(case(65, 130, 2, 2, Layout::Bhsd, Splits::Fixed(1)));
@@ -155,6 +176,7 @@ fn sanitize_set() -> Vec<Case> {
                 seqlen_k: 200,
                 splits: Splits::Fixed(3),
                 gpu_reference: false,
+                fp8: None,
                 ..sanitize_set_ref(dtype)
             });
         }
@@ -172,12 +194,15 @@ fn sanitize_set() -> Vec<Case> {
                     seqlen_q: 130,
                     seqlen_k: 200,
                     gpu_reference: false,
+                    fp8: None,
                     ..sanitize_set_ref(dtype)
                 });
             }
         }
     }
-    on_every_entry(cases)
+    let mut cases = on_every_entry(cases);
+    cases.extend(e4m3_cases(6));
+    cases
 }
 
 /// Every case on every entry: the portable kernel's and then the Hopper kernel's,
@@ -217,6 +242,7 @@ fn sanitize_set_ref(dtype: Dtype) -> Case {
         lse: true,
         scale: None,
         gpu_reference: true,
+        fp8: None,
         choice: PORTABLE,
     }
 }
@@ -250,6 +276,7 @@ fn matrix() -> Vec<Case> {
                             lse: (i + si + usize::from(causal)) % 2 == 0,
                             scale: (i % 3 == 0).then_some(0.3),
                             gpu_reference: false,
+                            fp8: None,
                             choice: PORTABLE,
                         });
                     }
@@ -278,6 +305,7 @@ fn matrix() -> Vec<Case> {
                     lse: true,
                     scale: Some(4.0),
                     gpu_reference: false,
+                    fp8: None,
                     choice: PORTABLE,
                 });
             }
@@ -299,6 +327,7 @@ fn matrix() -> Vec<Case> {
         lse: true,
         scale: None,
         gpu_reference: false,
+        fp8: None,
         choice: PORTABLE,
     };
     // The seed problems, as the planner sees them.
@@ -320,6 +349,7 @@ fn matrix() -> Vec<Case> {
         lse: true,
         scale: None,
         gpu_reference: true,
+        fp8: None,
         choice: PORTABLE,
     };
     cases.extend([
@@ -377,6 +407,7 @@ fn matrix() -> Vec<Case> {
                         lse: r % 2 == 1,
                         scale,
                         gpu_reference: false,
+                        fp8: None,
                         choice: PORTABLE,
                     });
                 }
@@ -414,7 +445,50 @@ fn matrix() -> Vec<Case> {
     ] {
         cases.push(large(dtype, 64, false, 1, 133, 7, 300, seqlen_k, Layout::Bshd, splits));
     }
-    on_every_entry(cases)
+    let mut cases = on_every_entry(cases);
+    cases.extend(e4m3_cases(1));
+    cases
+}
+
+/// The e4m3 entries (head dims E4M3_HEAD_DIMS, no mask or causal, f16 and bf16
+/// output): lengths off every tile, Sq ≠ Sk both ways (causal rows without
+/// keys), 1 and 0, GQA, both layouts, each split mode, and plain or
+/// outlier-heavy inputs, every case with random descales. `every`: one case in
+/// that many (the sanitize set's share).
+fn e4m3_cases(every: usize) -> Vec<Case> {
+    let lengths = [(1, 1), (1, 77), (65, 130), (200, 513), (130, 64), (0, 10), (300, 300), (513, 1000)];
+    let gqa = [(2, 2), (4, 1), (6, 2)];
+    let mut cases = Vec::new();
+    for (oi, out) in [Dtype::Bf16, Dtype::F16].into_iter().enumerate() {
+        for head_dim in E4M3_HEAD_DIMS {
+            for causal in [false, true] {
+                for (i, &(seqlen_q, seqlen_k)) in lengths.iter().enumerate() {
+                    let r = i + oi + usize::from(causal);
+                    let (heads, kv_heads) = gqa[r % 3];
+                    cases.push(Case {
+                        dtype: Dtype::E4m3,
+                        head_dim,
+                        causal,
+                        window: Window::default(),
+                        softcap: None,
+                        batch: 1 + r % 2,
+                        heads,
+                        kv_heads,
+                        seqlen_q,
+                        seqlen_k,
+                        layout: if r % 2 == 0 { Layout::Bshd } else { Layout::Bhsd },
+                        splits: [Splits::Fixed(1), Splits::Fixed(3), Splits::Auto][r % 3],
+                        lse: r % 2 == 0,
+                        scale: (i % 3 == 0).then_some(0.3),
+                        gpu_reference: false,
+                        fp8: Some(Fp8 { out, outliers: i % 2 == 1 }),
+                        choice: PORTABLE,
+                    });
+                }
+            }
+        }
+    }
+    cases.into_iter().step_by(every.max(1)).collect()
 }
 
 /// A case of either kind: a dense call (`forward`) or a serving one (`forward_varlen`).
@@ -455,6 +529,45 @@ impl Item {
     }
 }
 
+/// Scales the elements (b, s, d) that `picked(b, s, d)` names (whole rows or
+/// channels of every head) by 16, as bits and values.
+fn outliers(
+    dtype: Dtype,
+    desc: &Desc,
+    bits: &mut [u16],
+    vals: &mut [f32],
+    picked: impl Fn(usize, usize, usize) -> bool,
+) {
+    let [batch, heads, seq, d] = desc.dims;
+    for b in 0..batch {
+        for h in 0..heads {
+            for s in 0..seq {
+                let off = desc.offset(b, h, s);
+                for x in (0..d).filter(|&x| picked(b, s, x)) {
+                    bits[off + x] = dtype.from_f32(vals[off + x] * 16.0);
+                    vals[off + x] = dtype.to_f32(bits[off + x]);
+                }
+            }
+        }
+    }
+}
+
+/// The values of a [B, heads, S, D] tensor times their (batch, K/V head)'s
+/// factor (`factors`: [B, kv_heads]).
+fn dequantise(desc: &Desc, vals: &mut [f32], factors: &[f32], kv_heads: usize) {
+    let [batch, heads, seq, d] = desc.dims;
+    let group = heads / kv_heads.max(1);
+    for b in 0..batch {
+        for h in 0..heads {
+            let f = factors[b * kv_heads + h / group.max(1)];
+            for s in 0..seq {
+                let off = desc.offset(b, h, s);
+                vals[off..off + d].iter_mut().for_each(|x| *x *= f);
+            }
+        }
+    }
+}
+
 /// Random bits for a tensor, and the same values as f32 after rounding to dtype.
 fn random(rng: &mut Rng, dtype: Dtype, desc: &Desc, lo: f32, hi: f32) -> (Vec<u16>, Vec<f32>) {
     let bits = rng.bits(dtype, desc.span(), lo, hi);
@@ -464,16 +577,34 @@ fn random(rng: &mut Rng, dtype: Dtype, desc: &Desc, lo: f32, hi: f32) -> (Vec<u1
 
 fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Result<TestCase> {
     let Case { dtype, head_dim: d, batch: b, heads: h, kv_heads: hkv, seqlen_q: sq, seqlen_k: sk, .. } = *case;
+    let out_dtype = case.precision().output;
     let qd = Desc::new([b, h, sq, d], case.layout);
     let kd = Desc::new([b, hkv, sk, d], case.layout);
-    let (qb, qv) = random(rng, dtype, &qd, -1.5, 1.5);
-    let (kb, kv) = random(rng, dtype, &kd, -1.5, 1.5);
+    let (mut qb, mut qv) = random(rng, dtype, &qd, -1.5, 1.5);
+    let (mut kb, mut kv) = random(rng, dtype, &kd, -1.5, 1.5);
     // Offset V so the output mean is not zero.
-    let (vb, vv) = random(rng, dtype, &kd, -0.5, 1.5);
+    let (vb, mut vv) = random(rng, dtype, &kd, -0.5, 1.5);
+    let mut descales = None;
+    if let Some(fp8) = case.fp8 {
+        if fp8.outliers {
+            outliers(dtype, &qd, &mut qb, &mut qv, |_, s, _| s % 29 == 3);
+            outliers(dtype, &kd, &mut kb, &mut kv, |_, _, x| x % 17 == 5);
+        }
+        // Factors per (batch, K/V head); the reference takes the dequantised values.
+        let factors: [Vec<f32>; 3] = std::array::from_fn(|_| (0..b * hkv).map(|_| rng.uniform(0.5, 2.0)).collect());
+        dequantise(&qd, &mut qv, &factors[0], hkv);
+        dequantise(&kd, &mut kv, &factors[1], hkv);
+        dequantise(&kd, &mut vv, &factors[2], hkv);
+        descales = Some(factors);
+    }
     let q = att.upload(dtype, qd, &qb)?;
     let k = att.upload(dtype, kd, &kb)?;
     let v = att.upload(dtype, kd, &vb)?;
-    let mut out = att.alloc_poisoned(dtype, qd)?;
+    let mut out = att.alloc_poisoned(out_dtype, qd)?;
+    let descales = match &descales {
+        Some(f) => Some(f.iter().map(|f| att.stream().clone_htod(f)).collect::<Result<Vec<_>, _>>()?),
+        None => None,
+    };
     let rows = b * h * sq;
     let mut lse = if case.lse { Some(att.alloc_lse(rows)?) } else { None };
     let opts = Options {
@@ -485,7 +616,12 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
         choice: case.choice,
     };
     let scores = case.scores()?;
-    let launched = att.forward(&q, &k, &v, &mut out, lse.as_mut(), &opts)?;
+    let given = descales.as_ref().map_or_else(Descales::default, |d| Descales {
+        q: Some(&d[0]),
+        k: Some(&d[1]),
+        v: Some(&d[2]),
+    });
+    let launched = att.forward_descaled_on(att.stream(), &q, &k, &v, given, &mut out, lse.as_mut(), &opts)?;
     att.synchronize()?;
     let got_bits = att.download(&out)?;
     let got_lse: Option<Vec<f32>> = match &lse {
@@ -521,7 +657,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
         for hi in 0..h {
             for si in 0..sq {
                 let off = qd.offset(bi, hi, si);
-                got.extend(got_bits[off..off + d].iter().map(|&x| f64::from(dtype.to_f32(x))));
+                got.extend(got_bits[off..off + d].iter().map(|&x| f64::from(out_dtype.to_f32(x))));
             }
         }
     }
@@ -539,7 +675,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
     Ok(TestCase {
         name: case.name(),
         gpu: None,
-        dtype: dtype.name().into(),
+        dtype: case.precision().name(),
         shape: case.shape(),
         layout: case.layout_label().into(),
         entry: launched.entry_record(),
@@ -565,7 +701,7 @@ fn not_run(case: &Case, e: &anyhow::Error) -> TestCase {
     TestCase {
         name: case.name(),
         gpu: None,
-        dtype: case.dtype.name().into(),
+        dtype: case.precision().name(),
         shape: case.shape(),
         layout: case.layout_label().into(),
         entry: EntryRecord {
@@ -746,7 +882,7 @@ fn list_cases(cases: &[Item], json: Option<&std::path::Path>) -> Result<()> {
 }
 
 /// The cases this GPU's kernel set runs, and the others with why: Hopper
-/// cases off sm_90, and cases for an entry geometry the build's configuration
+/// cases off sm_90, e4m3 cases below sm_89, and cases for an entry geometry the build's configuration
 /// does not have.
 fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCase>) {
     let hopper = att.has_hopper();
@@ -755,6 +891,11 @@ fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCa
     for c in cases {
         let why = if c.variant() == Variant::Hopper && !hopper {
             Some(format!("{} is not sm_90: no Hopper kernel", att.device().name))
+        } else if let Item::Dense(d) = &c
+            && d.dtype == Dtype::E4m3
+            && !has_geometry(att, d)
+        {
+            Some(format!("{} has no e4m3 entries (sm_89 and newer)", att.device().name))
         } else if let Item::Dense(d) = &c
             && !has_geometry(att, d)
         {
@@ -777,7 +918,7 @@ fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCa
 fn has_geometry(att: &Attention, c: &Case) -> bool {
     c.choice.variant.family().is_none_or(|family| {
         let Ok(scores) = c.scores() else { return true }; // the case reports the error
-        let loaded = att.geometries(family, c.dtype, c.head_dim, scores);
+        let loaded = att.geometries(family, c.precision(), c.head_dim, scores);
         loaded.iter().any(|&(m, g, pers)| {
             c.choice.block_m.is_none_or(|cm| cm == m)
                 && c.choice.key_groups.is_none_or(|cg| cg == g)

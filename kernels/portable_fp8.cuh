@@ -1,0 +1,273 @@
+// The portable kernel over e4m3 inputs (sm_89+: mma.sync m16n8k32): Q, K and V
+// in e4m3 with factors per (batch, K/V head), O in f16 or bf16. The dense
+// kernel's parts run unchanged over tiles of e4m3 pairs (a 16-bit column holds
+// two elements, kTileCols = D / 2 a row): the block, key range, mask, cp.async
+// tile loads, mainloop, softmax and epilogue. Its own parts:
+//   Fp8Config             tiles per head dim
+//   WarpMma<e4m3x2, Cfg>  Q·Kᵀ and P·V on m16n8k32, P quantised as it enters
+//   Fp8Descale            the (batch, K/V head)'s factors
+//
+// Numerics. Q·Kᵀ is exact in fp32 (products of e4m3 values, 32-term sums). Its
+// factors q_descale · k_descale join the softmax scale, so the row max, the sums
+// and the LSE are those of the dequantised scores. P (p ≤ 1) is quantised as
+// 2^8 · p, FA3's offset: e4m3 keeps 3 significand bits down to 2^-6, so
+// p ≥ 2^-14 keeps them and p < 2^-17 flushes to 0 (about e^-11.8 below the row
+// max), where unscaled p would lose them under 2^-6. The row sums are fp32
+// from the unquantised p, and O = v_descale · 2^-8 · Σ P̃ V / l: P̃'s rounding
+// (at most 2^-4 relative) is the error the output carries.
+#pragma once
+
+#include "flash_fwd.cuh"
+
+namespace fa {
+
+// One tile configuration per head dim: four warps of one 16-row tile, keys in
+// steps of 32. The e4m3 tiles are half the 16-bit ones' bytes, so D ≤ 128 take
+// 128-key tiles; D=256 64 (its O takes 128 registers a thread). Shared memory
+// also holds the split epilogue's fp32 O (kBlockM × D floats), which at D=256
+// outgrows the tiles.
+template <int D>
+struct Fp8Config {
+  static_assert(D == 64 || D == 128 || D == 256, "e4m3 head dims: 64, 128 or 256");
+  static constexpr int kHeadDim = D;
+  static constexpr int kTileCols = D / 2;  // 16-bit columns (e4m3 pairs) of a tile row
+  static constexpr int kWarps = 4, kKeyGroups = 1, kRowTiles = 1;
+  static constexpr int kGroupThreads = 32 * kWarps, kThreads = kGroupThreads;
+  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kBlockN = D == 256 ? 64 : 128;
+  static_assert(kBlockN % 32 == 0, "P·V takes 32-key steps");
+  static constexpr int kGroupSmemBytes = (kBlockM + 2 * kBlockN) * D;
+  static constexpr int kStagedBytes = kBlockM * D * 4;
+  static constexpr int kSmemBytes = kGroupSmemBytes > kStagedBytes ? kGroupSmemBytes : kStagedBytes;
+  static_assert(kBlockM * D * 2 <= kSmemBytes, "the unsplit epilogue's 16-bit O fits");
+  static_assert((kBlockM * kTileCols / 8) % kGroupThreads == 0 && (kBlockN * kTileCols / 8) % kGroupThreads == 0,
+                "every thread copies the same number of chunks");
+
+  // After WarpMma::finish, O pair dt of thread t holds columns
+  // 16·(dt/2) + 4t + 2·(dt%2) and the next (P·V's column order, see pv).
+  __device__ __forceinline__ static constexpr int pair_col(int dt, int t) {
+    return 16 * (dt / 2) + 4 * t + 2 * (dt % 2);
+  }
+  __device__ __forceinline__ static int2 pair_chunk4(int dt, int t) {
+    return make_int2(4 * (dt / 2) + t, 2 * (dt % 2));
+  }
+};
+
+// Lane l's row of a 32-key step of a V tile (C 16-bit columns a row), for
+// ldmatrix.trans of four 8-key matrices (keys +0..7, +8..15, +16..23, +24..31)
+// at one 16-byte chunk. Row 32·kk + l has lane l's swizzle term, and the row's
+// base lies on a swizzle group's boundary, so a chunk is one XOR away.
+template <int C>
+struct VRows {
+  static constexpr int kGroup = kSwizzleChunks<C>;
+  static_assert((2 * C) % (16 * kGroup) == 0, "rows start on swizzle-group boundaries");
+  uint32_t row;  // the tile's 128-byte aligned base + row l, its swizzle term in the chunk bits
+
+  __device__ __forceinline__ VRows(uint32_t tile, int lane) : row(tile + lane * 2 * C + (swizzle_xor<C>(lane) << 4)) {}
+  __device__ __forceinline__ uint32_t at(int kk, int chunk) const {
+    return (row ^ ((chunk % kGroup) << 4)) + (chunk / kGroup) * kGroup * 16 + kk * 32 * 2 * C;
+  }
+};
+
+// A warp's matrix products on e4m3 tiles. Q·Kᵀ reads Q and K exactly as the
+// 16-bit entries do (the fragments match byte for byte), one m16n8k32 per
+// 16 columns of pairs. P·V keeps P where the accumulators hold it: thread
+// (g, t) has keys 2t, 2t+1, 8+2t, 9+2t of each 16, which become its A
+// fragment's k = 4t … 4t+3, and V's B fragment is read in the same key order
+// (see pv), so no value crosses lanes.
+template <typename Cfg>
+struct WarpMma<e4m3x2, Cfg> {
+  static constexpr int D = Cfg::kHeadDim, C = Cfg::kTileCols, MT = Cfg::kRowTiles, BN = Cfg::kBlockN, NT = BN / 8;
+  using KFrag = FragAddr<C>;
+  using VFrag = VRows<C>;
+  // P enters P·V as 2^8 · p (the header's numerics).
+  static constexpr float kPScale = 256.f;
+  // Q fragments stay in registers up to D=128 (16 a thread); D=256 re-reads them.
+  static constexpr bool kQInRegs = C * MT <= 64;
+  using QFrags = uint32_t[kQInRegs ? MT : 1][kQInRegs ? C / 16 : 1][4];
+  QFrags& qf;
+  const e4m3x2* const sq;
+  const int w0, lane;
+  const KFrag& k_frag;
+  const VFrag& v_frag;
+
+  __device__ __forceinline__ WarpMma(QFrags& qf, const KeyGroup<e4m3x2, Cfg>& grp, int w0, int lane,
+                                     const KFrag& k_frag, const VFrag& v_frag)
+      : qf(qf), sq(grp.q), w0(w0), lane(lane), k_frag(k_frag), v_frag(v_frag) {}
+
+  __device__ __forceinline__ static KFrag k_frag_addr(const KeyGroup<e4m3x2, Cfg>& grp, int lane) {
+    return KFrag(smem_u32(grp.k), (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+  }
+  __device__ __forceinline__ static VFrag v_frag_addr(const KeyGroup<e4m3x2, Cfg>& grp, int lane) {
+    return VFrag(smem_u32(grp.v), lane);
+  }
+
+  __device__ __forceinline__ uint32_t q_addr(int mt, int kk) const {
+    return smem_u32(sq + swizzle<C>(w0 + 16 * mt + (lane % 16), kk * 16 + (lane / 16) * 8));
+  }
+
+  __device__ __forceinline__ void load_q_frags() const {
+    if constexpr (kQInRegs) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int kk = 0; kk < C / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_addr(mt, kk));
+      }
+    }
+  }
+
+  // S = Q·Kᵀ for this warp's rows × BN keys; kk: 32 elements of D.
+  __device__ __forceinline__ void qk(float (&s)[MT][NT][4]) const {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < NT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      uint32_t qs[MT][4];
+      if constexpr (!kQInRegs) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qs[mt], q_addr(mt, kk));
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, k_frag.at(np, kk));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint32_t(&qa)[4] = kQInRegs ? qf[mt][kk] : qs[mt];
+          mma_16832_e4m3(s[mt][2 * np], qa, kf[0], kf[1]);
+          mma_16832_e4m3(s[mt][2 * np + 1], qa, kf[2], kf[3]);
+        }
+      }
+    }
+  }
+
+  // P of 32-key step kk as an A fragment: k = 4t + j of each 16-key half is key
+  // (2t, 2t+1, 8+2t, 9+2t)[j] of it, the accumulators of 8-key tiles 4kk … 4kk+3.
+  __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float(&lo)[4] = s[4 * kk + 2 * (i / 2)];
+      const float(&hi)[4] = s[4 * kk + 2 * (i / 2) + 1];
+      const int r = 2 * (i % 2);  // a0, a2: row g; a1, a3: row g + 8
+      pf[i] = pack_e4m3x4(lo[r] * kPScale, lo[r + 1] * kPScale, hi[r] * kPScale, hi[r + 1] * kPScale);
+    }
+  }
+
+  // O += P·V. Per 32-key step and 16 columns of D (one 16-byte chunk of V's
+  // rows): ldmatrix.trans of the four 8-key matrices gives thread (g, t), of
+  // matrix j, keys 8j+2t and 8j+2t+1 at columns 2g and 2g+1; two byte permutes
+  // per 16 keys gather P's key order at column 2g (even) or 2g+1 (odd). So the
+  // even mma's n = g is column 16c + 2g, the odd one's 16c + 2g + 1.
+  template <typename PFrag>
+  __device__ __forceinline__ void pv(float (&o)[MT][D / 8][4], PFrag&& p_frag) const {
+#pragma unroll
+    for (int kk = 0; kk < BN / 32; ++kk) {
+      uint32_t pf[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) p_frag(pf[mt], mt, kk);
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, v_frag.at(kk, c));
+        const uint32_t even0 = __byte_perm(vf[0], vf[1], 0x6420), odd0 = __byte_perm(vf[0], vf[1], 0x7531);
+        const uint32_t even1 = __byte_perm(vf[2], vf[3], 0x6420), odd1 = __byte_perm(vf[2], vf[3], 0x7531);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16832_e4m3(o[mt][2 * c], pf[mt], even0, even1);
+          mma_16832_e4m3(o[mt][2 * c + 1], pf[mt], odd0, odd1);
+        }
+      }
+    }
+  }
+
+  // O as the epilogue takes it: each thread's even and odd accumulators (columns
+  // 16c + 4t, +2 and 16c + 4t + 1, +3) regrouped into consecutive pairs
+  // (Fp8Config::pair_col), times v_descale · 2^-8.
+  __device__ __forceinline__ static void finish(float (&o)[MT][D / 8][4], float v_descale) {
+    const float f = v_descale / kPScale;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c) {
+        float(&e)[4] = o[mt][2 * c];
+        float(&d)[4] = o[mt][2 * c + 1];
+        const float e1 = e[1], e3 = e[3];
+        e[0] *= f;
+        e[1] = d[0] * f;
+        e[2] *= f;
+        e[3] = d[2] * f;
+        d[0] = e1 * f;
+        d[1] *= f;
+        d[2] = e3 * f;
+        d[3] *= f;
+      }
+    }
+  }
+};
+
+// The dequantisation factors of a block's (batch, K/V head); 1 where not given.
+struct Fp8Descale {
+  float qk, v;
+  __device__ __forceinline__ Fp8Descale(const Fp8Params& fp, int b, int kvh) {
+    const int i = b * fp.p.kv_heads + kvh;
+    qk = (fp.q_descale != nullptr ? fp.q_descale[i] : 1.f) * (fp.k_descale != nullptr ? fp.k_descale[i] : 1.f);
+#ifdef FA_PLANT_E4M3_DESCALE
+    v = 1.f;  // planted: v_descale dropped
+#else
+    v = fp.v_descale != nullptr ? fp.v_descale[i] : 1.f;
+#endif
+  }
+};
+
+// A dense block of e4m3 inputs: flash_fwd's parts over e4m3 tiles, the
+// descales folded into the softmax scale and O.
+template <typename Out, int D, typename Mask>
+__device__ __forceinline__ void flash_fwd_e4m3(const Fp8Params& fp) {
+  const FlashParams& p = fp.p;
+  using Cfg = Fp8Config<D>;
+  using Tiles = DenseTiles<e4m3x2, Cfg, Mask>;
+  using Mainloop = PortableMainloop<e4m3x2, Cfg, Tiles, NoSoftcap>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  if (dynamic_smem_size() < Cfg::kSmemBytes || blockDim.x != Cfg::kThreads) __trap();
+  launch_dependents();
+  const KeyGroup<e4m3x2, Cfg> grp(smem_raw);
+  const WarpRows<1> wr(grp.tid);
+  const PortableBlock<BM, Mask> blk(p);
+  const Fp8Descale descale(fp, blk.b, blk.kvh);
+  const KeyRange<BM, BN, Mask> keys(p, blk);
+  const HeadTensors<e4m3x2> in(p, blk);
+  float o[1][D / 8][4];
+  SoftmaxState<1> softmax;
+  Mainloop::clear(o, softmax);
+  typename Mainloop::QFrags qf;
+  const int w0 = wr.w0();
+  const TileLoads<e4m3x2, Cfg> loads(p, grp, in);
+  const Tiles tiles{p, blk, keys, loads};
+  const typename Mainloop::KFrag k_frag = Mainloop::k_frag_addr(grp, wr.lane);
+  const typename Mainloop::VFrag v_frag = Mainloop::v_frag_addr(grp, wr.lane);
+  const Mainloop mainloop{tiles, grp, wr, w0, p.scale_log2 * descale.qk, k_frag, v_frag, NoSoftcap(p)};
+  {
+    float s[1][BN / 8][4];
+    mainloop.run(o, softmax, qf, s);
+  }
+  Mainloop::Mma::finish(o, descale.v);
+  portable_epilogue<Out, Cfg>(p, DenseRows(p, blk), blk.split, grp, wr, w0, o, softmax);
+}
+
+}  // namespace fa
+
+// One stable extern "C" entry: flash_fwd_e4m3_<out dtype>_d<D>[_causal].
+#define FA_E4M3_ENTRY(OUT, D, MASK, NAME)                                                                   \
+  extern "C" __global__ void __launch_bounds__(fa::Fp8Config<D>::kThreads, 1) NAME(const fa::Fp8Params p) { \
+    fa::flash_fwd_e4m3<OUT, D, fa::MASK>(p);                                                                \
+  }
+#define FA_E4M3_ENTRIES_D(OUT, DT, D)                       \
+  FA_E4M3_ENTRY(OUT, D, NoMask, flash_fwd_e4m3_##DT##_d##D) \
+  FA_E4M3_ENTRY(OUT, D, CausalMask, flash_fwd_e4m3_##DT##_d##D##_causal)
+// Every e4m3 entry with output type OUT (DT its name).
+#define FA_E4M3_ENTRIES(OUT, DT) \
+  FA_E4M3_ENTRIES_D(OUT, DT, 64) FA_E4M3_ENTRIES_D(OUT, DT, 128) FA_E4M3_ENTRIES_D(OUT, DT, 256)
