@@ -4,7 +4,10 @@
     out = flash_attn_func(q, k, v, causal=True)   # q: (batch, seqlen, nheads, headdim)
 
 Supported: CUDA float16/bfloat16, head dims of ``supported()["head_dims"]``
-(64, 96, 128, 192 and 256, dense and serving calls), causal (bottom-right aligned) or not, sliding windows
+(64, 96, 128, 192 and 256, dense and serving calls); float8_e4m3fn in dense
+calls at head dims 64, 128 and 256, with FA3's ``q_descale``, ``k_descale``,
+``v_descale`` and bfloat16 output (sm_89 and newer; no window or softcap);
+causal (bottom-right aligned) or not, sliding windows
 (``window_size``, aligned as causal) and logit softcapping (``softcap``),
 GQA/MQA, seqlen_q != seqlen_k, any strides whose head_dim stride is 1.
 Forward only (inference).
@@ -77,6 +80,10 @@ def flash_attn_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    *,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """softmax(q·kᵀ·softmax_scale [causal mask]) · v, flash-attn 2's ``flash_attn_func``.
 
@@ -97,8 +104,11 @@ def flash_attn_func(
         deterministic: accepted and ignored: the forward is deterministic (it is a
             flag of flash-attn's backward, which flash_pipeline does not have).
         return_attn_probs: also return the log-sum-exp.
+        q_descale, k_descale, v_descale: FA3's FP8 arguments: with float8_e4m3fn q, k, v
+            (head dims 64, 128, 256; no window, no softcap), float32 (batch_size, nheads_k)
+            factors that dequantise them (None: 1).
     Return:
-        out: (batch_size, seqlen_q, nheads, headdim), q's dtype, contiguous.
+        out: (batch_size, seqlen_q, nheads, headdim), q's dtype (bfloat16 for float8_e4m3fn), contiguous.
         With return_attn_probs=True, (out, softmax_lse, None): softmax_lse is float32
         (batch_size, nheads, seqlen_q), the log-sum-exp of each row of q·kᵀ·softmax_scale;
         flash-attn's third value S_dmask (the probabilities, for testing) is not produced.
@@ -108,7 +118,9 @@ def flash_attn_func(
     _check_unsupported(dropout_p, alibi_slopes)
     _check_no_grad(q, k, v)
     left, right = _check_window(window_size)
-    out, softmax_lse = torch.ops.flash_pipeline.fwd(q, k, v, softmax_scale, causal, left, right, float(softcap))
+    out, softmax_lse = torch.ops.flash_pipeline.fwd(
+        q, k, v, softmax_scale, causal, left, right, float(softcap), q_descale, k_descale, v_descale
+    )
     return (out, softmax_lse, None) if return_attn_probs else out
 
 

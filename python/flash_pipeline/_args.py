@@ -13,8 +13,14 @@ of (batch, head, seq) and needs the head_dim stride to be 1.
 import operator
 from typing import NamedTuple, Optional, Sequence, Tuple
 
-# torch dtype name -> the extension's name
+# torch dtype name -> the extension's name: the 16-bit dtypes every call takes,
+# and FP8, which dense calls take (q, k and v; the output is bfloat16).
 DTYPES = {"float16": "f16", "bfloat16": "bf16"}
+FP8_DTYPES = {"float8_e4m3fn": "e4m3"}
+# Head dims of FP8 inputs (the extension's supported()["e4m3_head_dims"]).
+E4M3_HEAD_DIMS = (64, 128, 256)
+# FP8 descales: float32 (batch, kv_heads), FA3's names.
+DESCALES = ("q_descale", "k_descale", "v_descale")
 # What the kernels run when the extension cannot be asked (it is the source of truth: _C.supported()).
 DEFAULT_HEAD_DIMS = (64, 96, 128, 192, 256)
 
@@ -42,8 +48,8 @@ def check(q: Meta, k: Meta, v: Meta, head_dims: Sequence[int] = DEFAULT_HEAD_DIM
             raise ValueError(f"{name} is on {m.device}; the kernels need CUDA tensors")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v are on {q.device}, {k.device}, {v.device}; they must be on one CUDA device")
-    if q.dtype not in DTYPES:
-        raise ValueError(f"q dtype is {q.dtype}; the kernels support float16 and bfloat16")
+    if q.dtype not in DTYPES and q.dtype not in FP8_DTYPES:
+        raise ValueError(f"q dtype is {q.dtype}; the kernels support float16, bfloat16 and float8_e4m3fn")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes are {q.dtype}, {k.dtype}, {v.dtype}; they must be equal")
     if tuple(k.shape) != tuple(v.shape):
@@ -55,11 +61,34 @@ def check(q: Meta, k: Meta, v: Meta, head_dims: Sequence[int] = DEFAULT_HEAD_DIM
     if dk != d:
         raise ValueError(f"k head dim is {dk} but q head dim is {d}; they must be equal")
     check_head_dim(d, head_dims)
+    if q.dtype in FP8_DTYPES and d not in E4M3_HEAD_DIMS:
+        raise ValueError(f"q head dim is {d}; float8_e4m3fn inputs take head dims {list(E4M3_HEAD_DIMS)}")
     if hk < 1:
         raise ValueError(f"k has {hk} heads; it needs at least 1")
     if h % hk != 0:
         raise ValueError(f"q has {h} heads and k has {hk}; q heads must be a multiple of kv heads (GQA/MQA)")
-    return DTYPES[q.dtype], (b, h, hk, sq, sk, d)
+    return {**DTYPES, **FP8_DTYPES}[q.dtype], (b, h, hk, sq, sk, d)
+
+
+def out_dtype(dtype: str) -> str:
+    """The output's torch dtype name for inputs of `dtype`: theirs, bfloat16 for FP8 (FA3's)."""
+    return "bfloat16" if dtype in FP8_DTYPES else dtype
+
+
+def check_descale(name: str, m: Optional[Meta], q: Meta, batch: int, kv_heads: int) -> None:
+    """A descale of FP8 inputs: float32 (batch, kv_heads) on q's device, contiguous."""
+    if m is None:
+        return
+    if q.dtype not in FP8_DTYPES:
+        raise ValueError(f"{name} is given but q is {q.dtype}; descales dequantise float8_e4m3fn inputs")
+    if m.dtype != "float32":
+        raise ValueError(f"{name} dtype is {m.dtype}; descales are float32")
+    if tuple(m.shape) != (batch, kv_heads):
+        raise ValueError(f"{name} has shape {tuple(m.shape)}; it must be (batch, nheads_k) = ({batch}, {kv_heads})")
+    if m.device != q.device:
+        raise ValueError(f"{name} is on {m.device}; it must be on q's device {q.device}")
+    if kv_heads > 1 and m.stride[1] != 1 or batch > 1 and m.stride[0] != kv_heads:
+        raise ValueError(f"{name} strides are {tuple(m.stride)}; it must be contiguous (make it .contiguous())")
 
 
 def check_head_dim(d: int, head_dims: Sequence[int]) -> None:
@@ -91,20 +120,31 @@ def forward_args(
     head_dims: Sequence[int] = DEFAULT_HEAD_DIMS,
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    descales: Tuple[Optional[Meta], Optional[Meta], Optional[Meta]] = (None, None, None),
+    descale_ptrs: Tuple[int, int, int] = (0, 0, 0),
 ) -> tuple:
     """The positional arguments of ``_C.forward``, in its order.
 
     ptrs are the device addresses (q, k, v, out, lse; lse 0 = not wanted),
-    lens the elements reachable from the q, k, v, out addresses.
+    lens the elements reachable from the q, k, v, out addresses; descales
+    (FP8 inputs only) those of q_descale, k_descale, v_descale (0: none).
     """
     dtype, dims = check(q, k, v, head_dims)
     window = check_window(window_size)
     softcap = check_softcap(softcap)
-    if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out is {tuple(out.shape)} {out.dtype} on {out.device}; it must match q")
+    if tuple(out.shape) != tuple(q.shape) or out.dtype != out_dtype(q.dtype) or out.device != q.device:
+        raise ValueError(
+            f"out is {tuple(out.shape)} {out.dtype} on {out.device}; it must be q's shape, {out_dtype(q.dtype)}, on q's device"
+        )
+    for name, m in zip(DESCALES, descales):
+        check_descale(name, m, q, dims[0], dims[2])
     strides = tuple(bhs_strides(n, m) for n, m in (("q", q), ("k", k), ("v", v), ("out", out)))
     scale = None if softmax_scale is None else float(softmax_scale)
-    return (*ptrs, dtype, dims, *strides, tuple(lens), bool(causal), window, softcap, scale, device, stream, kernel_dir)
+    ptrs_d = tuple(p if m is not None else 0 for p, m in zip(descale_ptrs, descales))
+    return (
+        *ptrs, dtype, dims, *strides, tuple(lens), bool(causal), window, softcap, scale, device, stream, kernel_dir,
+        DTYPES[out_dtype(q.dtype)], ptrs_d,
+    )
 
 
 def check_window(window_size) -> Tuple[int, int]:
@@ -146,7 +186,7 @@ def serving_view(name: str, m: Meta, packed: bool) -> Tuple[Tuple[int, int, int,
     if not m.device.startswith("cuda"):
         raise ValueError(f"{name} is on {m.device}; the kernels need CUDA tensors")
     if m.dtype not in DTYPES:
-        raise ValueError(f"{name} dtype is {m.dtype}; the kernels support float16 and bfloat16")
+        raise ValueError(f"{name} dtype is {m.dtype}; serving calls take float16 and bfloat16")
     if m.stride[-1] != 1:
         raise ValueError(f"{name} head-dim stride is {m.stride[-1]}; it must be 1 (make it .contiguous())")
     if packed:

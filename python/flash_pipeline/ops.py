@@ -1,15 +1,21 @@
 """The torch custom op ``flash_pipeline::fwd`` over the compiled kernels.
 
-``torch.ops.flash_pipeline.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap) -> (out, lse)``
+``torch.ops.flash_pipeline.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
+q_descale=None, k_descale=None, v_descale=None) -> (out, lse)``
 
 * q (batch, seqlen_q, heads, head_dim), k and v (batch, seqlen_k, kv_heads,
-  head_dim): CUDA, float16 or bfloat16, one dtype and one device, heads a
-  multiple of kv_heads (GQA/MQA: q head h reads kv head h // (heads // kv_heads)).
+  head_dim): CUDA, float16, bfloat16 or float8_e4m3fn, one dtype and one
+  device, heads a multiple of kv_heads (GQA/MQA: q head h reads kv head
+  h // (heads // kv_heads)).
+* float8_e4m3fn inputs (head dims 64, 128, 256; no window, no softcap) may
+  come with FA3's descales, float32 (batch, kv_heads): the scores are
+  q_descale · k_descale · q·kᵀ·scale, the output v_descale · softmax · v, in
+  bfloat16. They run on the portable kernel's e4m3 entries (sm_89 and newer).
 * Any strides are passed to the kernels as they are, except that a tensor
   whose last (head_dim) stride is not 1 is first copied with ``.contiguous()``
   (as flash-attn's ``maybe_contiguous``).
 * out is a new contiguous (batch, seqlen_q, heads, head_dim) tensor of q's
-  dtype; lse is a new float32 (batch, heads, seqlen_q) tensor, the log-sum-exp
+  dtype (bfloat16 for float8_e4m3fn); lse is a new float32 (batch, heads, seqlen_q) tensor, the log-sum-exp
   of each row of q·kᵀ·scale. ``causal`` masks bottom-right aligned (as
   FlashAttention >= 2.1), and so does the sliding window (window_left,
   window_right), FlashAttention's ``window_size`` (-1: unbounded); a softcap
@@ -60,8 +66,9 @@ def _ext():
 
 
 def supported() -> dict:
-    """What the kernels run, from the extension: {"head_dims": [...], "dtypes": ["f16", "bf16"]};
-    the head dims serve dense and serving calls alike."""
+    """What the kernels run, from the extension: {"head_dims": [...], "dtypes": ["f16", "bf16",
+    "e4m3"], "e4m3_head_dims": [...]}; the head dims serve dense and serving calls alike, e4m3
+    (float8_e4m3fn) dense calls at its own head dims."""
     return dict(_ext().supported())
 
 
@@ -94,7 +101,7 @@ def _inputs(q, k, v):
 
 def _outputs(q: torch.Tensor, dims) -> Tuple[torch.Tensor, torch.Tensor]:
     b, h, _, sq, _, d = dims
-    out = q.new_empty((b, sq, h, d))
+    out = q.new_empty((b, sq, h, d), dtype=getattr(torch, _args.out_dtype(_meta(q).dtype)))
     lse = q.new_empty((b, h, sq), dtype=torch.float32)
     return out, lse
 
@@ -114,10 +121,14 @@ def fwd(
     window_left: int,
     window_right: int,
     softcap: float,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     window_left, window_right = _args.check_window((window_left, window_right))
     softcap = _args.check_softcap(softcap)
     q, k, v, dims = _inputs(q, k, v)
+    descales = _descales(q, dims, (q_descale, k_descale, v_descale))
     out, lse = _outputs(q, dims)
     if out.numel() == 0:  # no batch, no heads or no queries: nothing to compute
         return out, lse
@@ -140,14 +151,29 @@ def fwd(
             stream=torch.cuda.current_stream(device).cuda_stream,
             kernel_dir=kernel_dir(),
             head_dims=head_dims(),
+            descales=tuple(None if t is None else _meta(t) for t in descales),
+            descale_ptrs=tuple(0 if t is None else t.data_ptr() for t in descales),
         )
         _ext().forward(*args)
     return out, lse
 
 
+def _descales(q: torch.Tensor, dims, descales) -> tuple:
+    """FP8 descales checked (float32 (batch, kv_heads) on q's device), made contiguous."""
+    checked = []
+    for name, t in zip(_args.DESCALES, descales):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a float32 torch.Tensor or None, not {type(t).__name__}")
+        t = None if t is None else t.contiguous()
+        _args.check_descale(name, None if t is None else _meta(t), _meta(q), dims[0], dims[2])
+        checked.append(t)
+    return tuple(checked)
+
+
 @fwd.register_fake
-def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap):
+def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, q_descale=None, k_descale=None, v_descale=None):
     q, k, v, dims = _inputs(q, k, v)
+    _descales(q, dims, (q_descale, k_descale, v_descale))
     return _outputs(q, dims)
 
 

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use kernel_ffi::tensor::{Desc, Dtype, HEAD_DIMS};
-use kernel_ffi::{Attention, BlockTable, Error, Gpu, KernelChoice, Options, Sequences, Splits, Window};
+use kernel_ffi::tensor::{Desc, Dtype, E4M3_HEAD_DIMS, HEAD_DIMS};
+use kernel_ffi::{Attention, BlockTable, Descales, Error, Gpu, KernelChoice, Options, Sequences, Splits, Window};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -49,7 +49,7 @@ fn py_err(e: Error) -> PyErr {
 /// elements reachable from each of q, k, v and out. `window` is
 /// FlashAttention's `window_size` (−1: unbounded), `softcap` 0 for none.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, dtype, dims, q_strides, k_strides, v_strides, out_strides, lens, causal, window, softcap, scale, device, stream, kernel_dir))]
+#[pyo3(signature = (q, k, v, out, lse, dtype, dims, q_strides, k_strides, v_strides, out_strides, lens, causal, window, softcap, scale, device, stream, kernel_dir, out_dtype, descales))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
     q: u64,
@@ -71,8 +71,11 @@ fn forward(
     device: usize,
     stream: u64,
     kernel_dir: PathBuf,
+    out_dtype: &str,
+    descales: [u64; 3],
 ) -> PyResult<()> {
     let dtype = Dtype::parse(dtype).map_err(PyValueError::new_err)?;
+    let out_dtype = Dtype::parse(out_dtype).map_err(PyValueError::new_err)?;
     let window = Window::from_pair(window.0, window.1).map_err(PyValueError::new_err)?;
     let softcap = (softcap != 0.0).then_some(softcap);
     let (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim) = dims;
@@ -94,11 +97,14 @@ fn forward(
         let q = att.borrow_tensor(&s, q, lens[0], dtype, q_desc);
         let k = att.borrow_tensor(&s, k, lens[1], dtype, k_desc);
         let v = att.borrow_tensor(&s, v, lens[2], dtype, v_desc);
-        let mut o = att.borrow_tensor(&s, out, lens[3], dtype, o_desc);
+        let mut o = att.borrow_tensor(&s, out, lens[3], out_dtype, o_desc);
         let rows = batch.checked_mul(heads).and_then(|n| n.checked_mul(seqlen_q));
         let rows = rows.ok_or_else(|| PyValueError::new_err("batch × heads × seqlen_q overflows"))?;
         let mut l = (lse != 0).then(|| att.borrow_f32(&s, lse, rows));
-        att.forward_on(&s, &q, &k, &v, &mut o, l.as_deref_mut(), &opts).map_err(py_err)?;
+        // Each descale given is (batch, kv_heads) float32, contiguous (flash_pipeline._args).
+        let factors = descales.map(|d| (d != 0).then(|| att.borrow_f32(&s, d, batch.saturating_mul(kv_heads))));
+        let given = Descales { q: factors[0].as_deref(), k: factors[1].as_deref(), v: factors[2].as_deref() };
+        att.forward_descaled_on(&s, &q, &k, &v, given, &mut o, l.as_deref_mut(), &opts).map_err(py_err)?;
     }
     Ok(())
 }
@@ -190,7 +196,8 @@ fn forward_varlen(
 fn supported(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("head_dims", HEAD_DIMS.to_vec())?;
-    d.set_item("dtypes", ["f16", "bf16"])?;
+    d.set_item("dtypes", ["f16", "bf16", "e4m3"])?;
+    d.set_item("e4m3_head_dims", E4M3_HEAD_DIMS.to_vec())?;
     Ok(d)
 }
 

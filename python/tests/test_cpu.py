@@ -95,11 +95,37 @@ def test_forward_args_packed_qkv_slice():
     assert args == (
         10, 20, 30, 40, 0, "f16", (b, h, h, s, s, d),
         (s * 3 * h * d, d, 3 * h * d), (s * 3 * h * d, d, 3 * h * d), (s * 3 * h * d, d, 3 * h * d),
-        (s * h * d, d, h * d), (100, 90, 80, 70), True, (-1, -1), 0.0, None, 0, 1234, "/k",
+        (s * h * d, d, h * d), (100, 90, 80, 70), True, (-1, -1), 0.0, None, 0, 1234, "/k", "f16", (0, 0, 0),
     )
-    assert len(args) == 19  # _C.forward's parameter count
+    assert len(args) == 21  # _C.forward's parameter count
     assert A.forward_args(q, k, v, out, ptrs=(1, 2, 3, 4, 5), lens=(1, 1, 1, 1), causal=False, softmax_scale=0.5,
                           device=1, stream=0, kernel_dir="k")[15] == 0.5
+
+
+def test_fp8_inputs_write_bfloat16_with_fa3_descales():
+    b, s, h, hk, d = 2, 5, 4, 2, 128
+    q, k = meta((b, s, h, d), "float8_e4m3fn"), meta((b, s, hk, d), "float8_e4m3fn")
+    out = meta((b, s, h, d), "bfloat16")
+    scale = meta((b, hk), "float32")
+    common = dict(lens=(1, 1, 1, 1), causal=False, softmax_scale=None, device=0, stream=0, kernel_dir="k")
+    args = A.forward_args(q, k, k, out, ptrs=(1, 2, 3, 4, 0), descales=(scale, None, scale), descale_ptrs=(7, 8, 9), **common)
+    assert args[5] == "e4m3" and args[19:] == ("bf16", (7, 0, 9))
+    with pytest.raises(ValueError, match="out is .* it must be q's shape, bfloat16"):
+        A.forward_args(q, k, k, meta((b, s, h, d), "float8_e4m3fn"), ptrs=(1, 2, 3, 4, 0), **common)
+    with pytest.raises(ValueError, match=r"k_descale has shape \(2, 4\); it must be \(batch, nheads_k\) = \(2, 2\)"):
+        A.forward_args(q, k, k, out, ptrs=(1, 2, 3, 4, 0), descales=(None, meta((b, h), "float32"), None), **common)
+    with pytest.raises(ValueError, match="v_descale dtype is bfloat16; descales are float32"):
+        A.forward_args(q, k, k, out, ptrs=(1, 2, 3, 4, 0), descales=(None, None, meta((b, hk), "bfloat16")), **common)
+    with pytest.raises(ValueError, match="q_descale strides are"):
+        A.forward_args(q, k, k, out, ptrs=(1, 2, 3, 4, 0), descales=(meta((b, hk), "float32", stride=(1, b)), None, None), **common)
+    bf = meta((b, s, h, d), "bfloat16")
+    with pytest.raises(ValueError, match="q_descale is given but q is bfloat16; descales dequantise float8_e4m3fn"):
+        A.forward_args(bf, bf, bf, bf, ptrs=(1, 2, 3, 4, 0), descales=(scale, None, None), **common)
+    q96 = meta((b, s, h, 96), "float8_e4m3fn")
+    with pytest.raises(ValueError, match=r"head dim is 96; float8_e4m3fn inputs take head dims \[64, 128, 256\]"):
+        A.check(q96, q96, q96)
+    with pytest.raises(ValueError, match="serving calls take float16 and bfloat16"):
+        A.serving_view("q", meta((9, 6, 64), "float8_e4m3fn"), packed=True)
 
 
 def test_windows_and_softcaps_as_flash_attn_takes_them():
@@ -246,7 +272,7 @@ def test_op_schema():
     schema = str(torch.ops.flash_pipeline.fwd.default._schema)
     assert schema.startswith(
         "flash_pipeline::fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, SymInt window_left, "
-        "SymInt window_right, float softcap)"
+        "SymInt window_right, float softcap, Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None)"
     )
     assert schema.endswith("-> (Tensor, Tensor)")
 
@@ -263,6 +289,9 @@ def test_fake_impl_shapes():
             qkv = torch.empty(3, 7, 3, 8, 128, dtype=torch.bfloat16, device="cuda")
             out, lse = torch.ops.flash_pipeline.fwd(q, k, k, None, True, 64, -1, 30.0)
             out2, _ = torch.ops.flash_pipeline.fwd(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], 0.1, False, -1, -1, 0.0)
+            q8, k8 = (torch.empty(3, s, h, 128, dtype=torch.float8_e4m3fn, device="cuda") for s, h in ((7, 8), (512, 2)))
+            ds = torch.ones(3, 2, device="cuda")
+            out8, _ = torch.ops.flash_pipeline.fwd(q8, k8, k8, None, False, -1, -1, 0.0, ds, None, ds)
             with pytest.raises(ValueError, match="head dim is 80"):
                 x = torch.empty(1, 4, 2, 80, dtype=torch.float16, device="cuda")
                 torch.ops.flash_pipeline.fwd(x, x, x, None, False, -1, -1, 0.0)
@@ -271,6 +300,7 @@ def test_fake_impl_shapes():
             raise
         pytest.skip(f"fake CUDA tensors unavailable: {e}")
     assert out.shape == (3, 7, 8, 128) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
+    assert out8.shape == (3, 7, 8, 128) and out8.dtype == torch.bfloat16
     assert out.is_contiguous()
     assert lse.shape == (3, 8, 7) and lse.dtype == torch.float32
     assert out2.shape == (3, 7, 8, 128) and out2.is_contiguous()
@@ -611,11 +641,15 @@ def test_the_installed_extension_loads_without_torch():
     ext_spec = importlib.util.spec_from_file_location("flash_pipeline._C", built[0])
     ext = importlib.util.module_from_spec(ext_spec)
     ext_spec.loader.exec_module(ext)
-    assert ext.supported() == {"head_dims": [64, 96, 128, 192, 256], "dtypes": ["f16", "bf16"]}
+    assert ext.supported() == {
+        "head_dims": [64, 96, 128, 192, 256],
+        "dtypes": ["f16", "bf16", "e4m3"],
+        "e4m3_head_dims": [64, 128, 256],
+    }
     assert (folder / "kernels" / "kernel-set.json").is_file()
     with pytest.raises(ValueError, match="unknown dtype"):
         ext.forward(1, 1, 1, 1, 0, "f32", (1, 1, 1, 8, 8, 64), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0),
-                    (8, 8, 8, 8), False, (-1, -1), 0.0, None, 0, 0, str(folder / "kernels"))
+                    (8, 8, 8, 8), False, (-1, -1), 0.0, None, 0, 0, str(folder / "kernels"), "bf16", (0, 0, 0))
     t = (1, [1, 1, 8, 64], [0, 0, 64], 512)
     varlen = dict(cu_seqlens_q=(0, 0), cu_seqlens_k=(0, 0), seqused_k=(0, 0), block_table=(0, 0, 0, 0), seqs=1,
                   max_seqlen_q=8, max_seqlen_k=8, causal=False, window=(-1, -1), softcap=0.0, scale=None, num_splits=0,

@@ -5,7 +5,7 @@ Skipped without torch or without CUDA. Needs the installed wheel (the compiled
 extension and its kernels), or a source tree with them and FA_KERNEL_DIR.
 
 Reference: float64 math on the very inputs the kernel saw (already rounded to
-fp16/bf16), so the only errors measured are the kernel's own: P rounded to
+fp16/bf16; FP8's dequantised, see FP8_TOL), so the only errors measured are the kernel's own: P rounded to
 the input dtype before P·V (relative 2^-11 for fp16, 2^-8 for bf16, on
 outputs that average many values of |v| ~ 1, so well under 1e-3 / 4e-3) and
 the final rounding of out (half an ulp: about 2.4e-4 / 2e-3 for |out| <= 1,
@@ -125,6 +125,69 @@ def test_window_and_softcap_match_reference(shape, mask, d, dtype):
     out, lse, _ = fa.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
                                      return_attn_probs=True)
     check(out, lse, q, k, v, causal, window=window, softcap=softcap)
+
+
+# FP8: float8_e4m3fn inputs with FA3's descales, against the float64 reference of
+# the dequantised inputs. P is quantised to e4m3 (each p off by up to 2^-4 of
+# itself), so out is off by up to 2^-4 · max |v| where those roundings align
+# and far less where they cancel (fa-test measures about 1% relative L2): atol
+# and rtol 6e-2. The scores are exact (e4m3 products, float32 sums): lse keeps
+# LSE_TOL, and a wrong mask, scale or descale of q or k moves it.
+FP8_TOL = dict(atol=6e-2, rtol=6e-2)
+
+
+def dequantised(x8, descale, heads):
+    """x8 (b, s, heads, d) float8 times its (batch, kv head) factor, in float64."""
+    per_head = descale.double().repeat_interleave(heads // descale.shape[1], dim=1)
+    return x8.double() * per_head[:, None, :, None]
+
+
+def needs_fp8():
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("e4m3 entries need sm_89 or newer")
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 8, 2, 300, 700), (1, 4, 4, 513, 129), (3, 8, 2, 1, 512)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_fp8_matches_reference_of_dequantised_inputs(shape, causal, d):
+    needs_fp8()
+    b, h, hk, sq, sk = shape
+    torch.manual_seed(d + sq)
+    q8 = rand(b, sq, h, d, dtype=torch.float32).to(torch.float8_e4m3fn)
+    k8, v8 = (rand(b, sk, hk, d, dtype=torch.float32).to(torch.float8_e4m3fn) for _ in range(2))
+    qd, kd, vd = (torch.rand(b, hk, device=DEV) * 1.5 + 0.5 for _ in range(3))
+    out, lse, _ = fa.flash_attn_func(
+        q8, k8, v8, causal=causal, return_attn_probs=True, q_descale=qd, k_descale=kd, v_descale=vd
+    )
+    assert out.shape == q8.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+    ref_out, ref_lse = reference(dequantised(q8, qd, h), dequantised(k8, kd, hk), dequantised(v8, vd, hk), causal)
+    torch.testing.assert_close(out.double(), ref_out, **FP8_TOL)
+    torch.testing.assert_close(lse.double(), ref_lse, **LSE_TOL)
+    # No descales: factors of 1.
+    plain = fa.flash_attn_func(q8, k8, v8, causal=causal)
+    ref_plain, _ = reference(q8.double(), k8.double(), v8.double(), causal)
+    torch.testing.assert_close(plain.double(), ref_plain, **FP8_TOL)
+
+
+def test_fp8_rules_raise_before_any_launch():
+    needs_fp8()
+    q8 = torch.zeros(2, 16, 4, 128, device=DEV, dtype=torch.float8_e4m3fn)
+    k8 = torch.zeros(2, 16, 2, 128, device=DEV, dtype=torch.float8_e4m3fn)
+    ones = torch.ones(2, 2, device=DEV)
+    with pytest.raises(ValueError, match=r"k_descale has shape \(2, 4\); it must be \(batch, nheads_k\)"):
+        fa.flash_attn_func(q8, k8, k8, k_descale=torch.ones(2, 4, device=DEV))
+    with pytest.raises(ValueError, match="q_descale dtype is float16; descales are float32"):
+        fa.flash_attn_func(q8, k8, k8, q_descale=ones.half())
+    bf = torch.zeros(2, 16, 4, 128, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="v_descale is given but q is bfloat16"):
+        fa.flash_attn_func(bf, bf, bf, v_descale=torch.ones(2, 4, device=DEV))
+    x = torch.zeros(1, 4, 2, 96, device=DEV, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"float8_e4m3fn inputs take head dims \[64, 128, 256\]"):
+        fa.flash_attn_func(x, x, x)
+    with pytest.raises(RuntimeError, match="no window, no softcap"):
+        fa.flash_attn_func(q8, k8, k8, window_size=(4, 0))
 
 
 def test_softmax_scale_and_plain_return():
