@@ -223,10 +223,11 @@ fn forward_checks_every_rule_before_it_allocates_or_launches() {
     let text =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernel-ffi/src/attention/mod.rs"))
             .unwrap();
-    let body = text.split("pub fn forward_on(").nth(1).expect("Attention::forward_on in attention/mod.rs");
+    let body =
+        text.split("pub fn forward_descaled_on(").nth(1).expect("Attention::forward_descaled_on in attention/mod.rs");
     let at = |what: &str| body.find(what).unwrap_or_else(|| panic!("forward no longer calls {what}"));
     let first_cuda = at("self.alloc_partials(").min(at("self.launch_"));
-    for check in ["validate::forward(", "validate::aligned(", "Grid::new("] {
+    for check in ["validate::forward(", "validate::descales(", "validate::aligned(", "Grid::new("] {
         assert!(at(check) < first_cuda, "forward calls {check} after its first allocation or launch");
     }
 }
