@@ -41,6 +41,17 @@ struct Fp8Params {
   const float* v_descale;
 };
 
+// One e4m3 tensor [B, H, S, D] (element strides of batch, head, row) times
+// its (batch, K/V head) factor (`descale`, [B, Hkv] contiguous, or null for 1;
+// head h's K/V head is h / group), written contiguous [B, S, H, D] in f16 or bf16.
+struct DequantParams {
+  const void* src;
+  void* dst;
+  const float* descale;
+  int64_t batch_stride, head_stride, row_stride;
+  int32_t batch, heads, rows, head_dim, kv_heads, group;
+};
+
 // A CUtensorMap's bytes, encoded on the host by cuTensorMapEncodeTiled and read
 // by TMA from kernel parameter space (hence __grid_constant__ parameters).
 struct alignas(64) TmaDesc {

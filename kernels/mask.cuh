@@ -23,6 +23,13 @@
 
 namespace fa {
 
+// FA_PLANT_MASK_OFF_BY_ONE (proving fa-test's tolerances): causal rows see one key more.
+#ifdef FA_PLANT_MASK_OFF_BY_ONE
+inline constexpr int kPlantedExtraKey = 1;
+#else
+inline constexpr int kPlantedExtraKey = 0;
+#endif
+
 template <bool END, bool BEGIN>
 struct KeyBand {
   static constexpr bool kEnd = END, kBegin = BEGIN;
@@ -30,11 +37,7 @@ struct KeyBand {
 
   KeyBand() = default;
   __device__ __forceinline__ KeyBand(const FlashParams& p, int diag)
-#ifdef FA_PLANT_MASK_OFF_BY_ONE
-      : lo(diag - p.window_left), hi(BEGIN ? diag + p.window_right : diag + 1) {}  // planted: one key too many
-#else
-      : lo(diag - p.window_left), hi(BEGIN ? diag + p.window_right : diag) {}
-#endif
+      : lo(diag - p.window_left), hi(BEGIN ? diag + p.window_right : diag + kPlantedExtraKey) {}
 
   // One past the last key rows up to `last_row` see (kEnd).
   __device__ __forceinline__ int end_after(int last_row) const { return last_row + 1 + hi; }

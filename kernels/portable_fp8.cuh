@@ -6,12 +6,14 @@
 //   Fp8Config             tiles per head dim
 //   WarpMma<e4m3x2, Cfg>  Q·Kᵀ and P·V on m16n8k32, P quantised as it enters
 //   Fp8Descale            the (batch, K/V head)'s factors
+// and dequantise_e4m3, which turns an e4m3 tensor into a 16-bit one for the
+// Hopper kernel (it has no e4m3 entries; kernel-ffi's forward_dequantised).
 //
 // Numerics. Q·Kᵀ is exact in fp32 (products of e4m3 values, 32-term sums). Its
 // factors q_descale · k_descale join the softmax scale, so the row max, the sums
 // and the LSE are those of the dequantised scores. P (p ≤ 1) is quantised as
 // 2^8 · p, FA3's offset: e4m3 keeps 3 significand bits down to 2^-6, so
-// p ≥ 2^-14 keeps them and p < 2^-17 flushes to 0 (about e^-11.8 below the row
+// p ≥ 2^-14 keeps them and p < 2^-18 flushes to 0 (about e^-12.5 below the row
 // max), where unscaled p would lose them under 2^-6. The row sums are fp32
 // from the unquantised p, and O = v_descale · 2^-8 · Σ P̃ V / l: P̃'s rounding
 // (at most 2^-4 relative) is the error the output carries.
@@ -258,7 +260,57 @@ __device__ __forceinline__ void flash_fwd_e4m3(const Fp8Params& fp) {
   portable_epilogue<Out, Cfg>(p, DenseRows(p, blk), blk.split, grp, wr, w0, o, softmax);
 }
 
+// Sixteen e4m3 values (one 16-byte chunk) to f16 pairs (cvt.f16x2.e4m3x2, exact).
+__device__ __forceinline__ void unpack_e4m3x16(const uint4& in, __half2 (&out)[8]) {
+  const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint16_t pair = (uint16_t)(w[i / 2] >> (16 * (i % 2)));
+    uint32_t h = 0;
+#if __CUDA_ARCH__ >= 890
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(pair));
+#else
+    __trap();
+#endif
+    out[i] = *reinterpret_cast<__half2*>(&h);
+  }
+}
+
+// A tensor's e4m3 values times their factor, as Out (DequantParams): a thread
+// per 16-byte chunk, rows taken in the output's [B, S, H] order so that the
+// stores are contiguous. f16 keeps e4m3 exactly; the factor's product rounds
+// once, to Out.
+template <typename Out>
+__device__ __forceinline__ void dequantise_e4m3(const DequantParams& p) {
+  const int chunks = p.head_dim / 16;
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (int64_t)p.batch * p.rows * p.heads * chunks) return;
+  const int c = (int)(i % chunks);
+  const int64_t row = i / chunks;  // (b · rows + s) · heads + h
+  const int h = (int)(row % p.heads), s = (int)(row / p.heads % p.rows), b = (int)(row / p.heads / p.rows);
+  const float f = p.descale != nullptr ? p.descale[b * p.kv_heads + h / p.group] : 1.f;
+  const unsigned char* src = static_cast<const unsigned char*>(p.src) + b * p.batch_stride + h * p.head_stride +
+                             (int64_t)s * p.row_stride + 16 * c;
+  __half2 in[8];
+  unpack_e4m3x16(*reinterpret_cast<const uint4*>(src), in);
+  uint32_t out[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 x = __half22float2(in[j]);
+    out[j] = Dtype<Out>::pack(x.x * f, x.y * f);
+  }
+  uint4* dst = reinterpret_cast<uint4*>(static_cast<Out*>(p.dst) + row * p.head_dim + 16 * c);
+  dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
 }  // namespace fa
+
+// The dequantisation entries: dequantise_e4m3_<out dtype>, 256 threads a block.
+#define FA_DEQUANTISE_ENTRY(OUT, DT)                                                                  \
+  extern "C" __global__ void __launch_bounds__(256) dequantise_e4m3_##DT(const fa::DequantParams p) { \
+    fa::dequantise_e4m3<OUT>(p);                                                                      \
+  }
 
 // One stable extern "C" entry: flash_fwd_e4m3_<out dtype>_d<D>[_causal].
 #define FA_E4M3_ENTRY(OUT, D, MASK, NAME)                                                                   \

@@ -55,7 +55,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         let arg = |name| Arg { name, dtype: Dtype::F16, desc, len: desc.span() };
         let problem = tensor::validate(arg("q"), arg("k"), arg("v"), arg("out"), None)?;
         let opts = Options { causal, ..Options::default() };
-        let family = att.resolve(&problem, Dtype::F16, opts.choice.variant)?;
+        let family = att.resolve(&problem, opts.choice.variant)?;
         let plan = att.plan(&problem, Dtype::F16, &opts)?;
         println!(
             "f16 B{batch} H{heads} S{seqlen} D{head_dim}{}: {} kernel, {} split(s) of {} keys; \

@@ -72,6 +72,33 @@ pub struct Fp8Params {
     pub v_descale: u64,
 }
 
+/// One e4m3 tensor dequantised into a contiguous [B, S, H, D] 16-bit one
+/// (fa::DequantParams).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DequantParams {
+    /// The e4m3 tensor.
+    pub src: u64,
+    /// The output, [B, S, H, D] contiguous.
+    pub dst: u64,
+    /// Its factors, fp32 [B, Hkv] contiguous, or 0 for 1.
+    pub descale: u64,
+    /// The source's batch, head and row strides, in elements.
+    pub strides: [i64; 3],
+    /// B.
+    pub batch: i32,
+    /// H: the tensor's heads.
+    pub heads: i32,
+    /// S.
+    pub rows: i32,
+    /// D.
+    pub head_dim: i32,
+    /// Hkv: the descale's second dim.
+    pub kv_heads: i32,
+    /// Heads per K/V head (head h's factor is column h / group).
+    pub group: i32,
+}
+
 /// The bytes of a `CUtensorMap` (fa::TmaDesc).
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy)]
@@ -295,6 +322,8 @@ pub struct ReferenceParams {
 unsafe impl DeviceRepr for FlashParams {}
 // SAFETY: #[repr(C)] plain data mirroring fa::Fp8Params (kernels/flash_params.h).
 unsafe impl DeviceRepr for Fp8Params {}
+// SAFETY: #[repr(C)] plain data mirroring fa::DequantParams (kernels/flash_params.h).
+unsafe impl DeviceRepr for DequantParams {}
 // SAFETY: as above, mirrors fa::HopperParams (four 64-byte-aligned 128-byte tensor maps, FlashParams,
 // then HopperSched: an int32_t, five FastDiv of three uint32_t, a pointer as u64 and two
 // int32_t).
@@ -315,6 +344,7 @@ const _: () = assert!(std::mem::size_of::<FlashParams>() == 7 * 8 + 12 * 8 + 12 
 // Four tensor maps, FlashParams at offset 512, HopperSched right after it, padded
 // to the 64-byte alignment.
 const _: () = assert!(std::mem::size_of::<Fp8Params>() == std::mem::size_of::<FlashParams>() + 3 * 8);
+const _: () = assert!(std::mem::size_of::<DequantParams>() == 6 * 8 + 6 * 4);
 const _: () = assert!(std::mem::size_of::<HopperSched>() == 4 + 5 * 12 + 8 + 2 * 4);
 const _: () = assert!(std::mem::offset_of!(HopperSched, order) == 4 + 5 * 12);
 const _: () = assert!(std::mem::offset_of!(HopperParams, p) == 512);

@@ -7,10 +7,12 @@ q_descale=None, k_descale=None, v_descale=None) -> (out, lse)``
   head_dim): CUDA, float16, bfloat16 or float8_e4m3fn, one dtype and one
   device, heads a multiple of kv_heads (GQA/MQA: q head h reads kv head
   h // (heads // kv_heads)).
-* float8_e4m3fn inputs (head dims 64, 128, 256; no window, no softcap) may
-  come with FA3's descales, float32 (batch, kv_heads): the scores are
+* float8_e4m3fn inputs (head dims 64, 128, 256) may come with FA3's
+  descales, float32 (batch, kv_heads): the scores are
   q_descale · k_descale · q·kᵀ·scale, the output v_descale · softmax · v, in
-  bfloat16. They run on the portable kernel's e4m3 entries (sm_89 and newer).
+  bfloat16. They run on the portable kernel's e4m3 entries (sm_89 and newer;
+  no window, no softcap) or, on H100/H200, dequantised to bfloat16 on the
+  Hopper kernel (every mask).
 * Any strides are passed to the kernels as they are, except that a tensor
   whose last (head_dim) stride is not 1 is first copied with ``.contiguous()``
   (as flash-attn's ``maybe_contiguous``).

@@ -230,6 +230,12 @@ fn forward_checks_every_rule_before_it_allocates_or_launches() {
     for check in ["validate::forward(", "validate::descales(", "validate::aligned(", "Grid::new("] {
         assert!(at(check) < first_cuda, "forward calls {check} after its first allocation or launch");
     }
+    // e4m3 inputs on the Hopper kernel: its entry and the pointers checked before any dequantisation.
+    let body = text.split("fn forward_dequantised(").nth(1).expect("forward_dequantised in attention/mod.rs");
+    let at = |what: &str| body.find(what).unwrap_or_else(|| panic!("forward_dequantised no longer calls {what}"));
+    for check in ["self.choose_entry(", "validate::aligned("] {
+        assert!(at(check) < at("self.dequantise("), "forward_dequantised calls {check} after it allocates");
+    }
 }
 
 #[test]

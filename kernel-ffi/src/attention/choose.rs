@@ -10,17 +10,10 @@ use crate::tensor::{Dtype, Problem};
 impl Attention {
     /// The family `forward` runs for this problem: `Auto` takes the Hopper kernel
     /// where loaded, compiled for the head dim and measured faster
-    /// (`planner::prefer_hopper`); e4m3 inputs run on the portable kernel.
-    pub fn resolve(&self, p: &Problem, precision: impl Into<Precision>, variant: Variant) -> Result<Family> {
+    /// (`planner::prefer_hopper`). The Hopper kernel has no e4m3 entries: e4m3
+    /// inputs reach it dequantised to the output's dtype (`forward_descaled_on`).
+    pub fn resolve(&self, p: &Problem, variant: Variant) -> Result<Family> {
         let hopper_dim = self.has_head_dim(Family::Hopper, p.head_dim);
-        if precision.into().input == Dtype::E4m3 {
-            return match variant {
-                Variant::Hopper => Err(Error::Unsupported(
-                    "the Hopper kernel has no e4m3 entries; use the portable variant (or auto)".into(),
-                )),
-                Variant::Auto | Variant::Portable => Ok(Family::Portable),
-            };
-        }
         match variant {
             Variant::Auto if self.has_hopper() && hopper_dim && planner::prefer_hopper(p.seqlen_k) => {
                 Ok(Family::Hopper)
@@ -49,7 +42,7 @@ impl Attention {
     /// The split plan `forward` would use for this problem.
     pub fn plan(&self, p: &Problem, precision: impl Into<Precision>, opts: &Options) -> Result<Plan> {
         let precision = precision.into();
-        let family = self.resolve(p, precision, opts.choice.variant)?;
+        let family = self.resolve(p, opts.choice.variant)?;
         Ok(self.choose_entry(family, precision, p, opts)?.plan)
     }
 
@@ -155,8 +148,9 @@ impl Attention {
             .ok_or_else(|| {
                 if found.is_empty() && precision.input == Dtype::E4m3 {
                     Error::Unsupported(format!(
-                        "{base} is not loaded: e4m3 entries are built for sm_89 and newer ({} is {}), head dims \
-                         {:?}, no mask or a causal one (no window, no softcap); cast the inputs to bf16 for the rest",
+                        "{base} is not loaded: the portable kernel's e4m3 entries are built for sm_89 and newer \
+                         ({} is {}), head dims {:?}, no mask or a causal one (no window, no softcap); on sm_90 the \
+                         Hopper kernel runs e4m3 dequantised (variant auto or hopper); else cast the inputs to bf16",
                         self.device.name,
                         self.device.compute_capability,
                         crate::tensor::E4M3_HEAD_DIMS

@@ -13,11 +13,13 @@ use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use super::memory::{device_ptr, strides};
 use super::{Attention, Chosen, Descales, Family, Kernel, Tensor};
 use crate::error::{CudaContext, Error, Result};
-use crate::params::{CombineParams, FastDiv, FlashParams, Fp8Params, HopperParams, HopperSched, TmaDesc};
+use crate::params::{
+    CombineParams, DequantParams, FastDiv, FlashParams, Fp8Params, HopperParams, HopperSched, TmaDesc,
+};
 use crate::planner::{self, Plan};
 use crate::schema::EntryRecord;
 use crate::scores::Scores;
-use crate::tensor::{Desc, Dtype, Problem};
+use crate::tensor::{Desc, Dtype, Layout, Problem};
 
 /// What a forward call launched: the entry the planner (or the caller's
 /// [`KernelChoice`](crate::KernelChoice)) chose and its grid.
@@ -37,6 +39,9 @@ pub struct Launched {
     pub key_groups: u32,
     /// Whether its CTAs were persistent.
     pub persistent: bool,
+    /// e4m3 inputs dequantised into 16-bit scratch for it (the Hopper kernel,
+    /// which has no e4m3 entries).
+    pub dequantised: bool,
 }
 
 impl Launched {
@@ -174,6 +179,53 @@ impl Attention {
         // splits·B·H·Sq(·D). The buffers outlive the launch because the stream frees in order.
         unsafe { s.launch_builder(&c.kern.func).arg(params).launch(grid.cfg) }.cuda(format!("launching {}", c.name))?;
         Ok(())
+    }
+
+    /// `t` (e4m3) times its descale into new 16-bit scratch of `dtype`, [B, S, H, D]
+    /// contiguous (`group`: heads per descale column), enqueued on `s`.
+    pub(super) fn dequantise(
+        &self,
+        s: &Arc<CudaStream>,
+        t: &Tensor,
+        descale: Option<&CudaSlice<f32>>,
+        kv_heads: usize,
+        group: usize,
+        dtype: Dtype,
+    ) -> Result<Tensor> {
+        let name = format!("dequantise_e4m3_{}", dtype.name());
+        let kern = self.kernel(&name)?;
+        let [batch, heads, rows, head_dim] = t.desc.dims;
+        let desc = Desc::new(t.desc.dims, Layout::Bshd);
+        // SAFETY: every element is written by the launch below before anything reads it
+        // (a thread per 16-byte chunk of every row); stream-ordered on `s`, freed there.
+        let data =
+            unsafe { s.alloc::<u8>((desc.span() * dtype.bytes()).max(16)) }.cuda("allocating dequantised inputs")?;
+        let chunks = desc.numel() as u64 / 16;
+        if chunks == 0 {
+            return Ok(Tensor { data, dtype, desc });
+        }
+        let blocks = u32::try_from(chunks.div_ceil(256))
+            .map_err(|_| Error::Unsupported(format!("{name}: {chunks} chunks need more than 2^32 blocks")))?;
+        let params = DequantParams {
+            src: device_ptr(&t.data, s),
+            dst: device_ptr(&data, s),
+            descale: descale.map_or(0, |d| device_ptr(d, s)),
+            strides: strides(&t.desc),
+            batch: batch as i32,
+            heads: heads as i32,
+            rows: rows as i32,
+            head_dim: head_dim as i32,
+            kv_heads: kv_heads as i32,
+            group: group as i32,
+        };
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matches `dequantise_e4m3_<out dtype>(const DequantParams p)` in
+        // kernels/flash_fwd_e4m3.cu. `t` was validated (its rows inside its buffer, strides
+        // multiples of 16 elements, its pointer 16-byte aligned: validate::aligned); `data`
+        // holds its elements as `dtype`; the descale holds batch × kv_heads floats
+        // (validate::descales); threads past the last chunk return.
+        unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;
+        Ok(Tensor { data, dtype, desc })
     }
 
     /// An e4m3 entry takes the portable entries' parameters (strides in pairs of

@@ -225,9 +225,12 @@ impl Attention {
         let p = validate::forward(q, k, v, out, lse.as_deref(), opts.scale)?;
         validate::descales(&descales, q.dtype, &p)?;
         let precision = Precision { input: q.dtype, output: out.dtype };
-        let family = self.resolve(&p, precision, opts.choice.variant)?;
+        let family = self.resolve(&p, opts.choice.variant)?;
         if p.rows() == 0 {
             return Ok(Launched { family, ..Launched::default() }); // empty result: nothing to launch
+        }
+        if q.dtype == Dtype::E4m3 && family == Family::Hopper {
+            return self.forward_dequantised(stream, [q, k, v], descales, out, lse, opts, &p);
         }
         let chosen = self.choose_entry(family, precision, &p, opts)?;
         // Every rule is checked before the first allocation or launch.
@@ -255,6 +258,31 @@ impl Attention {
             block_m: geometry.block_m,
             key_groups: geometry.key_groups,
             persistent: geometry.persistent,
+            dequantised: false,
         })
+    }
+
+    /// e4m3 inputs on the Hopper kernel, which has no e4m3 entries: each is
+    /// dequantised (times its descale) into 16-bit scratch of out's dtype, which
+    /// the 16-bit call then runs on. Its entry and every rule are checked first.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_dequantised(
+        &self,
+        s: &Arc<CudaStream>,
+        [q, k, v]: [&Tensor; 3],
+        descales: Descales,
+        out: &mut Tensor,
+        lse: Option<&mut CudaSlice<f32>>,
+        opts: &Options,
+        p: &crate::tensor::Problem,
+    ) -> Result<Launched> {
+        self.choose_entry(Family::Hopper, Precision::from(out.dtype), p, opts)?;
+        validate::aligned([("q", q), ("k", k), ("v", v), ("out", out)], s)?;
+        let group = p.heads / p.kv_heads;
+        let q = self.dequantise(s, q, descales.q, p.kv_heads, group, out.dtype)?;
+        let k = self.dequantise(s, k, descales.k, p.kv_heads, 1, out.dtype)?;
+        let v = self.dequantise(s, v, descales.v, p.kv_heads, 1, out.dtype)?;
+        let launched = self.forward_descaled_on(s, &q, &k, &v, Descales::default(), out, lse, opts)?;
+        Ok(Launched { dequantised: true, ..launched })
     }
 }

@@ -215,6 +215,7 @@ impl Attention {
             block_m,
             key_groups: 1,
             persistent: false,
+            dequantised: false,
         })
     }
 
@@ -236,7 +237,7 @@ impl Attention {
                 })
             }
             Variant::Hopper => {
-                self.resolve(&p.tensors, dtype, Variant::Hopper)?; // the device's error, where it has no Hopper kernel
+                self.resolve(&p.tensors, Variant::Hopper)?; // the device's error, where it has no Hopper kernel
                 match unfit {
                     Some(why) => Err(Error::Unsupported(format!("{why}; use the portable variant (or auto)"))),
                     None => Ok(Family::Hopper),

@@ -14,8 +14,8 @@ use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, SkippedCase, TestCase, TestRun, WorkerReply};
 use kernel_ffi::tensor::{E4M3_HEAD_DIMS, HEAD_DIMS};
 use kernel_ffi::{
-    Attention, Desc, Descales, Dtype, KernelChoice, Layout, Options, Precision, Problem, Scores, Splits, Variant,
-    Window,
+    Attention, Desc, Descales, Dtype, Family, KernelChoice, Layout, Options, Precision, Problem, Scores, Splits,
+    Variant, Window,
 };
 
 /// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
@@ -450,9 +450,10 @@ fn matrix() -> Vec<Case> {
     cases
 }
 
-/// The e4m3 entries (head dims E4M3_HEAD_DIMS, no mask or causal, f16 and bf16
-/// output): lengths off every tile, Sq ≠ Sk both ways (causal rows without
-/// keys), 1 and 0, GQA, both layouts, each split mode, and plain or
+/// e4m3 inputs (head dims E4M3_HEAD_DIMS, no mask or causal, f16 and bf16
+/// output) on the portable kernel's e4m3 entries and, dequantised, on the
+/// Hopper kernel: lengths off every tile, Sq ≠ Sk both ways (causal rows
+/// without keys), 1 and 0, GQA, both layouts, each split mode, and plain or
 /// outlier-heavy inputs, every case with random descales. `every`: one case in
 /// that many (the sanitize set's share).
 fn e4m3_cases(every: usize) -> Vec<Case> {
@@ -484,6 +485,8 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
                         fp8: Some(Fp8 { out, outliers: i % 2 == 1 }),
                         choice: PORTABLE,
                     });
+                    let hopper = KernelChoice { variant: Variant::Hopper, ..PORTABLE };
+                    cases.push(Case { choice: hopper, ..cases[cases.len() - 1].clone() });
                 }
             }
         }
@@ -553,8 +556,8 @@ fn outliers(
 }
 
 /// The values of a [B, heads, S, D] tensor times their (batch, K/V head)'s
-/// factor (`factors`: [B, kv_heads]).
-fn dequantise(desc: &Desc, vals: &mut [f32], factors: &[f32], kv_heads: usize) {
+/// factor (`factors`: [B, kv_heads]), each rounded to `rounded` where given.
+fn dequantise(desc: &Desc, vals: &mut [f32], factors: &[f32], kv_heads: usize, rounded: Option<Dtype>) {
     let [batch, heads, seq, d] = desc.dims;
     let group = heads / kv_heads.max(1);
     for b in 0..batch {
@@ -562,7 +565,9 @@ fn dequantise(desc: &Desc, vals: &mut [f32], factors: &[f32], kv_heads: usize) {
             let f = factors[b * kv_heads + h / group.max(1)];
             for s in 0..seq {
                 let off = desc.offset(b, h, s);
-                vals[off..off + d].iter_mut().for_each(|x| *x *= f);
+                for x in &mut vals[off..off + d] {
+                    *x = rounded.map_or(*x * f, |r| r.to_f32(r.from_f32(*x * f)));
+                }
             }
         }
     }
@@ -590,11 +595,13 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
             outliers(dtype, &qd, &mut qb, &mut qv, |_, s, _| s % 29 == 3);
             outliers(dtype, &kd, &mut kb, &mut kv, |_, _, x| x % 17 == 5);
         }
-        // Factors per (batch, K/V head); the reference takes the dequantised values.
+        // Factors per (batch, K/V head); the reference takes the dequantised values,
+        // rounded to the output's dtype where the Hopper kernel runs them so.
         let factors: [Vec<f32>; 3] = std::array::from_fn(|_| (0..b * hkv).map(|_| rng.uniform(0.5, 2.0)).collect());
-        dequantise(&qd, &mut qv, &factors[0], hkv);
-        dequantise(&kd, &mut kv, &factors[1], hkv);
-        dequantise(&kd, &mut vv, &factors[2], hkv);
+        let rounded = (case.choice.variant == Variant::Hopper).then_some(out_dtype);
+        dequantise(&qd, &mut qv, &factors[0], hkv, rounded);
+        dequantise(&kd, &mut kv, &factors[1], hkv, rounded);
+        dequantise(&kd, &mut vv, &factors[2], hkv, rounded);
         descales = Some(factors);
     }
     let q = att.upload(dtype, qd, &qb)?;
@@ -666,7 +673,9 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
         Some(g) => compare_lse(g, &want_lse),
         None => (0.0, 0),
     };
-    let (tol_rel_l2, tol_max_abs, tol_lse) = tolerances(dtype);
+    // The Hopper kernel runs e4m3 inputs dequantised to 16 bits: that dtype's numerics.
+    let (tol_rel_l2, tol_max_abs, tol_lse) =
+        tolerances(if case.choice.variant == Variant::Hopper { out_dtype } else { dtype });
     let passed = errs.non_finite == 0
         && lse_bad == 0
         && errs.rel_l2 <= tol_rel_l2
@@ -918,7 +927,12 @@ fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCa
 fn has_geometry(att: &Attention, c: &Case) -> bool {
     c.choice.variant.family().is_none_or(|family| {
         let Ok(scores) = c.scores() else { return true }; // the case reports the error
-        let loaded = att.geometries(family, c.precision(), c.head_dim, scores);
+        // The Hopper kernel runs e4m3 inputs dequantised, on its entries of the output's dtype.
+        let precision = match family {
+            Family::Hopper => Precision::from(c.precision().output),
+            Family::Portable => c.precision(),
+        };
+        let loaded = att.geometries(family, precision, c.head_dim, scores);
         loaded.iter().any(|&(m, g, pers)| {
             c.choice.block_m.is_none_or(|cm| cm == m)
                 && c.choice.key_groups.is_none_or(|cg| cg == g)
