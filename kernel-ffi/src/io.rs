@@ -347,6 +347,24 @@ mod tests {
     }
 
     #[test]
+    fn e4m3_tensors_and_their_descales() {
+        let mut f = file(&[
+            ("q", StDtype::F8_E4M3, vec![1, 2, 3, 64]),
+            ("k", StDtype::F8_E4M3, vec![1, 2, 3, 64]),
+            ("v", StDtype::F8_E4M3, vec![1, 2, 3, 64]),
+            ("v_descale", StDtype::F32, vec![1, 2]),
+        ]);
+        let [q, ..] = read_qkv(&f, Layout::Bhsd).unwrap();
+        assert_eq!((q.dtype, q.bits.len()), (Dtype::E4m3, 2 * 3 * 64), "one element a byte");
+        let [qd, kd, vd] = read_descales(&f).unwrap();
+        assert!(qd.is_none() && kd.is_none());
+        assert_eq!(vd, Some((vec![0.0, 0.0], vec![1, 2])));
+        f = file(&[("k_descale", StDtype::BF16, vec![1, 2])]);
+        let e = read_descales(&f).unwrap_err().to_string();
+        assert!(e.contains("`k_descale` is BF16; descales are F32 [batch, kv_heads]"), "{e}");
+    }
+
+    #[test]
     fn clear_errors() {
         let err = |f: &[u8]| read_qkv(f, Layout::Bhsd).unwrap_err().to_string();
         let e = err(&file(&[("q", StDtype::F16, vec![1, 1, 1, 64]), ("v", StDtype::F16, vec![1, 1, 1, 64])]));
