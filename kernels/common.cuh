@@ -59,7 +59,7 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// FP8 (e4m3, sm_89+): two elements, as the FP8 entries' tiles move them (a
+// FP8 (e4m3; mma.sync from sm_89): two elements, as the FP8 entries' tiles move them (a
 // 16-bit column each: the tiles, copies and ldmatrix reads of the 16-bit
 // entries, over D / 2 columns a row).
 struct e4m3x2 {

@@ -1,5 +1,5 @@
 // Stable extern "C" entry points of the portable kernel over e4m3 inputs
-// (sm_89+): flash_fwd_e4m3_<out dtype>_d<64|128|256>[_causal], O in f16 or bf16.
+// (sm_89, sm_90): flash_fwd_e4m3_<out dtype>_d<64|128|256>[_causal], O in f16 or bf16.
 // A split launch's partials are merged by the 16-bit sources' combine entries.
 // dequantise_e4m3_<out dtype>: e4m3 inputs for the Hopper kernel (kernel-ffi).
 #include "portable_fp8.cuh"

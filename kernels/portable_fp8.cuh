@@ -1,4 +1,4 @@
-// The portable kernel over e4m3 inputs (sm_89+: mma.sync m16n8k32): Q, K and V
+// The portable kernel over e4m3 inputs (built for sm_89 and sm_90: mma.sync m16n8k32): Q, K and V
 // in e4m3 with factors per (batch, K/V head), O in f16 or bf16. The dense
 // kernel's parts run unchanged over tiles of e4m3 pairs (a 16-bit column holds
 // two elements, kTileCols = D / 2 a row): the block, key range, mask, cp.async

@@ -97,7 +97,8 @@ pub fn check_choice(
 }
 
 /// (family, query rows, key groups, persistent) of the manifest's forward entries
-/// of `families` for (dtype, head dim, scores).
+/// of `families` for (precision, head dim, scores): e4m3 inputs with no e4m3
+/// entry for the scores run dequantised, on the output dtype's entries.
 fn entry_geometries(
     manifest: &Manifest,
     families: &[Family],
@@ -107,14 +108,17 @@ fn entry_geometries(
 ) -> Vec<(Family, u32, u32, bool)> {
     let mut out = Vec::new();
     for &family in families {
-        let base = family.entry_stem(precision, head_dim, scores);
-        for name in [format!("{base}_m64"), base.clone(), format!("{base}_kg2")] {
-            for name in [name.clone(), format!("{name}_persistent")] {
-                if let Some(l) = manifest.kernel(&name).and_then(|k| k.launch) {
-                    out.push((family, l.block_m, l.key_groups, l.persistent));
-                }
-            }
-        }
+        let of = |precision| {
+            let base = family.entry_stem(family.entry_precision(precision), head_dim, scores);
+            [format!("{base}_m64"), base.clone(), format!("{base}_kg2")]
+                .into_iter()
+                .flat_map(|name| [name.clone(), format!("{name}_persistent")])
+                .filter_map(|name| manifest.kernel(&name).and_then(|k| k.launch))
+                .map(|l| (family, l.block_m, l.key_groups, l.persistent))
+                .collect::<Vec<_>>()
+        };
+        let native = of(precision);
+        out.extend(if native.is_empty() { of(Precision::from(precision.output)) } else { native });
     }
     out
 }
@@ -173,6 +177,26 @@ mod tests {
         assert!(e.contains("--block-m 64 --key-groups 2"), "{e}");
         // The portable kernel's entries are not persistent.
         assert!(check(choice(Variant::Portable, None, None, Some(true)), true).is_err());
+    }
+
+    #[test]
+    fn e4m3_calls_take_the_portable_e4m3_entries_or_the_hopper_16_bit_ones() {
+        let m = manifest();
+        let fp8 = crate::Precision { input: crate::Dtype::E4m3, output: crate::Dtype::Bf16 };
+        let causal = Scores { band: crate::Band::Causal, softcap: None };
+        let check = |c: KernelChoice, scores| check_choice(&m, &c, fp8, 128, scores).map_err(|e| format!("{e:#}"));
+        assert!(check(choice(Variant::Portable, Some(64), None, None), causal).is_ok());
+        // The Hopper kernel runs them dequantised, on its bf16 entries (windows too).
+        assert!(check(choice(Variant::Hopper, Some(128), None, None), causal).is_ok());
+        let window = Scores { band: crate::Band::Local { left: 8, right: 0 }, softcap: None };
+        assert!(check(choice(Variant::Hopper, None, None, None), window).is_ok());
+        // Windows have no e4m3 entry: the portable kernel's bf16 one runs them dequantised.
+        assert!(check(choice(Variant::Portable, Some(64), None, None), window).is_ok());
+        let e = check(choice(Variant::Portable, Some(128), None, None), window).unwrap_err();
+        assert!(
+            e.contains("no forward entry for e4m3_bf16 D=128 local has that") && e.contains("portable 64 rows"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -6,8 +6,8 @@
 Supported: CUDA float16/bfloat16, head dims of ``supported()["head_dims"]``
 (64, 96, 128, 192 and 256, dense and serving calls); float8_e4m3fn in dense
 calls at head dims 64, 128 and 256, with FA3's ``q_descale``, ``k_descale``,
-``v_descale`` and bfloat16 output (sm_89 and newer; windows and softcap on
-H100/H200, where they run dequantised on the Hopper kernel);
+``v_descale`` and bfloat16 output (sm_89 and sm_90; what has no e4m3 entry,
+windows, softcap and the Hopper kernel, runs them dequantised to bfloat16);
 causal (bottom-right aligned) or not, sliding windows
 (``window_size``, aligned as causal) and logit softcapping (``softcap``),
 GQA/MQA, seqlen_q != seqlen_k, any strides whose head_dim stride is 1.
@@ -106,7 +106,7 @@ def flash_attn_func(
             flag of flash-attn's backward, which flash_pipeline does not have).
         return_attn_probs: also return the log-sum-exp.
         q_descale, k_descale, v_descale: FA3's FP8 arguments: with float8_e4m3fn q, k, v
-            (head dims 64, 128, 256), float32 (batch_size, nheads_k) factors that
+            (head dims 64, 128, 256), float32 (batch_size, nheads_k) positive factors that
             dequantise them (None: 1).
     Return:
         out: (batch_size, seqlen_q, nheads, headdim), q's dtype (bfloat16 for float8_e4m3fn), contiguous.

@@ -233,7 +233,7 @@ fn forward_checks_every_rule_before_it_allocates_or_launches() {
     // e4m3 inputs on the Hopper kernel: its entry and the pointers checked before any dequantisation.
     let body = text.split("fn forward_dequantised(").nth(1).expect("forward_dequantised in attention/mod.rs");
     let at = |what: &str| body.find(what).unwrap_or_else(|| panic!("forward_dequantised no longer calls {what}"));
-    for check in ["self.choose_entry(", "validate::aligned("] {
+    for check in ["self.choose_entry(", "Grid::new(", "validate::aligned("] {
         assert!(at(check) < at("self.dequantise("), "forward_dequantised calls {check} after it allocates");
     }
 }

@@ -39,10 +39,29 @@ impl Attention {
         })
     }
 
+    /// The precision of the entries that run a call of `precision` on `family`:
+    /// e4m3 inputs take the portable kernel's e4m3 entries where it has one for
+    /// the call's mask and modifier, else (windows, softcap, and always on the
+    /// Hopper kernel) they are dequantised to the output's dtype for its entries.
+    pub(super) fn entry_precision(
+        &self,
+        family: Family,
+        precision: Precision,
+        p: &Problem,
+        opts: &Options,
+    ) -> Result<Precision> {
+        if precision.input != Dtype::E4m3 || family == Family::Hopper {
+            return Ok(family.entry_precision(precision));
+        }
+        let scores = opts.scores(p.seqlen_q, p.seqlen_k)?;
+        let native = !self.fwd_entries(family, precision, p.head_dim, scores).1.is_empty();
+        Ok(if native { precision } else { Precision::from(precision.output) })
+    }
+
     /// The split plan `forward` would use for this problem.
     pub fn plan(&self, p: &Problem, precision: impl Into<Precision>, opts: &Options) -> Result<Plan> {
-        let precision = precision.into();
         let family = self.resolve(p, opts.choice.variant)?;
+        let precision = self.entry_precision(family, precision.into(), p, opts)?;
         Ok(self.choose_entry(family, precision, p, opts)?.plan)
     }
 
@@ -78,7 +97,7 @@ impl Attention {
         head_dim: usize,
         scores: Scores,
     ) -> (String, Vec<(String, &Kernel)>) {
-        let base = family.entry_stem(precision, head_dim, scores);
+        let base = family.entry_stem(family.entry_precision(precision), head_dim, scores);
         let loaded = [format!("{base}_m64"), base.clone(), format!("{base}_kg2")]
             .into_iter()
             .filter_map(|name| self.kernels.get(&name).map(|k| (name, k)))
@@ -146,16 +165,7 @@ impl Attention {
             .into_iter()
             .find(|(_, k)| rows.is_none_or(|m| k.launch.block_m == m) && groups.is_none_or(|g| k.launch.key_groups == g))
             .ok_or_else(|| {
-                if found.is_empty() && precision.input == Dtype::E4m3 {
-                    Error::Unsupported(format!(
-                        "{base} is not loaded: the portable kernel's e4m3 entries are built for sm_89 and newer \
-                         ({} is {}), head dims {:?}, no mask or a causal one (no window, no softcap); on sm_90 the \
-                         Hopper kernel runs e4m3 dequantised (variant auto or hopper); else cast the inputs to bf16",
-                        self.device.name,
-                        self.device.compute_capability,
-                        crate::tensor::E4M3_HEAD_DIMS
-                    ))
-                } else if found.is_empty() {
+                if found.is_empty() {
                     Error::MissingKernels(format!("entry {base} (or {base}_m64, {base}_kg2) is not in the loaded fatbins"))
                 } else {
                     let shown = |x: Option<u32>| x.map_or_else(|| "any".to_string(), |v| v.to_string());

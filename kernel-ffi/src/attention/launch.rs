@@ -193,7 +193,13 @@ impl Attention {
         dtype: Dtype,
     ) -> Result<Tensor> {
         let name = format!("dequantise_e4m3_{}", dtype.name());
-        let kern = self.kernel(&name)?;
+        let kern = self.kernels.get(&name).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "{name} is not loaded: e4m3 inputs run on sm_89 and sm_90, which the e4m3 and dequantisation \
+                 entries are built for; {} is {}: cast the inputs to bf16",
+                self.device.name, self.device.compute_capability
+            ))
+        })?;
         let [batch, heads, rows, head_dim] = t.desc.dims;
         let desc = Desc::new(t.desc.dims, Layout::Bshd);
         // SAFETY: every element is written by the launch below before anything reads it

@@ -62,7 +62,9 @@ struct Chosen<'a> {
 }
 
 /// The dequantisation factors of a call's e4m3 inputs, each fp32 [B, Hkv]
-/// contiguous, or `None` for 1 ([`Attention::forward_descaled_on`]).
+/// contiguous, positive (the portable e4m3 entries fold q's and k's into the
+/// softmax scale, whose row max assumes a positive one), or `None` for 1
+/// ([`Attention::forward_descaled_on`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Descales<'a> {
     /// q's, by (batch, the K/V head its query head reads).
@@ -229,8 +231,9 @@ impl Attention {
         if p.rows() == 0 {
             return Ok(Launched { family, ..Launched::default() }); // empty result: nothing to launch
         }
-        if q.dtype == Dtype::E4m3 && family == Family::Hopper {
-            return self.forward_dequantised(stream, [q, k, v], descales, out, lse, opts, &p);
+        let precision = self.entry_precision(family, precision, &p, opts)?;
+        if precision.input != q.dtype {
+            return self.forward_dequantised(stream, family, [q, k, v], descales, out, lse, opts, &p);
         }
         let chosen = self.choose_entry(family, precision, &p, opts)?;
         // Every rule is checked before the first allocation or launch.
@@ -262,13 +265,15 @@ impl Attention {
         })
     }
 
-    /// e4m3 inputs on the Hopper kernel, which has no e4m3 entries: each is
-    /// dequantised (times its descale) into 16-bit scratch of out's dtype, which
-    /// the 16-bit call then runs on. Its entry and every rule are checked first.
+    /// e4m3 inputs where no e4m3 entry runs the call (the Hopper kernel;
+    /// windows and softcap): each is dequantised (times its descale) into 16-bit
+    /// scratch of out's dtype, which the 16-bit call on `family` then runs on
+    /// (it resolves as this call did). Its entry and every rule are checked first.
     #[allow(clippy::too_many_arguments)]
     fn forward_dequantised(
         &self,
         s: &Arc<CudaStream>,
+        family: Family,
         [q, k, v]: [&Tensor; 3],
         descales: Descales,
         out: &mut Tensor,
@@ -276,7 +281,8 @@ impl Attention {
         opts: &Options,
         p: &crate::tensor::Problem,
     ) -> Result<Launched> {
-        self.choose_entry(Family::Hopper, Precision::from(out.dtype), p, opts)?;
+        let chosen = self.choose_entry(family, Precision::from(out.dtype), p, opts)?;
+        Grid::new(self.device.sm_count, &chosen, p, chosen.scores.band == Band::Causal)?;
         validate::aligned([("q", q), ("k", k), ("v", v), ("out", out)], s)?;
         let group = p.heads / p.kv_heads;
         let q = self.dequantise(s, q, descales.q, p.kv_heads, group, out.dtype)?;

@@ -209,6 +209,23 @@ impl Family {
         };
         format!("{family}_{}_d{head_dim}{}", precision.into().name(), scores.suffix())
     }
+
+    /// The precision of the entries that run a call of `precision`: its own,
+    /// but the Hopper kernel runs e4m3 inputs dequantised to the output's dtype.
+    ///
+    /// ```
+    /// use kernel_ffi::{Dtype, Family, Precision};
+    ///
+    /// let fp8 = Precision { input: Dtype::E4m3, output: Dtype::Bf16 };
+    /// assert_eq!(Family::Portable.entry_precision(fp8), fp8);
+    /// assert_eq!(Family::Hopper.entry_precision(fp8), Precision::from(Dtype::Bf16));
+    /// ```
+    pub fn entry_precision(self, precision: Precision) -> Precision {
+        match self {
+            Family::Hopper => Precision::from(precision.output),
+            Family::Portable => precision,
+        }
+    }
 }
 
 /// A forward call's element types, its inputs' and its output's: one dtype, or

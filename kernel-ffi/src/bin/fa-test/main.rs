@@ -14,8 +14,8 @@ use kernel_ffi::rng::Rng;
 use kernel_ffi::schema::{EntryRecord, ListedCase, ShapeRecord, SkippedCase, TestCase, TestRun, WorkerReply};
 use kernel_ffi::tensor::{E4M3_HEAD_DIMS, HEAD_DIMS};
 use kernel_ffi::{
-    Attention, Desc, Descales, Dtype, Family, KernelChoice, Layout, Options, Precision, Problem, Scores, Splits,
-    Variant, Window,
+    Attention, Desc, Descales, Dtype, KernelChoice, Layout, Options, Precision, Problem, Scores, Splits, Variant,
+    Window,
 };
 
 /// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
@@ -60,6 +60,16 @@ impl Case {
     /// Its inputs' and output's dtypes.
     fn precision(&self) -> Precision {
         Precision { input: self.dtype, output: self.fp8.map_or(self.dtype, |f| f.out) }
+    }
+
+    /// Whether an e4m3 case runs dequantised to its output dtype: on the Hopper
+    /// kernel, or with a window or softcap (no e4m3 entry has one).
+    fn dequantised(&self) -> Result<bool> {
+        let scores = self.scores()?;
+        Ok(self.fp8.is_some()
+            && (self.choice.variant == Variant::Hopper
+                || matches!(scores.band, kernel_ffi::Band::Local { .. })
+                || scores.softcap.is_some()))
     }
 
     fn shape(&self) -> ShapeRecord {
@@ -201,7 +211,7 @@ fn sanitize_set() -> Vec<Case> {
         }
     }
     let mut cases = on_every_entry(cases);
-    cases.extend(e4m3_cases(6));
+    cases.extend(e4m3_cases(5));
     cases
 }
 
@@ -455,7 +465,7 @@ fn matrix() -> Vec<Case> {
 /// Hopper kernel: lengths off every tile, Sq ≠ Sk both ways (causal rows
 /// without keys), 1 and 0, GQA, both layouts, each split mode, and plain or
 /// outlier-heavy inputs, every case with random descales. `every`: one case in
-/// that many (the sanitize set's share).
+/// that many (the sanitize set's share; odd, so that both kernels keep cases).
 fn e4m3_cases(every: usize) -> Vec<Case> {
     let lengths = [(1, 1), (1, 77), (65, 130), (200, 513), (130, 64), (0, 10), (300, 300), (513, 1000)];
     let gqa = [(2, 2), (4, 1), (6, 2)];
@@ -488,6 +498,35 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
                     let hopper = KernelChoice { variant: Variant::Hopper, ..PORTABLE };
                     cases.push(Case { choice: hopper, ..cases[cases.len() - 1].clone() });
                 }
+            }
+        }
+    }
+    // Windows and softcap, which run dequantised on both kernels.
+    let w = |left: i64, right: i64| Window::from_pair(left, right).expect("a valid window");
+    for (i, head_dim) in E4M3_HEAD_DIMS.into_iter().enumerate() {
+        for (window, causal, softcap) in
+            [(w(40, 9), false, None), (w(-1, -1), true, Some(20.0)), (w(100, 0), false, Some(30.0))]
+        {
+            for variant in [Variant::Portable, Variant::Hopper] {
+                cases.push(Case {
+                    dtype: Dtype::E4m3,
+                    head_dim,
+                    causal,
+                    window,
+                    softcap,
+                    batch: 2,
+                    heads: 4,
+                    kv_heads: 2,
+                    seqlen_q: 130,
+                    seqlen_k: 200 + 37 * i,
+                    layout: Layout::Bshd,
+                    splits: Splits::Auto,
+                    lse: true,
+                    scale: None,
+                    gpu_reference: false,
+                    fp8: Some(Fp8 { out: Dtype::Bf16, outliers: false }),
+                    choice: KernelChoice { variant, ..PORTABLE },
+                });
             }
         }
     }
@@ -598,7 +637,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
         // Factors per (batch, K/V head); the reference takes the dequantised values,
         // rounded to the output's dtype where the Hopper kernel runs them so.
         let factors: [Vec<f32>; 3] = std::array::from_fn(|_| (0..b * hkv).map(|_| rng.uniform(0.5, 2.0)).collect());
-        let rounded = (case.choice.variant == Variant::Hopper).then_some(out_dtype);
+        let rounded = case.dequantised()?.then_some(out_dtype);
         dequantise(&qd, &mut qv, &factors[0], hkv, rounded);
         dequantise(&kd, &mut kv, &factors[1], hkv, rounded);
         dequantise(&kd, &mut vv, &factors[2], hkv, rounded);
@@ -673,9 +712,8 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
         Some(g) => compare_lse(g, &want_lse),
         None => (0.0, 0),
     };
-    // The Hopper kernel runs e4m3 inputs dequantised to 16 bits: that dtype's numerics.
-    let (tol_rel_l2, tol_max_abs, tol_lse) =
-        tolerances(if case.choice.variant == Variant::Hopper { out_dtype } else { dtype });
+    // e4m3 inputs run dequantised to 16 bits take that dtype's numerics.
+    let (tol_rel_l2, tol_max_abs, tol_lse) = tolerances(if case.dequantised()? { out_dtype } else { dtype });
     let passed = errs.non_finite == 0
         && lse_bad == 0
         && errs.rel_l2 <= tol_rel_l2
@@ -904,7 +942,7 @@ fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCa
             && d.dtype == Dtype::E4m3
             && !has_geometry(att, d)
         {
-            Some(format!("{} has no e4m3 entries (sm_89 and newer)", att.device().name))
+            Some(format!("{} has no e4m3 entries (built for sm_89 and sm_90)", att.device().name))
         } else if let Item::Dense(d) = &c
             && !has_geometry(att, d)
         {
@@ -927,12 +965,7 @@ fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCa
 fn has_geometry(att: &Attention, c: &Case) -> bool {
     c.choice.variant.family().is_none_or(|family| {
         let Ok(scores) = c.scores() else { return true }; // the case reports the error
-        // The Hopper kernel runs e4m3 inputs dequantised, on its entries of the output's dtype.
-        let precision = match family {
-            Family::Hopper => Precision::from(c.precision().output),
-            Family::Portable => c.precision(),
-        };
-        let loaded = att.geometries(family, precision, c.head_dim, scores);
+        let loaded = att.geometries(family, c.precision(), c.head_dim, scores);
         loaded.iter().any(|&(m, g, pers)| {
             c.choice.block_m.is_none_or(|cm| cm == m)
                 && c.choice.key_groups.is_none_or(|cg| cg == g)
