@@ -76,7 +76,13 @@ impl Attention {
         head_dim: usize,
         scores: Scores,
     ) -> Vec<(u32, u32, bool)> {
-        let entries = self.fwd_entries(family, precision.into(), head_dim, scores).1;
+        let precision = precision.into();
+        let mut entries = self.fwd_entries(family, precision, head_dim, scores).1;
+        // e4m3 without an e4m3 entry for these scores runs dequantised, where that entry is loaded.
+        let dequantise = format!("dequantise_e4m3_{}", precision.output.name());
+        if entries.is_empty() && precision.input == Dtype::E4m3 && self.kernels.contains_key(&dequantise) {
+            entries = self.fwd_entries(family, Precision::from(precision.output), head_dim, scores).1;
+        }
         let mut out = Vec::new();
         for (name, k) in entries {
             out.push((k.launch.block_m, k.launch.key_groups, k.launch.persistent));
