@@ -71,79 +71,30 @@ struct VRows {
   }
 };
 
-// A warp's matrix products on e4m3 tiles. Q·Kᵀ reads Q and K exactly as the
-// 16-bit entries do (the fragments match byte for byte), one m16n8k32 per
-// 16 columns of pairs. P·V keeps P where the accumulators hold it: thread
+// A warp's matrix products on e4m3 tiles. Q·Kᵀ is the 16-bit entries' (WarpQk:
+// the fragments match byte for byte), one m16n8k32 per 16 columns of pairs.
+// P·V keeps P where the accumulators hold it: thread
 // (g, t) has keys 2t, 2t+1, 8+2t, 9+2t of each 16, which become its A
 // fragment's k = 4t … 4t+3, and V's B fragment is read in the same key order
 // (see pv), so no value crosses lanes.
 template <typename Cfg>
-struct WarpMma<e4m3x2, Cfg> {
+struct WarpMma<e4m3x2, Cfg> : WarpQk<e4m3x2, Cfg, Cfg::kTileCols * Cfg::kRowTiles <= 64> {
+  // Q fragments stay in registers up to D=128 (16 a thread); D=256 re-reads them.
+  using Qk = WarpQk<e4m3x2, Cfg, Cfg::kTileCols * Cfg::kRowTiles <= 64>;
   static constexpr int D = Cfg::kHeadDim, C = Cfg::kTileCols, MT = Cfg::kRowTiles, BN = Cfg::kBlockN, NT = BN / 8;
-  using KFrag = FragAddr<C>;
+  using typename Qk::KFrag;
+  using typename Qk::QFrags;
   using VFrag = VRows<C>;
   // P enters P·V as 2^8 · p (the header's numerics).
   static constexpr float kPScale = 256.f;
-  // Q fragments stay in registers up to D=128 (16 a thread); D=256 re-reads them.
-  static constexpr bool kQInRegs = C * MT <= 64;
-  using QFrags = uint32_t[kQInRegs ? MT : 1][kQInRegs ? C / 16 : 1][4];
-  QFrags& qf;
-  const e4m3x2* const sq;
-  const int w0, lane;
-  const KFrag& k_frag;
   const VFrag& v_frag;
 
   __device__ __forceinline__ WarpMma(QFrags& qf, const KeyGroup<e4m3x2, Cfg>& grp, int w0, int lane,
                                      const KFrag& k_frag, const VFrag& v_frag)
-      : qf(qf), sq(grp.q), w0(w0), lane(lane), k_frag(k_frag), v_frag(v_frag) {}
+      : Qk{qf, grp.q, w0, lane, k_frag}, v_frag(v_frag) {}
 
-  __device__ __forceinline__ static KFrag k_frag_addr(const KeyGroup<e4m3x2, Cfg>& grp, int lane) {
-    return KFrag(smem_u32(grp.k), (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
-  }
   __device__ __forceinline__ static VFrag v_frag_addr(const KeyGroup<e4m3x2, Cfg>& grp, int lane) {
     return VFrag(smem_u32(grp.v), lane);
-  }
-
-  __device__ __forceinline__ uint32_t q_addr(int mt, int kk) const {
-    return smem_u32(sq + swizzle<C>(w0 + 16 * mt + (lane % 16), kk * 16 + (lane / 16) * 8));
-  }
-
-  __device__ __forceinline__ void load_q_frags() const {
-    if constexpr (kQInRegs) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int kk = 0; kk < C / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_addr(mt, kk));
-      }
-    }
-  }
-
-  // S = Q·Kᵀ for this warp's rows × BN keys; kk: 32 elements of D.
-  __device__ __forceinline__ void qk(float (&s)[MT][NT][4]) const {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int i = 0; i < NT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      uint32_t qs[MT][4];
-      if constexpr (!kQInRegs) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qs[mt], q_addr(mt, kk));
-      }
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t kf[4];
-        ldmatrix_x4(kf, k_frag.at(np, kk));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const uint32_t(&qa)[4] = kQInRegs ? qf[mt][kk] : qs[mt];
-          mma_16832_e4m3(s[mt][2 * np], qa, kf[0], kf[1]);
-          mma_16832_e4m3(s[mt][2 * np + 1], qa, kf[2], kf[3]);
-        }
-      }
-    }
   }
 
   // P of 32-key step kk as an A fragment: k = 4t + j of each 16-key half is key

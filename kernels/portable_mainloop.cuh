@@ -11,44 +11,45 @@
 
 namespace fa {
 
-// A warp's matrix products on its 16·MT rows (w0 …): Q fragments from the group's
-// Q tile, K and V fragments from the group's K and V tiles.
-template <typename T, typename Cfg>
-struct WarpMma {
-  static constexpr int D = Cfg::kHeadDim, MT = Cfg::kRowTiles, BN = Cfg::kBlockN, NT = BN / 8;
-  using KFrag = FragAddr<D>;
-  using VFrag = FragAddr<D>;
-  // Q fragments stay in registers, loaded once, unless that would spill (two row
-  // tiles at D=128): then they are re-read from the resident Q tile per key tile.
-  static constexpr bool kQInRegs = D * MT <= 128;
-  using QFrags = uint32_t[kQInRegs ? MT : 1][kQInRegs ? D / 16 : 1][4];
+// One 16-column step of Q·Kᵀ on mma.sync: m16n8k16 on 16-bit elements, and on
+// e4m3 pairs (a 16-bit column holds two) m16n8k32, whose fragments are the same
+// bytes (common.cuh).
+template <typename T>
+struct QkStep {
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    mma_16816<T>(d, a, b0, b1);
+  }
+};
+template <>
+struct QkStep<e4m3x2> {
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    mma_16832_e4m3(d, a, b0, b1);
+  }
+};
+
+// The Q·Kᵀ half of a warp's matrix products on its 16·MT rows (w0 …): Q
+// fragments from the group's Q tile, K fragments from its K tile, each row
+// kTileCols 16-bit columns. Q fragments stay in registers, loaded once, where
+// Q_IN_REGS (else they would spill): otherwise they are re-read from the
+// resident Q tile per key tile.
+template <typename T, typename Cfg, bool Q_IN_REGS>
+struct WarpQk {
+  static constexpr int C = Cfg::kTileCols, MT = Cfg::kRowTiles, BN = Cfg::kBlockN, NT = BN / 8;
+  static constexpr bool kQInRegs = Q_IN_REGS;
+  using KFrag = FragAddr<C>;
+  using QFrags = uint32_t[kQInRegs ? MT : 1][kQInRegs ? C / 16 : 1][4];
   QFrags& qf;
   const T* const sq;
   const int w0, lane;
   // K fragments: matrices (keys +0..7, d +0..7), (keys +0..7, d +8..15), (keys +8..15, d +0..7), (…, d +8..15).
-  const FragAddr<D>& k_frag;
-  // V fragments, transposed: (keys +0..7, d +0..7), (keys +8..15, d +0..7), (keys +0..7, d +8..15), (…).
-  const FragAddr<D>& v_frag;
+  const KFrag& k_frag;
 
-  __device__ __forceinline__ WarpMma(QFrags& qf, const KeyGroup<T, Cfg>& grp, int w0, int lane,
-                                     const FragAddr<D>& k_frag, const FragAddr<D>& v_frag)
-      : qf(qf), sq(grp.q), w0(w0), lane(lane), k_frag(k_frag), v_frag(v_frag) {}
-
-  // K fragments: matrices (keys +0..7, d +0..7), (keys +0..7, d +8..15), (keys +8..15, d +0..7), (…, d +8..15).
   __device__ __forceinline__ static KFrag k_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
     return KFrag(smem_u32(grp.k), (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
   }
-  // V fragments, transposed: (keys +0..7, d +0..7), (keys +8..15, d +0..7), (keys +0..7, d +8..15), (…).
-  __device__ __forceinline__ static VFrag v_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
-    return VFrag(smem_u32(grp.v), ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
-  }
-  // P of 16-key step kk as an A fragment, from the tile's exponentials.
-  __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
-    fa::p_fragment<T>(pf, s, kk);
-  }
 
   __device__ __forceinline__ uint32_t q_addr(int mt, int kk) const {
-    return smem_u32(sq + swizzle<D>(w0 + 16 * mt + (lane % 16), kk * 16 + (lane / 16) * 8));
+    return smem_u32(sq + swizzle<C>(w0 + 16 * mt + (lane % 16), kk * 16 + (lane / 16) * 8));
   }
 
   // Once the Q tile has landed.
@@ -57,7 +58,7 @@ struct WarpMma {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_addr(mt, kk));
+        for (int kk = 0; kk < C / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_addr(mt, kk));
       }
     }
   }
@@ -78,7 +79,7 @@ struct WarpMma {
       for (int i = 0; i < NT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
     }
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < C / 16; ++kk) {
       uint32_t qs[MT][4];
       if constexpr (!kQInRegs) {
 #pragma unroll
@@ -91,11 +92,37 @@ struct WarpMma {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint32_t(&qa)[4] = q_frag(mt, kk, qs);
-          mma_16816<T>(s[mt][2 * np], qa, kf[0], kf[1]);
-          mma_16816<T>(s[mt][2 * np + 1], qa, kf[2], kf[3]);
+          QkStep<T>::mma(s[mt][2 * np], qa, kf[0], kf[1]);
+          QkStep<T>::mma(s[mt][2 * np + 1], qa, kf[2], kf[3]);
         }
       }
     }
+  }
+};
+
+// A warp's matrix products on 16-bit tiles: Q·Kᵀ (WarpQk; Q fragments in
+// registers but at two row tiles of D=128), and P·V from V fragments of the
+// group's V tile.
+template <typename T, typename Cfg>
+struct WarpMma : WarpQk<T, Cfg, Cfg::kHeadDim * Cfg::kRowTiles <= 128> {
+  using Qk = WarpQk<T, Cfg, Cfg::kHeadDim * Cfg::kRowTiles <= 128>;
+  static constexpr int D = Cfg::kHeadDim, MT = Cfg::kRowTiles, BN = Cfg::kBlockN, NT = BN / 8;
+  using typename Qk::KFrag;
+  using typename Qk::QFrags;
+  using VFrag = FragAddr<D>;
+  // V fragments, transposed: (keys +0..7, d +0..7), (keys +8..15, d +0..7), (keys +0..7, d +8..15), (…).
+  const VFrag& v_frag;
+
+  __device__ __forceinline__ WarpMma(QFrags& qf, const KeyGroup<T, Cfg>& grp, int w0, int lane, const KFrag& k_frag,
+                                     const VFrag& v_frag)
+      : Qk{qf, grp.q, w0, lane, k_frag}, v_frag(v_frag) {}
+
+  __device__ __forceinline__ static VFrag v_frag_addr(const KeyGroup<T, Cfg>& grp, int lane) {
+    return VFrag(smem_u32(grp.v), ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+  }
+  // P of 16-key step kk as an A fragment, from the tile's exponentials.
+  __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
+    fa::p_fragment<T>(pf, s, kk);
   }
 
   // O += P·V, P as A fragments (`p_frag(f, mt, kk)`, kk: 16-key step).
