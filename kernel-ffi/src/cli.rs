@@ -109,7 +109,7 @@ fn entry_geometries(
     let mut out = Vec::new();
     for &family in families {
         let of = |precision| {
-            let base = family.entry_stem(family.entry_precision(precision), head_dim, scores);
+            let base = family.entry_stem(precision, head_dim, scores);
             [format!("{base}_m64"), base.clone(), format!("{base}_kg2")]
                 .into_iter()
                 .flat_map(|name| [name.clone(), format!("{name}_persistent")])
@@ -117,8 +117,7 @@ fn entry_geometries(
                 .map(|l| (family, l.block_m, l.key_groups, l.persistent))
                 .collect::<Vec<_>>()
         };
-        let native = of(precision);
-        out.extend(if native.is_empty() { of(Precision::from(precision.output)) } else { native });
+        out.extend(of(family.entry_precision(precision, || !of(precision).is_empty())));
     }
     out
 }

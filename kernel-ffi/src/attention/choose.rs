@@ -39,29 +39,18 @@ impl Attention {
         })
     }
 
-    /// The precision of the entries that run a call of `precision` on `family`:
-    /// e4m3 inputs take the portable kernel's e4m3 entries where it has one for
-    /// the call's mask and modifier, else (windows, softcap, and always on the
-    /// Hopper kernel) they are dequantised to the output's dtype for its entries.
-    pub(super) fn entry_precision(
-        &self,
-        family: Family,
-        precision: Precision,
-        p: &Problem,
-        opts: &Options,
-    ) -> Result<Precision> {
-        if precision.input != Dtype::E4m3 || family == Family::Hopper {
-            return Ok(family.entry_precision(precision));
-        }
-        let scores = opts.scores(p.seqlen_q, p.seqlen_k)?;
-        let native = !self.fwd_entries(family, precision, p.head_dim, scores).1.is_empty();
-        Ok(if native { precision } else { Precision::from(precision.output) })
+    /// The precision of the loaded entries that run a call of `precision` on
+    /// `family` (`Family::entry_precision`: e4m3 inputs with no e4m3 entry run
+    /// dequantised).
+    pub(super) fn entry_precision(&self, family: Family, precision: Precision, d: usize, scores: Scores) -> Precision {
+        family.entry_precision(precision, || !self.fwd_entries(family, precision, d, scores).1.is_empty())
     }
 
     /// The split plan `forward` would use for this problem.
     pub fn plan(&self, p: &Problem, precision: impl Into<Precision>, opts: &Options) -> Result<Plan> {
         let family = self.resolve(p, opts.choice.variant)?;
-        let precision = self.entry_precision(family, precision.into(), p, opts)?;
+        let scores = opts.scores(p.seqlen_q, p.seqlen_k)?;
+        let precision = self.entry_precision(family, precision.into(), p.head_dim, scores);
         Ok(self.choose_entry(family, precision, p, opts)?.plan)
     }
 
@@ -77,12 +66,13 @@ impl Attention {
         scores: Scores,
     ) -> Vec<(u32, u32, bool)> {
         let precision = precision.into();
-        let mut entries = self.fwd_entries(family, precision, head_dim, scores).1;
-        // e4m3 without an e4m3 entry for these scores runs dequantised, where that entry is loaded.
+        let runs = self.entry_precision(family, precision, head_dim, scores);
+        // Dequantised calls need the dequantisation entry too.
         let dequantise = format!("dequantise_e4m3_{}", precision.output.name());
-        if entries.is_empty() && precision.input == Dtype::E4m3 && self.kernels.contains_key(&dequantise) {
-            entries = self.fwd_entries(family, Precision::from(precision.output), head_dim, scores).1;
+        if runs.input != precision.input && !self.kernels.contains_key(&dequantise) {
+            return Vec::new();
         }
+        let entries = self.fwd_entries(family, runs, head_dim, scores).1;
         let mut out = Vec::new();
         for (name, k) in entries {
             out.push((k.launch.block_m, k.launch.key_groups, k.launch.persistent));
@@ -103,7 +93,7 @@ impl Attention {
         head_dim: usize,
         scores: Scores,
     ) -> (String, Vec<(String, &Kernel)>) {
-        let base = family.entry_stem(family.entry_precision(precision), head_dim, scores);
+        let base = family.entry_stem(precision, head_dim, scores);
         let loaded = [format!("{base}_m64"), base.clone(), format!("{base}_kg2")]
             .into_iter()
             .filter_map(|name| self.kernels.get(&name).map(|k| (name, k)))

@@ -40,7 +40,7 @@ pub struct Launched {
     /// Whether its CTAs were persistent.
     pub persistent: bool,
     /// e4m3 inputs dequantised into 16-bit scratch for it (the Hopper kernel,
-    /// which has no e4m3 entries).
+    /// which has no e4m3 entries; windows and softcap).
     pub dequantised: bool,
 }
 

@@ -231,7 +231,7 @@ impl Attention {
         if p.rows() == 0 {
             return Ok(Launched { family, ..Launched::default() }); // empty result: nothing to launch
         }
-        let precision = self.entry_precision(family, precision, &p, opts)?;
+        let precision = self.entry_precision(family, precision, p.head_dim, opts.scores(p.seqlen_q, p.seqlen_k)?);
         if precision.input != q.dtype {
             return self.forward_dequantised(stream, family, [q, k, v], descales, out, lse, opts, &p);
         }

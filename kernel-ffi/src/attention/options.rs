@@ -211,19 +211,23 @@ impl Family {
     }
 
     /// The precision of the entries that run a call of `precision`: its own,
-    /// but the Hopper kernel runs e4m3 inputs dequantised to the output's dtype.
+    /// but e4m3 inputs run dequantised to the output's dtype on the Hopper
+    /// kernel, which has no e4m3 entries, and on the portable one where it has
+    /// none for the call's scores (`native`: whether it has).
     ///
     /// ```
     /// use kernel_ffi::{Dtype, Family, Precision};
     ///
     /// let fp8 = Precision { input: Dtype::E4m3, output: Dtype::Bf16 };
-    /// assert_eq!(Family::Portable.entry_precision(fp8), fp8);
-    /// assert_eq!(Family::Hopper.entry_precision(fp8), Precision::from(Dtype::Bf16));
+    /// assert_eq!(Family::Portable.entry_precision(fp8, || true), fp8);
+    /// assert_eq!(Family::Portable.entry_precision(fp8, || false), Precision::from(Dtype::Bf16));
+    /// assert_eq!(Family::Hopper.entry_precision(fp8, || true), Precision::from(Dtype::Bf16));
     /// ```
-    pub fn entry_precision(self, precision: Precision) -> Precision {
-        match self {
-            Family::Hopper => Precision::from(precision.output),
-            Family::Portable => precision,
+    pub fn entry_precision(self, precision: Precision, native: impl FnOnce() -> bool) -> Precision {
+        if precision.input == precision.output || (self == Family::Portable && native()) {
+            precision
+        } else {
+            Precision::from(precision.output)
         }
     }
 }
