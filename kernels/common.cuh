@@ -66,6 +66,12 @@ struct e4m3x2 {
   uint16_t bits;
 };
 
+// Bytes of one input element of type T (e4m3x2: one, its pair two).
+template <typename T>
+constexpr int kElementBytes = 2;
+template <>
+constexpr int kElementBytes<e4m3x2> = 1;
+
 // D = A·B + D for m16n8k32 e4m3 with fp32 accumulators. Byte j of each register
 // (t = lane%4): A a0:(g,4t+j) a1:(g+8,4t+j) a2:(g,16+4t+j) a3:(g+8,16+4t+j);
 // B b0:(k=4t+j,n=g) b1:(k=16+4t+j,n=g); C as m16n8k16's. Byte for byte these are
@@ -81,6 +87,22 @@ __device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const uint32_t (&a
   __trap();
 #endif
 }
+
+// One 16-column step of Q·Kᵀ on mma.sync: m16n8k16 on 16-bit elements, and on
+// e4m3 pairs (a 16-bit column holds two) m16n8k32, whose fragments are the same
+// bytes (common.cuh).
+template <typename T>
+struct QkStep {
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    mma_16816<T>(d, a, b0, b1);
+  }
+};
+template <>
+struct QkStep<e4m3x2> {
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    mma_16832_e4m3(d, a, b0, b1);
+  }
+};
 
 // Four floats to e4m3, rounded to nearest and saturated at ±448; byte j is x_j.
 __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {

@@ -89,9 +89,10 @@ __device__ __forceinline__ HopperSmem<Cfg> hopper_start() {
 // The CTA's work once its first item is known (`decode(k, entry(k))`: item k,
 // which the scheduler names): the producer warpgroup's loads, the consumers'
 // products and stores.
-template <typename T, typename Cfg, typename Mask, typename Mod, typename Item, typename Decode, typename Entry>
+template <typename T, typename Out, typename Cfg, typename Mask, typename Mod, typename Descales, typename Item,
+          typename Decode, typename Entry>
 __device__ __forceinline__ void hopper_run(const HopperParams& hp, const HopperSmem<Cfg>& sm, const Item& first,
-                                           const Decode& decode, const Entry& entry) {
+                                           const Decode& decode, const Entry& entry, const Descales& descales) {
   auto item = [&](int k) { return decode(k, entry(k)); };
   const int wg = threadIdx.x / 128;
   // Tiles of the first item issued with its Q before the CTA barrier (thread 0).
@@ -109,12 +110,15 @@ __device__ __forceinline__ void hopper_run(const HopperParams& hp, const HopperS
 
   // ---- Consumers.
   regs_alloc<Cfg::kConsumerRegs>();
-  hopper_consumer<T, Cfg, Mask, Mod>(hp.p, hp.o_map, sm, wg, decode, entry);
+  hopper_consumer<T, Out, Cfg, Mask, Mod>(hp.p, hp.o_map, sm, descales, wg, decode, entry);
 }
 
-template <typename T, int D, typename Mask, typename Mod, int ROWS, bool PERSISTENT>
-__device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
-  using Cfg = HopperConfig<D, Mask::kEnd, ROWS, PERSISTENT>;
+// T: the inputs' element type (e4m3x2: e4m3 pairs, with Out the output's and
+// their Descales).
+template <typename T, int D, typename Mask, typename Mod, int ROWS, bool PERSISTENT, typename Out = T,
+          typename Descales = NoDescales>
+__device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp, const Descales& descales = {}) {
+  using Cfg = HopperConfig<D, Mask::kEnd, ROWS, PERSISTENT, kElementBytes<T>>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   constexpr bool kPersistent = Cfg::kPersistent;
   const HopperSmem<Cfg> sm = hopper_start<Cfg>();
@@ -127,7 +131,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp) {
   auto decode = [&](int k, uint32_t e) {
     return k == 0 ? first : hopper_item<BM, BN, Mask, kPersistent, kScheduled, kTail>(hp.p, hp.sched, k, e);
   };
-  hopper_run<T, Cfg, Mask, Mod>(hp, sm, first, decode, entry);
+  hopper_run<T, Out, Cfg, Mask, Mod>(hp, sm, first, decode, entry, descales);
 }
 
 // A serving call's CTA (the `_varlen` entries): one item of 128 rows of one
@@ -147,7 +151,7 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
     none.done = true;
     return k == 0 ? first : none;
   };
-  hopper_run<T, Cfg, Mask, Mod>(vp.hp, sm, first, decode, entry);
+  hopper_run<T, T, Cfg, Mask, Mod>(vp.hp, sm, first, decode, entry, NoDescales{});
 }
 
 }  // namespace fa
@@ -216,3 +220,20 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
   FA_HOPPER_ENTRY(T, 256, CausalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_causal_softcap)               \
   FA_HOPPER_ENTRY(T, 256, LocalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_local_softcap)                 \
   FA_EVERY_HEAD_DIM(FA_HOPPER_VARLEN_ENTRIES_D, T, DT)
+
+// One e4m3 entry: flash_fwd_hopper_e4m3_<out dtype>_d<D>[_causal], 128-row CTAs
+// (persistent as the 16-bit D=128 ones), the descales beside the 16-bit
+// entries' parameters, V transposed (HopperFp8Params). D=128 only: at D=256
+// O and its per-tile accumulator (HopperOperands::kPromote) would take 256
+// registers a thread, and at D=64, where the exponentials bound it, the
+// 16-bit entries run dequantised e4m3 inputs faster (docs/PERFORMANCE.md).
+#define FA_HOPPER_E4M3_ENTRY(OUT, D, MASK, PERSISTENT, NAME)                                                         \
+  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, fa::MASK::kEnd, 128, PERSISTENT, 1>::kThreads, 1) \
+      NAME(const __grid_constant__ fa::HopperFp8Params p) {                                                          \
+    fa::flash_fwd_hopper<fa::e4m3x2, D, fa::MASK, fa::NoSoftcap, 128, PERSISTENT, OUT>(                              \
+        p.hp, fa::E4m3Descales{p.q_descale, p.k_descale, p.v_descale});                                              \
+  }
+// Every e4m3 entry with output type OUT (DT its name).
+#define FA_HOPPER_E4M3_ENTRIES(OUT, DT)                                                                \
+  FA_HOPPER_E4M3_ENTRY(OUT, 128, NoMask, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_e4m3_##DT##_d128) \
+  FA_HOPPER_E4M3_ENTRY(OUT, 128, CausalMask, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_e4m3_##DT##_d128_causal)

@@ -52,6 +52,16 @@ struct DequantParams {
   int32_t batch, heads, rows, head_dim, kv_heads, group;
 };
 
+// An e4m3 V [B, Hkv, Sk, D] (element strides of batch, head, row; Sk = rows)
+// transposed for the Hopper kernel's e4m3 entries into `dst`, [B, Hkv, D, keys]
+// contiguous with keys = Sk rounded up to 16 (transpose_v_e4m3).
+struct TransposeParams {
+  const void* src;
+  void* dst;
+  int64_t batch_stride, head_stride, row_stride;
+  int32_t heads, rows, head_dim, keys;
+};
+
 // A CUtensorMap's bytes, encoded on the host by cuTensorMapEncodeTiled and read
 // by TMA from kernel parameter space (hence __grid_constant__ parameters).
 struct alignas(64) TmaDesc {
@@ -96,6 +106,16 @@ struct HopperParams {
   TmaDesc q_map, k_map, v_map, o_map;
   FlashParams p;
   HopperSched sched;
+};
+
+// The Hopper kernel's e4m3 entries: a HopperParams whose v_map describes V
+// transposed (TransposeParams' dst: 4-D keys, d, head, batch; boxes of the key
+// tile × D), and the dequantisation factors as in Fp8Params.
+struct HopperFp8Params {
+  HopperParams hp;
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
 };
 
 // A serving call's sequences (the `_varlen` entries), whose rows and keys lie

@@ -143,9 +143,12 @@ struct GmmaDesc {
   template <int PANEL_BYTES>
   static __device__ __forceinline__ GmmaDesc make(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
     static_assert(PANEL_BYTES == 128 || PANEL_BYTES == 64, "128- or 64-byte swizzle");
-    // Bits 62-63, the layout: 1 = SWIZZLE_128B, 2 = SWIZZLE_64B.
-    return {((smem_addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16),
-            ((sbo & 0x3FFFF) >> 4) | (PANEL_BYTES == 128 ? 1u << 30 : 2u << 30)};
+    return {((smem_addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16), high<PANEL_BYTES>(sbo)};
+  }
+  // The high word: sbo, and in bits 62-63 the layout (1 = SWIZZLE_128B, 2 = SWIZZLE_64B).
+  template <int PANEL_BYTES>
+  static __host__ __device__ constexpr uint32_t high(uint32_t sbo) {
+    return ((sbo & 0x3FFFF) >> 4) | (PANEL_BYTES == 128 ? 1u << 30 : 2u << 30);
   }
   // The descriptor `units` × 16 bytes past the base. Callers scale each term
   // themselves: ptxas does not distribute a shift over a sum.
@@ -223,57 +226,66 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[NT][4]) {
   "%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}"
 
 // D (64×N, fp32) = A·B (+ D when accumulate): A and B from shared memory, both
-// K-major.
+// K-major. K: the instruction's k (16 for 16-bit types, 32 for e4m3); TAIL: the
+// operands after the scale immediates (16-bit: both transpose flags, 0).
 // A, B and SCALE name the operand numbers that follow the accumulators.
-#define FA_WGMMA_SS(N, TY, ACC, REGS, A, B, SCALE)                                                                     \
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " SCALE ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY \
-               "." TY " " REGS ", " A ", " B ", p, 1, 1, 0, 0;\n}\n"                                                   \
-               : ACC(d)                                                                                                \
+#define FA_WGMMA_SS(N, K, TY, TAIL, ACC, REGS, A, B, SCALE)                                                     \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " SCALE ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N "k" #K \
+               ".f32." TY "." TY " " REGS ", " A ", " B ", p, 1, 1" TAIL ";\n}\n"                               \
+               : ACC(d)                                                                                         \
                : "l"(a), "l"(b), "r"(accumulate))
-// D (64×N, fp32) += A·B: A (16-bit, four registers per thread in the mma.sync A
-// layout) from registers, B from shared memory MN-major (transposed on read).
-#define FA_WGMMA_RS(N, TY, ACC, REGS, A, B, SCALE)                                                                     \
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " SCALE ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY \
-               "." TY " " REGS ", " A ", " B ", p, 1, 1, 1;\n}\n"                                                      \
-               : ACC(d)                                                                                                \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+// D (64×N, fp32) = A·B (+ D when accumulate): A (four registers per thread in the mma.sync A layout)
+// from registers, B from shared memory: 16-bit MN-major (transposed on read:
+// TAIL ", 1"), e4m3 K-major (TAIL "").
+#define FA_WGMMA_RS(N, K, TY, TAIL, ACC, REGS, A, B, SCALE)                                                     \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " SCALE ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N "k" #K \
+               ".f32." TY "." TY " " REGS ", " A ", " B ", p, 1, 1" TAIL ";\n}\n"                               \
+               : ACC(d)                                                                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate);
 template <typename T, int N>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b);
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, int accumulate = 1);
 
-#define FA_WGMMA_DEFINE(T, TY)                                                                                 \
-  template <>                                                                                                  \
-  __device__ __forceinline__ void wgmma_ss<T, 64>(float(&d)[8][4], uint64_t a, uint64_t b, int accumulate) {   \
-    FA_WGMMA_SS(64, TY, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "%32", "%33", "%34");                                 \
-  }                                                                                                            \
-  template <>                                                                                                  \
-  __device__ __forceinline__ void wgmma_ss<T, 128>(float(&d)[16][4], uint64_t a, uint64_t b, int accumulate) { \
-    FA_WGMMA_SS(128, TY, FA_WGMMA_ACC128, FA_WGMMA_REGS128, "%64", "%65", "%66");                              \
-  }                                                                                                            \
-  template <>                                                                                                  \
-  __device__ __forceinline__ void wgmma_rs<T, 64>(float(&d)[8][4], const uint32_t(&a)[4], uint64_t b) {        \
-    FA_WGMMA_RS(64, TY, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "{%32, %33, %34, %35}", "%36", "%37");                \
-  }                                                                                                            \
-  template <>                                                                                                  \
-  __device__ __forceinline__ void wgmma_rs<T, 96>(float(&d)[12][4], const uint32_t(&a)[4], uint64_t b) {       \
-    FA_WGMMA_RS(96, TY, FA_WGMMA_ACC96, FA_WGMMA_REGS96, "{%48, %49, %50, %51}", "%52", "%53");                \
-  }                                                                                                            \
-  template <>                                                                                                  \
-  __device__ __forceinline__ void wgmma_rs<T, 128>(float(&d)[16][4], const uint32_t(&a)[4], uint64_t b) {      \
-    FA_WGMMA_RS(128, TY, FA_WGMMA_ACC128, FA_WGMMA_REGS128, "{%64, %65, %66, %67}", "%68", "%69");             \
-  }                                                                                                            \
-  template <>                                                                                                  \
-  __device__ __forceinline__ void wgmma_rs<T, 192>(float(&d)[24][4], const uint32_t(&a)[4], uint64_t b) {      \
-    FA_WGMMA_RS(192, TY, FA_WGMMA_ACC192, FA_WGMMA_REGS192, "{%96, %97, %98, %99}", "%100", "%101");           \
-  }                                                                                                            \
-  template <>                                                                                                  \
-  __device__ __forceinline__ void wgmma_rs<T, 256>(float(&d)[32][4], const uint32_t(&a)[4], uint64_t b) {      \
-    FA_WGMMA_RS(256, TY, FA_WGMMA_ACC256, FA_WGMMA_REGS256, "{%128, %129, %130, %131}", "%132", "%133");       \
+#define FA_WGMMA_DEFINE(T, TY, K, SS_TAIL, RS_TAIL)                                                                  \
+  template <>                                                                                                        \
+  __device__ __forceinline__ void wgmma_ss<T, 64>(float(&d)[8][4], uint64_t a, uint64_t b, int accumulate) {         \
+    FA_WGMMA_SS(64, K, TY, SS_TAIL, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "%32", "%33", "%34");                           \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  __device__ __forceinline__ void wgmma_ss<T, 128>(float(&d)[16][4], uint64_t a, uint64_t b, int accumulate) {       \
+    FA_WGMMA_SS(128, K, TY, SS_TAIL, FA_WGMMA_ACC128, FA_WGMMA_REGS128, "%64", "%65", "%66");                        \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  __device__ __forceinline__ void wgmma_rs<T, 64>(float(&d)[8][4], const uint32_t(&a)[4], uint64_t b,                \
+                                                  int accumulate) {                                                  \
+    FA_WGMMA_RS(64, K, TY, RS_TAIL, FA_WGMMA_ACC64, FA_WGMMA_REGS64, "{%32, %33, %34, %35}", "%36", "%37");          \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  __device__ __forceinline__ void wgmma_rs<T, 96>(float(&d)[12][4], const uint32_t(&a)[4], uint64_t b,               \
+                                                  int accumulate) {                                                  \
+    FA_WGMMA_RS(96, K, TY, RS_TAIL, FA_WGMMA_ACC96, FA_WGMMA_REGS96, "{%48, %49, %50, %51}", "%52", "%53");          \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  __device__ __forceinline__ void wgmma_rs<T, 128>(float(&d)[16][4], const uint32_t(&a)[4], uint64_t b,              \
+                                                   int accumulate) {                                                 \
+    FA_WGMMA_RS(128, K, TY, RS_TAIL, FA_WGMMA_ACC128, FA_WGMMA_REGS128, "{%64, %65, %66, %67}", "%68", "%69");       \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  __device__ __forceinline__ void wgmma_rs<T, 192>(float(&d)[24][4], const uint32_t(&a)[4], uint64_t b,              \
+                                                   int accumulate) {                                                 \
+    FA_WGMMA_RS(192, K, TY, RS_TAIL, FA_WGMMA_ACC192, FA_WGMMA_REGS192, "{%96, %97, %98, %99}", "%100", "%101");     \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  __device__ __forceinline__ void wgmma_rs<T, 256>(float(&d)[32][4], const uint32_t(&a)[4], uint64_t b,              \
+                                                   int accumulate) {                                                 \
+    FA_WGMMA_RS(256, K, TY, RS_TAIL, FA_WGMMA_ACC256, FA_WGMMA_REGS256, "{%128, %129, %130, %131}", "%132", "%133"); \
   }
 
-FA_WGMMA_DEFINE(__half, "f16")
-FA_WGMMA_DEFINE(__nv_bfloat16, "bf16")
+FA_WGMMA_DEFINE(__half, "f16", 16, ", 0, 0", ", 1")
+FA_WGMMA_DEFINE(__nv_bfloat16, "bf16", 16, ", 0, 0", ", 1")
+// e4m3 pairs (the tiles' 16-bit columns): k32, both operands K-major.
+FA_WGMMA_DEFINE(e4m3x2, "e4m3", 32, "", "")
 
 }  // namespace fa

@@ -7,7 +7,8 @@
 // latency). The TMA store clips rows past seqlen_q. The tile is Q's own (free
 // once the warpgroup's last Q·Kᵀ has landed; the other warpgroup may still read
 // its own rows) except in persistent CTAs, whose producer may already be loading
-// the next item's Q: they stage in the O tile, after a barrier that orders this
+// the next item's Q, and e4m3 ones, whose Q tile is half O's size: they stage in
+// the O tile (kOStaged), persistent ones after a barrier that orders this
 // item's writes after the previous item's store has read it.
 #pragma once
 
@@ -40,14 +41,14 @@ template <typename T, typename Cfg>
 __device__ __forceinline__ void store_staged(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
                                              const HopperItem& it, int cw, int warp, int g, int t,
                                              const float (&o)[Cfg::kHeadDim / 8][4], const SoftmaxState<1>& softmax) {
-  constexpr int BM = Cfg::kBlockM, DT = Cfg::kHeadDim / 8, PB = Cfg::kPanelBytes, CP = PB / 16;
+  constexpr int BM = Cfg::kBlockM, DT = Cfg::kHeadDim / 8, PB = Cfg::kOutPanelBytes, CP = PB / 16;
   if constexpr (Cfg::kPersistent) {
     if (o_store_issuer()) tma_store_wait_read();  // the previous item's rows are out of the tile
     consumer_sync<Cfg>(cw);
   }
-  const uint32_t rows = (Cfg::kPersistent ? sm.o : sm.q) + 64 * cw * PB;  // + panel × BM × PB + row × PB + chunk × 16
-  auto chunk_addr = [&](int row, int chunk) {                             // CP chunks a panel row
-    return rows + (chunk / CP) * BM * PB + row * PB + panel_chunk<Cfg>(row, chunk % CP) * 16;
+  const uint32_t rows = (Cfg::kOStaged ? sm.o : sm.q) + 64 * cw * PB;  // + panel × BM × PB + row × PB + chunk × 16
+  auto chunk_addr = [&](int row, int chunk) {                          // CP chunks a panel row
+    return rows + (chunk / CP) * BM * PB + row * PB + panel_chunk<Cfg::kOutPanelCols>(row, chunk % CP) * 16;
   };
   float inv[2], lse[2];
   softmax.finish_both(0, inv, lse);
@@ -67,8 +68,8 @@ __device__ __forceinline__ void store_staged(const FlashParams& p, const TmaDesc
   consumer_sync<Cfg>(cw);
   if (o_store_issuer()) {
 #pragma unroll
-    for (int panel = 0; panel < Cfg::kPanels; ++panel)
-      tma_store_4d(&o_map, rows + panel * BM * PB, panel * Cfg::kPanelCols, it.m0 + 64 * cw, it.h, it.b);
+    for (int panel = 0; panel < Cfg::kOutPanels; ++panel)
+      tma_store_4d(&o_map, rows + panel * BM * PB, panel * Cfg::kOutPanelCols, it.m0 + 64 * cw, it.h, it.b);
     tma_store_commit();
   }
 }

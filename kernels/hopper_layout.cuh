@@ -43,8 +43,10 @@ namespace fa {
 #define FA_HOPPER_STAGES_D64_M192 4
 #endif
 
-// PERSISTENT: the entry's CTAs loop over work units (hopper_item).
-template <int D, bool CAUSAL, int ROWS, bool PERSISTENT>
+// PERSISTENT: the entry's CTAs loop over work units (hopper_item). IN_BYTES:
+// bytes of an input element, 2 (f16, bf16) or 1 (e4m3, whose tiles are moved
+// and addressed as 16-bit columns of element pairs, e4m3x2).
+template <int D, bool CAUSAL, int ROWS, bool PERSISTENT, int IN_BYTES = 2>
 struct HopperConfig {
   static_assert(D == 64 || D == 96 || D == 128 || D == 192 || D == 256, "head dim must be 64, 96, 128, 192 or 256");
   static_assert(ROWS == 64 || ROWS == 128 || (ROWS == 192 && D == 64 && !CAUSAL), "64-, 128- or 192-row CTAs");
@@ -54,18 +56,28 @@ struct HopperConfig {
   // tile).
   static_assert(D <= 128 || ROWS == 128, "D=192, 256: 128-row CTAs");
   static_assert(D != 256 || !PERSISTENT, "D=256: not persistent");
+  static_assert(IN_BYTES == 2 || (IN_BYTES == 1 && D <= 128 && D % 64 == 0 && ROWS == 128),
+                "e4m3: D=64 or 128 (the entries: 128) in 128 rows");
   static constexpr int kHeadDim = D;
-  // Tiles are kPanels swizzle panels of kPanelCols columns: 64 (128-byte rows,
-  // TMA's SWIZZLE_128B) where D is a multiple of 64, else 32 (64-byte rows,
-  // SWIZZLE_64B: D=96), each panel rows × kPanelBytes. kernel-ffi's TMA maps
+  static constexpr bool kFp8 = IN_BYTES == 1;
+  // Q and K tiles are kPanels swizzle panels of kPanelCols 16-bit columns (of
+  // kTileCols a row): 64 (128-byte rows, TMA's SWIZZLE_128B) where rows are a
+  // multiple of 128 bytes, else 32 (64-byte rows, SWIZZLE_64B: D=96, e4m3
+  // D=64), each panel rows × kPanelBytes. kernel-ffi's TMA maps
   // (attention/launch.rs: tensor_map) take the same panels, the wgmma
-  // descriptors (GmmaDesc) the same swizzle.
-  static constexpr int kPanelCols = D % 64 == 0 ? 64 : 32;
+  // descriptors (GmmaDesc) the same swizzle. O (16-bit) is staged in panels of
+  // its own rows (kOutPanelCols).
+  static constexpr int kTileCols = D * IN_BYTES / 2;
+  static constexpr int kPanelCols = kTileCols % 64 == 0 ? 64 : 32;
   static constexpr int kPanelBytes = 2 * kPanelCols;
-  static constexpr int kPanels = D / kPanelCols;
+  static constexpr int kPanels = kTileCols / kPanelCols;
+  static constexpr int kPanelElems = kPanelBytes / IN_BYTES;  // a panel's columns in the TMA maps' elements
+  static constexpr int kOutPanelCols = D % 64 == 0 ? 64 : 32;
+  static constexpr int kOutPanelBytes = 2 * kOutPanelCols;
+  static constexpr int kOutPanels = D / kOutPanelCols;
   static constexpr int kConsumers = ROWS / 64;
   static constexpr bool kPingPong = kConsumers == 2;
-  static constexpr bool kExpTurns = kPingPong && D == 64;  // see "The consumer schedule" above
+  static constexpr bool kExpTurns = kPingPong && D == 64 && !kFp8;  // see "The consumer schedule" above
   static constexpr int kCtasPerSm = kConsumers == 1 && D == 64 ? 2 : 1;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = ROWS;
@@ -79,18 +91,26 @@ struct HopperConfig {
   // Three consumer warpgroups (192 rows) run a persistent grid's last, partial
   // round of units as 64-row items whose key tiles they share (HopperSched::whole_units).
   static constexpr bool kSplitTail = kConsumers == 3 && kPersistent;
-  static constexpr int kQBytes = kBlockM * D * 2;
-  static constexpr int kKVBytes = kBlockN * D * 2;
+  static constexpr int kQBytes = kBlockM * kTileCols * 2;
+  static constexpr int kKVBytes = kBlockN * kTileCols * 2;
+  // e4m3 V arrives transposed (kernel-ffi's transpose_v_e4m3): a stage is D
+  // rows of kBlockN keys, one panel of kVPanelBytes (K-major, as FP8 wgmma
+  // wants B); 16-bit V is key rows, transposed on read.
+  static constexpr bool kVTransposed = kFp8;
+  static constexpr int kVPanelBytes = kVTransposed ? kBlockN : kPanelBytes;
+  static_assert(kVPanelBytes == 128 || kVPanelBytes == 64, "a V panel is one swizzle row");
   // Registers per thread after setmaxnreg, within 65536 per SM: 128 × 40 + 256 × 232
   // for two consumers, 128 × 24 + 128 × 232 per CTA for one, 128 × 32 + 384 × 160
   // for three (S, O and P of the pipelined schedule fit in 160 without spills).
   static constexpr int kProducerRegs = kConsumers == 1 ? 24 : kConsumers == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 232;
   static_assert((128 * kProducerRegs + 128 * kConsumers * kConsumerRegs) * kCtasPerSm <= 65536, "register file");
-  // Q, the K and V rings, persistent entries' O staging tile (Q-sized: their Q
-  // tile may already hold the next item's), 4 barriers per stage + Q's
-  // (persistent: full and empty), and slack to align the base to 1024.
-  static constexpr int kStageBytes = kPersistent ? kQBytes : 0;
+  // Q, the K and V rings, an O staging tile (16-bit rows) where Q's tile cannot
+  // be one (persistent entries: it may already hold the next item's Q; e4m3:
+  // it is half O's size), 4 barriers per stage + Q's (persistent: full and
+  // empty), and slack to align the base to 1024.
+  static constexpr bool kOStaged = kPersistent || kFp8;
+  static constexpr int kStageBytes = kOStaged ? kBlockM * D * 2 : 0;
   // Split-tail items: consumer warpgroups 1 and 2 hand warpgroup 0 their O and
   // softmax state (per thread: DT × 4 + 4 floats), kMergeFloats a thread.
   static constexpr int kMergeFloats = D / 2 + 4;
@@ -103,17 +123,17 @@ struct HopperConfig {
   static_assert(kBlockM <= 256 && kBlockN <= 256, "a TMA box spans at most 256 rows");
 };
 
-// Where chunk c (16 bytes) of a panel row lies in that row, as TMA's swizzle
-// puts it: the portable kernel's swizzle of rows as wide as a panel
-// (common.cuh).
-template <typename Cfg>
+// Where chunk c (16 bytes) of a row of a panel of PC 16-bit columns lies in that
+// row, as TMA's swizzle puts it: the portable kernel's swizzle of rows as wide
+// as a panel (common.cuh).
+template <int PC>
 __device__ __forceinline__ int panel_chunk(int row, int c) {
-  return c ^ swizzle_xor<Cfg::kPanelCols>(row);
+  return c ^ swizzle_xor<PC>(row);
 }
 
 // Shared memory of one CTA, from a 1024-byte aligned base (swizzle atoms need it;
-// the dynamic base only promises 16): Q, the K ring, the V ring, persistent
-// entries' O staging tile, split-tail entries' merge area, then the mbarriers — full_k[S], full_v[S], empty_k[S],
+// the dynamic base only promises 16): Q, the K ring, the V ring, the O staging
+// tile (kOStaged), split-tail entries' merge area, then the mbarriers — full_k[S], full_v[S], empty_k[S],
 // empty_v[S], Q's full (and, persistent, empty) — and exp turns' scale slot.
 template <typename Cfg>
 struct HopperSmem {
@@ -126,7 +146,7 @@ struct HopperSmem {
     m.q = base;
     m.k = m.q + Cfg::kQBytes;  // stage i at k + i × kKVBytes
     m.v = m.k + S * Cfg::kKVBytes;
-    m.o = m.v + S * Cfg::kKVBytes;  // persistent only; else O is staged in q
+    m.o = m.v + S * Cfg::kKVBytes;  // kOStaged only; else O is staged in q
     m.merge = m.o + Cfg::kStageBytes;
     m.bars = m.merge + Cfg::kMergeBytes;
     return m;

@@ -1,12 +1,14 @@
 // The Hopper kernel's consumer warpgroups: each owns 64 query rows end to end,
 // S = Q·Kᵀ (wgmma, both operands in shared memory), the shared online softmax on
-// the accumulators, O += P·V (wgmma, P from registers, V transposed on read), in
-// one of three schedules (flash_fwd_hopper.cuh), then the epilogue. One function
-// of local state and lambdas: held in a struct's members instead, the same code
-// moved the work-item decode and descriptor arithmetic off ptxas's uniform
-// datapath in every entry (SASS compared per entry).
+// the accumulators, O += P·V (wgmma, P from registers, V from shared memory:
+// HopperOperands), in one of three schedules (flash_fwd_hopper.cuh), then the
+// epilogue. One function of local state and lambdas: held in a struct's
+// members instead, the same code moved the work-item decode and descriptor
+// arithmetic off ptxas's uniform datapath in every entry (SASS compared per
+// entry).
 #pragma once
 
+#include "fp8.cuh"
 #include "hopper.cuh"
 #include "hopper_epilogue.cuh"
 #include "hopper_layout.cuh"
@@ -16,6 +18,77 @@
 #include "softmax.cuh"
 
 namespace fa {
+
+// How a consumer's products take their operands, per input type T. 16-bit:
+// Q·Kᵀ in k16 steps; P·V in 16-key steps, P in 16 bits, V key rows transposed
+// on read (MN-major); the kept-max softmax (SoftmaxState::update_kept), whose p
+// reach kHeadroom.
+template <typename T, typename Cfg>
+struct HopperOperands {
+  static constexpr int kPvKeys = 16;  // keys per P·V wgmma
+  static constexpr bool kKeptMax = true;
+  static constexpr bool kPromote = false;  // P·V accumulates in O
+  static constexpr int kLog2PScale = 0;    // the softmax's p are 2^kLog2PScale · p (SoftmaxState::update)
+  static constexpr int S = Cfg::kStages, BN = Cfg::kBlockN, PB = Cfg::kPanelBytes;
+  template <int NT>
+  __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
+    fa::p_fragment<T>(pf, s, kk);
+  }
+  // V's descriptor at key step kk from its stage's K descriptor: the V stage lies
+  // S·kKVBytes past K's, its head-dim panels BN·PB apart (the leading offset,
+  // bits 16-29); keys 16kk…16kk+15 are 16 panel rows.
+  __device__ __forceinline__ static uint64_t v_desc(const GmmaDesc& k, int kk) {
+    constexpr uint32_t kVFromK = S * (Cfg::kKVBytes / 16) + ((BN * PB / 16) << 16);
+    return k.at(kVFromK + kk * 16 * PB / 16);
+  }
+};
+// e4m3: Q·Kᵀ in k32 steps over the same descriptors (32 bytes a step); P·V in
+// 32-key steps, P as e4m3 A fragments in the accumulators' key order
+// (p_fragment_e4m3), V a transposed stage in that order (Cfg::kVTransposed),
+// K-major; the exact softmax every tile, whose p ≤ 1 keep 2^8 · p in e4m3's
+// range (the kept max lets p reach kHeadroom); the 2^8 of P's quantisation
+// (fp8.cuh) is in the exponent (kLog2PScale), not a multiply. FP8 wgmma
+// accumulates with about 13 significand bits, each step truncating: on O's
+// running sum the losses grow with the key count (README, "FP8 (e4m3)
+// inputs"), so each tile's P·V lands in its own accumulator and joins O in
+// fp32 (kPromote; DeepSeek-V3's promotion), as one FMA with the tile's rescale. Q·Kᵀ keeps the truncation of its D/32
+// steps: scores within about 2^-13 of Σ|q·k| (kernel-ffi's check::E4M3_WGMMA_QK_EPS).
+template <typename Cfg>
+struct HopperOperands<e4m3x2, Cfg> {
+  static constexpr int kPvKeys = 32;
+  static constexpr bool kKeptMax = false;
+  static constexpr bool kPromote = true;
+  static constexpr int kLog2PScale = 8;
+  static constexpr int S = Cfg::kStages, VPB = Cfg::kVPanelBytes;
+  static_assert(Cfg::kVTransposed, "e4m3 P·V reads V K-major");
+  template <int NT>
+  __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
+    p_fragment_e4m3(pf, s, kk, 1.f);
+  }
+  // A K descriptor's address (its leading offset is 0) moved to the V stage,
+  // S·kKVBytes on, in V's swizzle: D rows of VPB bytes, 8-row groups 8·VPB
+  // apart; a 32-key step is 32 bytes along the rows.
+  __device__ __forceinline__ static uint64_t v_desc(const GmmaDesc& k, int kk) {
+    constexpr uint32_t kHigh = GmmaDesc::high<VPB>(8 * VPB);
+    return GmmaDesc{k.lo, kHigh}.at(S * (Cfg::kKVBytes / 16) + kk * 2);
+  }
+};
+
+// The dequantisation factors of a consumer's items: none for 16-bit inputs;
+// e4m3 inputs' per (batch, K/V head) (Fp8Descale), read once an item.
+struct NoDescales {
+  static constexpr bool kScaled = false;
+  template <typename Item>
+  __device__ __forceinline__ Fp8Descale at(const Item&, int) const;  // never called
+};
+struct E4m3Descales {
+  static constexpr bool kScaled = true;
+  const float *q, *k, *v;
+  template <typename Item>
+  __device__ __forceinline__ Fp8Descale at(const Item& it, int kv_heads) const {
+    return Fp8Descale(q, k, v, it.b * kv_heads + it.kvh);
+  }
+};
 
 // Rows of tile j's V stage `st` past the item's keys, which hold another
 // sequence's values or whatever a cache holds there, to zeros: P is zero there,
@@ -42,12 +115,17 @@ __device__ __forceinline__ void clear_v_tail(const VarlenItem& it, const HopperS
 
 // Consumer warpgroup wg (1 to 3) runs every item of this CTA (`decode(k,
 // entry(k))`, the scheduler's) in order; the K/V ring runs on across items (g0:
-// ring position of an item's first tile). Mask and Mod: the mask policy and
-// score modifier (mask.cuh).
-template <typename T, typename Cfg, typename Mask, typename Mod, typename Decode, typename Entry>
+// ring position of an item's first tile). T and Out: the input and output
+// element types; Mask and Mod: the mask policy and score modifier (mask.cuh);
+// Descales: the inputs' dequantisation factors.
+template <typename T, typename Out, typename Cfg, typename Mask, typename Mod, typename Descales, typename Decode,
+          typename Entry>
 __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaDesc& o_map, const HopperSmem<Cfg>& sm,
-                                                int wg, const Decode& decode, const Entry& entry) {
+                                                const Descales& descales, int wg, const Decode& decode,
+                                                const Entry& entry) {
+  using Ops = HopperOperands<T, Cfg>;
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
+  constexpr int QK_STEPS = Cfg::kTileCols / 16, PV_STEPS = BN / Ops::kPvKeys;
   constexpr int NT = BN / 8, DT = D / 8;
   constexpr int PB = Cfg::kPanelBytes, PC = Cfg::kPanelCols, KP = PC / 16;  // a panel row's bytes, columns, k-steps
   constexpr bool kPersistent = Cfg::kPersistent;
@@ -100,10 +178,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
                 x.k.plus(wrap ? 0u - (S - 1) * kStageUnits : kStageUnits)};
   };
   auto k_desc = [&](const Slot& x, int kk) { return x.k.at(((kk / KP) * BN * PB + (kk % KP) * 32) / 16); };
-  // V transposed: its stage lies S·kKVBytes past K's, its head-dim panels BN·PB
-  // apart (the leading offset, bits 16-29); keys 16kk…16kk+15 are 16 panel rows.
-  constexpr uint32_t kVFromK = S * kStageUnits + ((BN * PB / 16) << 16);
-  auto v_desc = [&](const Slot& x, int kk) { return x.k.at(kVFromK + kk * 16 * PB / 16); };
+  auto v_desc = [&](const Slot& x, int kk) { return Ops::v_desc(x.k, kk); };
   auto slot_full_v = [](const Slot& x) { return x.bar + 8 * S; };
   auto slot_empty_k = [](const Slot& x) { return x.bar + 16 * S; };
   auto slot_empty_v = [](const Slot& x) { return x.bar + 24 * S; };
@@ -114,53 +189,80 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
   SoftmaxState<1> softmax;
   float correction[2];
   float s[NT][4];
-  uint32_t pf[BN / 16][4];
+  uint32_t pf[PV_STEPS][4];
   // S = Q·K_j, asynchronous: committed as its own wgmma group.
   auto issue_qk = [&](const Slot& st) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<T, BN>(s, q_desc(kk), k_desc(st, kk), kk > 0);
+    for (int kk = 0; kk < QK_STEPS; ++kk) wgmma_ss<T, BN>(s, q_desc(kk), k_desc(st, kk), kk > 0);
     wgmma_commit();
   };
-  // O += P·V_j, asynchronous, P from registers.
+  // Where P·V lands: O itself, or (HopperOperands::kPromote) a tile's own
+  // accumulator, added to O in fp32 once it has landed.
+  float o_tile[Ops::kPromote ? DT : 1][4];
+  // O += P·V_j, asynchronous, P from registers (promoted: into o_tile, from zero).
   auto issue_pv = [&](const Slot& st) {
-    wgmma_fence_operands(o);
-    wgmma_fence();
+    if constexpr (Ops::kPromote) {
+      wgmma_fence_operands(o_tile);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
+      for (int kk = 0; kk < PV_STEPS; ++kk) wgmma_rs<T, D>(o_tile, pf[kk], v_desc(st, kk), kk > 0);
+    } else {
+      wgmma_fence_operands(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < PV_STEPS; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
+    }
     wgmma_commit();
   };
   // P·V from ring slot x has landed: O may be read, and the V stage is free.
+  // Promoted, O (of the tiles before x, at their max) takes x's correction
+  // (the last update's, x's own) and x's P·V: O·c + P·V, x's rescale with it.
   auto pv_landed = [&](const Slot& x) {
     wgmma_wait<0>();
+    if constexpr (Ops::kPromote) {
+      wgmma_fence_operands(o_tile);
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+#ifdef FA_PLANT_NO_RESCALE
+          o[i][e] += o_tile[i][e];  // planted: O not rescaled when a row's max grows
+#else
+          o[i][e] = fmaf(o[i][e], correction[e / 2], o_tile[i][e]);
+#endif
+        }
+      }
+    }
     wgmma_fence_operands(o);
     mbar_arrive_warp(slot_empty_v(x));
     plant_slowdown(o[0][0]);
   };
   auto pack_p = [&] {
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) p_fragment<T>(pf[kk], s, kk);
+    for (int kk = 0; kk < PV_STEPS; ++kk) Ops::p_fragment(pf[kk], s, kk);
   };
   // This warp's 16 rows of S = Q·K_xᵀ again, synchronously (mma.sync from the Q
   // and K tiles in shared memory, swizzled: panel_chunk), for the rare tile
-  // whose kept max lacks headroom.
-  auto recompute_s = [&](const Slot& x) {
+  // whose kept max lacks headroom (generic: instantiated only where the operands
+  // keep the max).
+  auto recompute_s = [&](const auto& x) {
     auto swizzled = [](uint32_t tile, int panel_bytes, int row, int col) {
-      return tile + (col / PC) * panel_bytes + row * PB + panel_chunk<Cfg>(row, (col % PC) / 8) * 16;
+      return tile + (col / PC) * panel_bytes + row * PB + panel_chunk<PC>(row, (col % PC) / 8) * 16;
     };
     const uint32_t q_rows = sm.q + (64 * cw + 16 * warp) * PB, k_tile = sm.k + x.st * Cfg::kKVBytes;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll 1
-    for (int kk = 0; kk < D / 16; ++kk) {  // not unrolled: a rare path, kept small
+    for (int kk = 0; kk < QK_STEPS; ++kk) {  // not unrolled: a rare path, kept small
       uint32_t a[4];
       ldmatrix_x4(a, swizzled(q_rows, BM * PB, lane % 16, 16 * kk + (lane / 16) * 8));
 #pragma unroll
       for (int np = 0; np < BN / 16; ++np) {
         uint32_t b[4];
         ldmatrix_x4(b, swizzled(k_tile, BN * PB, 16 * np + lane % 8 + (lane / 16) * 8, 16 * kk + ((lane / 8) % 2) * 8));
-        mma_16816<T>(s[2 * np], a, b[0], b[1]);
-        mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
+        QkStep<T>::mma(s[2 * np], a, b[0], b[1]);
+        QkStep<T>::mma(s[2 * np + 1], a, b[2], b[3]);
       }
     }
   };
@@ -206,7 +308,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       }
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) wgmma_ss<T, BN>(s, q_desc_of(q0, kk), k_desc(cur, kk), kk > 0);
+      for (int kk = 0; kk < QK_STEPS; ++kk) wgmma_ss<T, BN>(s, q_desc_of(q0, kk), k_desc(cur, kk), kk > 0);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operands(s);
@@ -258,7 +360,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     }
     named_bar_sync(NamedBarrier::Merge, 384);  // the area is free for the next item
     if (cw != 0) return;
-    store_item<T, Cfg>(p, o_map, sm, it, 0, warp, g, t, row_lo, o, softmax);
+    store_item<Out, Cfg>(p, o_map, sm, it, 0, warp, g, t, row_lo, o, softmax);
   };
 
   int g0 = 0, q_loads = 0;
@@ -283,6 +385,13 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     const int row_lo = it.m0 + 64 * cw + 16 * warp + g;  // this thread's rows: row_lo, row_lo + 8
     const int wg_last_row = it.m0 + 64 * cw + 63;
     reset_rows();
+    // The item's softmax scale, and the factor O takes before it is stored.
+    float item_scale = scale_log2, o_factor = 1.f;
+    if constexpr (Descales::kScaled) {
+      const Fp8Descale d = descales.at(it, p.kv_heads);
+      item_scale *= d.qk;
+      o_factor = d.v;
+    }
 
     // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
     // they come last, and only the barrier protocol runs for them. Ping-pong needs
@@ -302,10 +411,11 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     // no key yet at max −inf; the kept-max update would shift them by 0 and
     // could lose a later tile to underflow, so a warp with such a row takes the
     // exact update (SoftmaxState::update_kept). Warp-uniform.
-    auto needs_exact = [&] { return Mask::kBegin && softmax.any_unseen(0); };
+    // Operands without the kept max (HopperOperands) take it every tile.
+    auto needs_exact = [&] { return !Ops::kKeptMax || (Mask::kBegin && softmax.any_unseen(0)); };
     auto mask_softmax = [&](int j) {
       mask(j);
-      softmax.update(0, s, correction, scale_log2);
+      softmax.update<Ops::kLog2PScale>(0, s, correction, item_scale);
     };
     // Tile j's S has landed: its K stage is free, and after the item's last
     // Q·Kᵀ (persistent) so is Q.
@@ -425,22 +535,25 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
         wgmma_fence_operands(s);
         mask(j);
         const bool exact = needs_exact();
-        const bool kept = !exact && softmax.update_kept(0, s, scale_log2);
-        if (kept) qk_landed(cur, j);
+        const bool kept = !exact && softmax.update_kept(0, s, item_scale);
+        // S_j stays in registers unless a kept max can fail (recompute_s reads the K stage).
+        if (kept || !Ops::kKeptMax) qk_landed(cur, j);
         next = next_slot(cur);
         k_ready = mbar_test(next.bar, next.phase);
         v_ready = mbar_test(slot_full_v(cur), cur.phase);
         pv_landed(prev);
-        pack_p();
-        if (!kept) {  // the exact update: without headroom, from this warp's S_j again (P overwrote it)
-          if (!exact) {
-            recompute_s(cur);
-            mask(j);
+        if (Ops::kKeptMax) pack_p();  // redone below where the tile is not kept
+        if (!kept) {                  // the exact update: without headroom, from this warp's S_j again (P overwrote it)
+          if constexpr (Ops::kKeptMax) {
+            if (!exact) {
+              recompute_s(cur);
+              mask(j);
+            }
           }
-          softmax.update(0, s, correction, scale_log2);
-          softmax.rescale(o, correction);
+          softmax.update<Ops::kLog2PScale>(0, s, correction, item_scale);
+          if constexpr (!Ops::kPromote) softmax.rescale(o, correction);  // promoted: as its P·V lands
           pack_p();
-          qk_landed(cur, j);
+          if constexpr (Ops::kKeptMax) qk_landed(cur, j);
         }
       }
       if (live > 0) {
@@ -462,7 +575,11 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       release_landed(x);
     }
     g0 += it.tiles;
-    store_item<T, Cfg>(p, o_map, sm, it, cw, warp, g, t, row_lo, o, softmax);
+    if constexpr (Descales::kScaled) {
+#pragma unroll
+      for (int i = 0; i < DT; ++i) o[i][0] *= o_factor, o[i][1] *= o_factor, o[i][2] *= o_factor, o[i][3] *= o_factor;
+    }
+    store_item<Out, Cfg>(p, o_map, sm, it, cw, warp, g, t, row_lo, o, softmax);
   }
   o_store_drain();
 }

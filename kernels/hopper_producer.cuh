@@ -1,6 +1,7 @@
 // The Hopper kernel's producer: one thread of warpgroup 0 issues every TMA load —
 // an item's Q, and key tile j of an item into ring position g once the tile
-// there before it has been read — and, before the CTA barrier, initialises the
+// there before it has been read (e4m3 V from its transposed copy,
+// HopperConfig::kVTransposed) — and, before the CTA barrier, initialises the
 // mbarriers and loads the first item's Q and first tiles.
 #pragma once
 
@@ -24,7 +25,7 @@ struct HopperProducer {
     mbar_expect_tx(sm.full_q(), Cfg::kQBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
-      tma_load_4d(sm.q + c * BM * Cfg::kPanelBytes, &hp.q_map, sm.full_q(), c * Cfg::kPanelCols, at.x, at.y, at.z);
+      tma_load_4d(sm.q + c * BM * Cfg::kPanelBytes, &hp.q_map, sm.full_q(), c * Cfg::kPanelElems, at.x, at.y, at.z);
   }
 
   // Key tile j (`keys`: where an item's tiles lie, key_tiles) into ring position g.
@@ -36,14 +37,19 @@ struct HopperProducer {
     mbar_expect_tx(sm.full_k(st), Cfg::kKVBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
-      tma_load_4d(sm.k + st * Cfg::kKVBytes + c * BN * Cfg::kPanelBytes, &hp.k_map, sm.full_k(st), c * Cfg::kPanelCols,
+      tma_load_4d(sm.k + st * Cfg::kKVBytes + c * BN * Cfg::kPanelBytes, &hp.k_map, sm.full_k(st), c * Cfg::kPanelElems,
                   at.x, at.y, at.z);
     if (g >= S) mbar_wait(sm.empty_v(st), ((g / S) - 1) & 1);
     mbar_expect_tx(sm.full_v(st), Cfg::kKVBytes);
+    if constexpr (Cfg::kVTransposed) {
+      // Vᵀ (d, key): the tile's keys of every head-dim row, one panel.
+      tma_load_4d(sm.v + st * Cfg::kKVBytes, &hp.v_map, sm.full_v(st), at.x, 0, at.y, at.z);
+    } else {
 #pragma unroll
-    for (int c = 0; c < Cfg::kPanels; ++c)
-      tma_load_4d(sm.v + st * Cfg::kKVBytes + c * BN * Cfg::kPanelBytes, &hp.v_map, sm.full_v(st), c * Cfg::kPanelCols,
-                  at.x, at.y, at.z);
+      for (int c = 0; c < Cfg::kPanels; ++c)
+        tma_load_4d(sm.v + st * Cfg::kKVBytes + c * BN * Cfg::kPanelBytes, &hp.v_map, sm.full_v(st),
+                    c * Cfg::kPanelElems, at.x, at.y, at.z);
+    }
   }
 
   // Thread 0, before the CTA barrier: every mbarrier, exp turns' scale, and the

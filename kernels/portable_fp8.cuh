@@ -5,21 +5,21 @@
 // tile loads, mainloop, softmax and epilogue. Its own parts:
 //   Fp8Config             tiles per head dim
 //   WarpMma<e4m3x2, Cfg>  Q·Kᵀ and P·V on m16n8k32, P quantised as it enters
-//   Fp8Descale            the (batch, K/V head)'s factors
-// and dequantise_e4m3, which turns an e4m3 tensor into a 16-bit one for the
-// Hopper kernel (it has no e4m3 entries; kernel-ffi's forward_dequantised).
+// and two passes over whole tensors, which kernel-ffi launches before other
+// kernels' calls: transpose_v_e4m3 (V for the Hopper kernel's e4m3 entries) and
+// dequantise_e4m3 (e4m3 inputs where no e4m3 entry runs the call:
+// forward_dequantised).
 //
 // Numerics. Q·Kᵀ is exact in fp32 (products of e4m3 values, 32-term sums). Its
 // factors q_descale · k_descale join the softmax scale, so the row max, the sums
-// and the LSE are those of the dequantised scores. P (p ≤ 1) is quantised as
-// 2^8 · p, FA3's offset: e4m3 keeps 3 significand bits down to 2^-6, so
-// p ≥ 2^-14 keeps them and p < 2^-18 flushes to 0 (about e^-12.5 below the row
-// max), where unscaled p would lose them under 2^-6. The row sums are fp32
-// from the unquantised p, and O = v_descale · 2^-8 · Σ P̃ V / l: P̃'s rounding
-// (at most 2^-4 relative) is the error the output carries.
+// and the LSE are those of the dequantised scores. P is quantised as 2^8 · p
+// (fp8.cuh). The row sums are fp32 from the unquantised p, and
+// O = v_descale · 2^-8 · Σ P̃ V / l: P̃'s rounding (at most 2^-4 relative) is
+// the error the output carries.
 #pragma once
 
 #include "flash_fwd.cuh"
+#include "fp8.cuh"
 
 namespace fa {
 
@@ -85,8 +85,6 @@ struct WarpMma<e4m3x2, Cfg> : WarpQk<e4m3x2, Cfg, Cfg::kTileCols * Cfg::kRowTile
   using typename Qk::KFrag;
   using typename Qk::QFrags;
   using VFrag = VRows<C>;
-  // P enters P·V as 2^8 · p (the header's numerics).
-  static constexpr float kPScale = 256.f;
   const VFrag& v_frag;
 
   __device__ __forceinline__ WarpMma(QFrags& qf, const KeyGroup<e4m3x2, Cfg>& grp, int w0, int lane,
@@ -97,16 +95,9 @@ struct WarpMma<e4m3x2, Cfg> : WarpQk<e4m3x2, Cfg, Cfg::kTileCols * Cfg::kRowTile
     return VFrag(smem_u32(grp.v), lane);
   }
 
-  // P of 32-key step kk as an A fragment: k = 4t + j of each 16-key half is key
-  // (2t, 2t+1, 8+2t, 9+2t)[j] of it, the accumulators of 8-key tiles 4kk … 4kk+3.
+  // P of 32-key step kk as an A fragment, in the accumulators' key order (fp8.cuh).
   __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float(&lo)[4] = s[4 * kk + 2 * (i / 2)];
-      const float(&hi)[4] = s[4 * kk + 2 * (i / 2) + 1];
-      const int r = 2 * (i % 2);  // a0, a2: row g; a1, a3: row g + 8
-      pf[i] = pack_e4m3x4(lo[r] * kPScale, lo[r + 1] * kPScale, hi[r] * kPScale, hi[r + 1] * kPScale);
-    }
+    p_fragment_e4m3(pf, s, kk);
   }
 
   // O += P·V. Per 32-key step and 16 columns of D (one 16-byte chunk of V's
@@ -140,7 +131,7 @@ struct WarpMma<e4m3x2, Cfg> : WarpQk<e4m3x2, Cfg, Cfg::kTileCols * Cfg::kRowTile
   // 16c + 4t, +2 and 16c + 4t + 1, +3) regrouped into consecutive pairs
   // (Fp8Config::pair_col), times v_descale · 2^-8.
   __device__ __forceinline__ static void finish(float (&o)[MT][D / 8][4], float v_descale) {
-    const float f = v_descale / kPScale;
+    const float f = v_descale / kE4m3PScale;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -161,20 +152,6 @@ struct WarpMma<e4m3x2, Cfg> : WarpQk<e4m3x2, Cfg, Cfg::kTileCols * Cfg::kRowTile
   }
 };
 
-// The dequantisation factors of a block's (batch, K/V head); 1 where not given.
-struct Fp8Descale {
-  float qk, v;
-  __device__ __forceinline__ Fp8Descale(const Fp8Params& fp, int b, int kvh) {
-    const int i = b * fp.p.kv_heads + kvh;
-    qk = (fp.q_descale != nullptr ? fp.q_descale[i] : 1.f) * (fp.k_descale != nullptr ? fp.k_descale[i] : 1.f);
-#ifdef FA_PLANT_E4M3_DESCALE
-    v = 1.f;  // planted: v_descale dropped
-#else
-    v = fp.v_descale != nullptr ? fp.v_descale[i] : 1.f;
-#endif
-  }
-};
-
 // A dense block of e4m3 inputs: flash_fwd's parts over e4m3 tiles, the
 // descales folded into the softmax scale and O.
 template <typename Out, int D, typename Mask>
@@ -190,7 +167,7 @@ __device__ __forceinline__ void flash_fwd_e4m3(const Fp8Params& fp) {
   const KeyGroup<e4m3x2, Cfg> grp(smem_raw);
   const WarpRows<1> wr(grp.tid);
   const PortableBlock<BM, Mask> blk(p);
-  const Fp8Descale descale(fp, blk.b, blk.kvh);
+  const Fp8Descale descale(fp.q_descale, fp.k_descale, fp.v_descale, blk.b * p.kv_heads + blk.kvh);
   const KeyRange<BM, BN, Mask> keys(p, blk);
   const HeadTensors<e4m3x2> in(p, blk);
   float o[1][D / 8][4];
@@ -255,12 +232,66 @@ __device__ __forceinline__ void dequantise_e4m3(const DequantParams& p) {
   dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
+// V [B, Hkv, Sk, D] as the Hopper kernel's e4m3 P·V reads it (TransposeParams):
+// Vᵀ, [B, Hkv, D, keys] contiguous, each 16 keys in P's k order (k-th byte of
+// a 16-key run is key pv_key(k) of it) and zeros past Sk, so that a key tile is
+// K-major for wgmma. A block of kTransposeThreads moves 128 keys × 64 columns of
+// one (batch, head) through shared memory: in, 16-byte chunks of key rows; out,
+// each thread 16 keys of 4 columns, 4 × 4 byte blocks turned by byte permutes.
+constexpr int kTransposeThreads = 128;
+__device__ __forceinline__ void transpose_v_e4m3(const TransposeParams& p) {
+  constexpr int kKeys = 128, kCols = 64, kRowWords = kCols / 4;
+  // Key row k at word 16k + 4·(k / 16): the skew puts a warp's 8 runs of 16
+  // keys on different banks.
+  auto row = [](int k) { return k * kRowWords + 4 * (k / 16); };
+  __shared__ __align__(16) uint32_t tile[kKeys * kRowWords + 4 * (kKeys / 16)];
+  if (blockDim.x != kTransposeThreads) __trap();  // the manifest's launch geometry: a mismatch is a build bug
+  const int key0 = blockIdx.x * kKeys, col0 = blockIdx.y * kCols;
+  const int bh = blockIdx.z, b = bh / p.heads, h = bh % p.heads;
+  const unsigned char* src = static_cast<const unsigned char*>(p.src) + b * p.batch_stride + h * p.head_stride + col0;
+  for (int c = threadIdx.x; c < kKeys * 4; c += kTransposeThreads) {
+    const int k = c / 4, chunk = c % 4;
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (key0 + k < p.rows) x = *reinterpret_cast<const uint4*>(src + (int64_t)(key0 + k) * p.row_stride + 16 * chunk);
+    *reinterpret_cast<uint4*>(&tile[row(k) + 4 * chunk]) = x;
+  }
+  __syncthreads();
+  // Keys key0 + 16·run …, columns col0 + 4·quad …: a warp's 8 runs of one
+  // column are 128 contiguous bytes of Vᵀ.
+  const int run = threadIdx.x % 8, quad = threadIdx.x / 8;
+  if (key0 + 16 * run >= p.keys) return;
+  uint32_t out[4][4];  // [column][word]: word j holds keys pv_key(4j … 4j+3) = 2j, 2j+1, 2j+8, 2j+9
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int k = 16 * run + 2 * j;
+    const uint32_t a = tile[row(k) + quad], bb = tile[row(k + 1) + quad];
+    const uint32_t c = tile[row(k + 8) + quad], d = tile[row(k + 9) + quad];
+    const uint32_t ab_lo = __byte_perm(a, bb, 0x5140), ab_hi = __byte_perm(a, bb, 0x7362);  // a0 b0 a1 b1, a2 b2 a3 b3
+    const uint32_t cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+    out[0][j] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0: column 0's keys in P's order
+    out[1][j] = __byte_perm(ab_lo, cd_lo, 0x7632);
+    out[2][j] = __byte_perm(ab_hi, cd_hi, 0x5410);
+    out[3][j] = __byte_perm(ab_hi, cd_hi, 0x7632);
+  }
+  unsigned char* dst = static_cast<unsigned char*>(p.dst) + key0 + 16 * run;
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+    *reinterpret_cast<uint4*>(dst + ((int64_t)bh * p.head_dim + col0 + 4 * quad + m) * p.keys) =
+        make_uint4(out[m][0], out[m][1], out[m][2], out[m][3]);
+}
+
 }  // namespace fa
 
 // The dequantisation entries: dequantise_e4m3_<out dtype>, 256 threads a block.
 #define FA_DEQUANTISE_ENTRY(OUT, DT)                                                                  \
   extern "C" __global__ void __launch_bounds__(256) dequantise_e4m3_##DT(const fa::DequantParams p) { \
     fa::dequantise_e4m3<OUT>(p);                                                                      \
+  }
+
+// transpose_v_e4m3: blocks of kTransposeThreads, grid (⌈keys / 128⌉, D / 64, B × Hkv).
+#define FA_TRANSPOSE_ENTRY                                                                                            \
+  extern "C" __global__ void __launch_bounds__(fa::kTransposeThreads) transpose_v_e4m3(const fa::TransposeParams p) { \
+    fa::transpose_v_e4m3(p);                                                                                          \
   }
 
 // One stable extern "C" entry: flash_fwd_e4m3_<out dtype>_d<D>[_causal].

@@ -11,22 +11,6 @@
 
 namespace fa {
 
-// One 16-column step of Q·Kᵀ on mma.sync: m16n8k16 on 16-bit elements, and on
-// e4m3 pairs (a 16-bit column holds two) m16n8k32, whose fragments are the same
-// bytes (common.cuh).
-template <typename T>
-struct QkStep {
-  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    mma_16816<T>(d, a, b0, b1);
-  }
-};
-template <>
-struct QkStep<e4m3x2> {
-  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    mma_16832_e4m3(d, a, b0, b1);
-  }
-};
-
 // The Q·Kᵀ half of a warp's matrix products on its 16·MT rows (w0 …): Q
 // fragments from the group's Q tile, K fragments from its K tile, each row
 // kTileCols 16-bit columns. Q fragments stay in registers, loaded once, where

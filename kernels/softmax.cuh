@@ -42,10 +42,14 @@ struct SoftmaxState {
   // running max and the correction, by which the partial sum must be rescaled
   // too, and returns the shift of the row's exponentials; the exp step turns s
   // into p = 2^(s·scale·log2e − shift) in place and advances the partial sum.
-  template <int NT>
+  // OFFSET (log2 units): the running max is kept OFFSET below the scores' own,
+  // so p and the sums come out 2^OFFSET times theirs (and the LSE, the max plus
+  // log2 of the sum, is unchanged).
+  template <int OFFSET = 0, int NT>
   __device__ __forceinline__ float max_step(int mt, const float (&s)[NT][4], int r, float (&correction)[2],
                                             float scale_log2) {
-    const float mx = tile_max(s, r, scale_log2);
+    float mx = tile_max(s, r, scale_log2);
+    if constexpr (OFFSET != 0) mx -= OFFSET;
     const float new_max = fmaxf(row_max[mt][r], mx);
     const float base = exp_base(new_max);
     correction[r] = fast_exp2(row_max[mt][r] - base);
@@ -87,12 +91,13 @@ struct SoftmaxState {
   }
 
   // Tile mt's scores s of one key tile, without touching O: s becomes
-  // p = 2^(s·scale·log2e − max) in place, and the running max and partial sums
-  // advance.
-  template <int NT>
+  // p = 2^(s·scale·log2e − max + OFFSET) in place (max_step), and the running
+  // max and partial sums advance.
+  template <int OFFSET = 0, int NT>
   __device__ __forceinline__ void update(int mt, float (&s)[NT][4], float (&correction)[2], float scale_log2) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) exp_step(mt, s, r, max_step(mt, s, r, correction, scale_log2), correction, scale_log2);
+    for (int r = 0; r < 2; ++r)
+      exp_step(mt, s, r, max_step<OFFSET>(mt, s, r, correction, scale_log2), correction, scale_log2);
   }
 
   // Tile mt's scores against the max kept from earlier tiles, without waiting for

@@ -337,7 +337,7 @@ mod tests {
         for src in &m.sources {
             let hopper = src.kernels.iter().all(|k| is_hopper_entry(&k.entry));
             // e4m3 mma.sync needs sm_89.
-            let e4m3 = src.kernels.iter().all(|k| k.entry.contains("e4m3_"));
+            let e4m3 = src.kernels.iter().all(|k| k.entry.contains("e4m3"));
             let expected: &[&str] = match (hopper, e4m3) {
                 (true, _) => &["sm_90a"],
                 (_, true) => &["sm_89", "sm_90", "sm_90a"],
