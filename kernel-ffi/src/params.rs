@@ -99,6 +99,28 @@ pub struct DequantParams {
     pub group: i32,
 }
 
+/// An e4m3 V transposed for the Hopper kernel's e4m3 entries
+/// (fa::TransposeParams): [B, Hkv, D, keys] contiguous, keys = Sk rounded up
+/// to 16, each 16 keys in P's order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TransposeParams {
+    /// V, e4m3 [B, Hkv, Sk, D].
+    pub src: u64,
+    /// Vᵀ.
+    pub dst: u64,
+    /// V's batch, head and row strides, in elements (bytes).
+    pub strides: [i64; 3],
+    /// Hkv.
+    pub heads: i32,
+    /// Sk.
+    pub rows: i32,
+    /// D.
+    pub head_dim: i32,
+    /// Vᵀ's row length: Sk rounded up to 16.
+    pub keys: i32,
+}
+
 /// The bytes of a `CUtensorMap` (fa::TmaDesc).
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy)]
@@ -189,6 +211,22 @@ pub struct HopperParams {
     pub p: FlashParams,
     /// The persistent entries' units.
     pub sched: HopperSched,
+}
+
+/// The Hopper kernel's e4m3 entries' parameters (fa::HopperFp8Params): its
+/// 16-bit entries' with `v_map` over V transposed (`TransposeParams`'s dst),
+/// and the descales as in [`Fp8Params`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct HopperFp8Params {
+    /// Maps, addresses, sizes and units.
+    pub hp: HopperParams,
+    /// q's factors, fp32 [B, Hkv], or 0 for 1.
+    pub q_descale: u64,
+    /// k's.
+    pub k_descale: u64,
+    /// v's.
+    pub v_descale: u64,
 }
 
 /// A serving call's sequences (fa::SeqParams), for the `_varlen` entries:
@@ -324,6 +362,11 @@ unsafe impl DeviceRepr for FlashParams {}
 unsafe impl DeviceRepr for Fp8Params {}
 // SAFETY: #[repr(C)] plain data mirroring fa::DequantParams (kernels/flash_params.h).
 unsafe impl DeviceRepr for DequantParams {}
+// SAFETY: #[repr(C)] plain data mirroring fa::TransposeParams (kernels/flash_params.h).
+unsafe impl DeviceRepr for TransposeParams {}
+// SAFETY: as above, mirrors fa::HopperFp8Params (HopperParams, a multiple of 64 bytes, then three
+// pointers as u64).
+unsafe impl DeviceRepr for HopperFp8Params {}
 // SAFETY: as above, mirrors fa::HopperParams (four 64-byte-aligned 128-byte tensor maps, FlashParams,
 // then HopperSched: an int32_t, five FastDiv of three uint32_t, a pointer as u64 and two
 // int32_t).
@@ -345,6 +388,8 @@ const _: () = assert!(std::mem::size_of::<FlashParams>() == 7 * 8 + 12 * 8 + 12 
 // to the 64-byte alignment.
 const _: () = assert!(std::mem::size_of::<Fp8Params>() == std::mem::size_of::<FlashParams>() + 3 * 8);
 const _: () = assert!(std::mem::size_of::<DequantParams>() == 6 * 8 + 6 * 4);
+const _: () = assert!(std::mem::size_of::<TransposeParams>() == 5 * 8 + 4 * 4);
+const _: () = assert!(std::mem::offset_of!(HopperFp8Params, q_descale) == std::mem::size_of::<HopperParams>());
 const _: () = assert!(std::mem::size_of::<HopperSched>() == 4 + 5 * 12 + 8 + 2 * 4);
 const _: () = assert!(std::mem::offset_of!(HopperSched, order) == 4 + 5 * 12);
 const _: () = assert!(std::mem::offset_of!(HopperParams, p) == 512);

@@ -10,8 +10,8 @@ use crate::tensor::{Dtype, Problem};
 impl Attention {
     /// The family `forward` runs for this problem: `Auto` takes the Hopper kernel
     /// where loaded, compiled for the head dim and measured faster
-    /// (`planner::prefer_hopper`). The Hopper kernel has no e4m3 entries: e4m3
-    /// inputs reach it dequantised to the output's dtype (`forward_descaled_on`).
+    /// (`planner::prefer_hopper`). e4m3 inputs run dequantised to the output's
+    /// dtype where it has no e4m3 entry for the call (`forward_descaled_on`).
     pub fn resolve(&self, p: &Problem, variant: Variant) -> Result<Family> {
         let hopper_dim = self.has_head_dim(Family::Hopper, p.head_dim);
         match variant {
@@ -31,10 +31,12 @@ impl Attention {
         }
     }
 
-    /// Whether a family's dense forward entries of head dim `d` are loaded.
+    /// Whether a family's dense forward entries of head dim `d` are loaded (of
+    /// any precision).
     fn has_head_dim(&self, family: Family, d: usize) -> bool {
-        [Dtype::F16, Dtype::Bf16].into_iter().any(|dt| {
-            let stem = family.entry_stem(dt, d, Scores::default());
+        let e4m3 = |output| Precision { input: Dtype::E4m3, output };
+        [Dtype::F16.into(), Dtype::Bf16.into(), e4m3(Dtype::F16), e4m3(Dtype::Bf16)].into_iter().any(|p: Precision| {
+            let stem = family.entry_stem(p, d, Scores::default());
             self.kernels.keys().any(|name| name == &stem || name.starts_with(&format!("{stem}_")))
         })
     }

@@ -14,7 +14,8 @@ use super::memory::{device_ptr, strides};
 use super::{Attention, Chosen, Descales, Family, Kernel, Tensor};
 use crate::error::{CudaContext, Error, Result};
 use crate::params::{
-    CombineParams, DequantParams, FastDiv, FlashParams, Fp8Params, HopperParams, HopperSched, TmaDesc,
+    CombineParams, DequantParams, FastDiv, FlashParams, Fp8Params, HopperFp8Params, HopperParams, HopperSched, TmaDesc,
+    TransposeParams,
 };
 use crate::planner::{self, Plan};
 use crate::schema::EntryRecord;
@@ -39,8 +40,8 @@ pub struct Launched {
     pub key_groups: u32,
     /// Whether its CTAs were persistent.
     pub persistent: bool,
-    /// e4m3 inputs dequantised into 16-bit scratch for it (the Hopper kernel,
-    /// which has no e4m3 entries; windows and softcap).
+    /// e4m3 inputs dequantised into 16-bit scratch for it (windows and
+    /// softcap, which no e4m3 entry compiles in).
     pub dequantised: bool,
 }
 
@@ -255,18 +256,66 @@ impl Attention {
         Ok(())
     }
 
+    /// e4m3 `v` ([B, Hkv, Sk, D]) transposed into new scratch for the Hopper
+    /// kernel's e4m3 entries, enqueued on `s`: [B, Hkv, D, keys] contiguous,
+    /// keys = Sk rounded up to 16, each 16 keys in P's order (`transpose_v_e4m3`).
+    /// Returns it and keys.
+    fn transpose_v(&self, s: &Arc<CudaStream>, v: &Tensor) -> Result<(CudaSlice<u8>, usize)> {
+        let name = "transpose_v_e4m3";
+        let kern = self.kernel(name)?;
+        let [batch, heads, rows, head_dim] = v.desc.dims;
+        let keys = rows.next_multiple_of(16);
+        let bytes = batch * heads * head_dim * keys;
+        // SAFETY: every byte is written by the launch below before the forward reads it (a
+        // block per 128 keys × 64 columns of each (batch, head), zeros past Sk); stream-ordered
+        // on `s`, freed there after the forward.
+        let vt = unsafe { s.alloc::<u8>(bytes.max(16)) }.cuda("allocating V transposed")?;
+        let blocks = (keys.div_ceil(128), head_dim / 64, batch * heads);
+        let grid_dim = (
+            u32::try_from(blocks.0).map_err(|_| Error::Unsupported(format!("{name}: {rows} keys")))?,
+            blocks.1 as u32,
+            u32::try_from(blocks.2)
+                .ok()
+                .filter(|&z| z <= 65535)
+                .ok_or_else(|| Error::Unsupported(format!("{name}: batch × kv heads {} over 65535", blocks.2)))?,
+        );
+        if bytes == 0 {
+            return Ok((vt, keys));
+        }
+        let params = TransposeParams {
+            src: device_ptr(&v.data, s),
+            dst: device_ptr(&vt, s),
+            strides: strides(&v.desc),
+            heads: heads as i32,
+            rows: rows as i32,
+            head_dim: head_dim as i32,
+            keys: keys as i32,
+        };
+        let cfg = LaunchConfig { grid_dim, block_dim: (kern.launch.threads, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matches `transpose_v_e4m3(const TransposeParams p)` in kernels/flash_fwd_e4m3.cu.
+        // `v` was validated (rows inside its buffer, strides multiples of 16 bytes, pointer 16-byte
+        // aligned: validate::aligned; D one of E4M3_HEAD_DIMS, a multiple of 64); `vt` holds
+        // B·Hkv·D·keys bytes, which the grid covers exactly (keys a multiple of 16; a block's
+        // runs of 16 keys past them return) with the manifest's threads, which the kernel checks.
+        unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;
+        Ok((vt, keys))
+    }
+
     /// A Hopper entry takes the portable entries' parameters with TMA maps of
-    /// q, k, v and out (boxes of a warpgroup's 64 rows) and the schedule of its grid.
+    /// q, k, v and out (boxes of a warpgroup's 64 rows) and the schedule of its
+    /// grid; an e4m3 one V transposed (`transpose_v`, launched first) and the
+    /// descales.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_hopper(
         &self,
-        s: &CudaStream,
+        s: &Arc<CudaStream>,
         c: &Chosen,
         grid: &Grid,
         [q, k, v, out]: [&Tensor; 4],
         p: &Problem,
         params: FlashParams,
         causal: bool,
+        descales: &Descales,
     ) -> Result<()> {
         let kern = c.kern;
         // The 128-row causal entries read a schedule (the kernel's kScheduled); the
@@ -275,10 +324,15 @@ impl Attention {
         let (order, order_stride) =
             if scheduled { self.causal_order(kern, p, &c.plan, grid.cfg.grid_dim.0)? } else { (0, 0) };
         let map = |t: &Tensor, rows: u32| tensor_map(device_ptr(&t.data, s), t.dtype, &t.desc, rows);
+        let transposed = if v.dtype == Dtype::E4m3 { Some(self.transpose_v(s, v)?) } else { None };
+        let v_map = match &transposed {
+            Some((vt, keys)) => transposed_map(device_ptr(vt, s), &v.desc, *keys, kern.launch.block_n)?,
+            None => map(v, kern.launch.block_n)?,
+        };
         let hparams = HopperParams {
             q_map: map(q, kern.launch.block_m)?,
             k_map: map(k, kern.launch.block_n)?,
-            v_map: map(v, kern.launch.block_n)?,
+            v_map,
             o_map: map(out, 64)?,
             p: params,
             sched: HopperSched {
@@ -293,15 +347,31 @@ impl Attention {
                 whole_units: grid.whole_units as i32,
             },
         };
-        // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal][_m64](const __grid_constant__
-        // HopperParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
-        // exactly the validated q/k/v/out extents (TMA zero-fills and never reads past them,
-        // and clips its stores of out to them);
-        // `sched` describes this grid (units checked < 2^31 by Grid::new; a causal schedule holds
-        // grid × order_stride block indices below m_blocks × B·H × splits, and stays in
-        // `causal_orders` while launches that read it may run); the rest as for the
-        // portable kernel (launch_portable).
-        unsafe { s.launch_builder(&kern.func).arg(&hparams).launch(grid.cfg) }.cuda(format!("launching {}", c.name))?;
+        if transposed.is_none() {
+            // SAFETY: matches `flash_fwd_hopper_<dtype>_d<D>[_causal][_m64](const __grid_constant__
+            // HopperParams p)` in kernels/flash_fwd_hopper_<dtype>.cu. The tensor maps describe
+            // exactly the validated q/k/v/out extents (TMA zero-fills and never reads past them,
+            // and clips its stores of out to them); `sched` describes this grid (units checked
+            // < 2^31 by Grid::new; a causal schedule holds grid × order_stride block indices below
+            // m_blocks × B·H × splits, and stays in `causal_orders` while launches that read it
+            // may run); the rest as for the portable kernel (launch_portable).
+            unsafe { s.launch_builder(&kern.func).arg(&hparams).launch(grid.cfg) }
+                .cuda(format!("launching {}", c.name))?;
+            return Ok(());
+        }
+        let ptr = |d: Option<&CudaSlice<f32>>| d.map_or(0, |d| device_ptr(d, s));
+        let fparams = HopperFp8Params {
+            hp: hparams,
+            q_descale: ptr(descales.q),
+            k_descale: ptr(descales.k),
+            v_descale: ptr(descales.v),
+        };
+        // SAFETY: matches `flash_fwd_hopper_e4m3_<out dtype>_d<D>[_causal](const __grid_constant__
+        // HopperFp8Params p)` in kernels/flash_fwd_hopper_e4m3.cu. As the 16-bit launch above, with
+        // v_map over V transposed, which `transpose_v` wrote before on this stream and which
+        // outlives the launch (freed in stream order); each descale given holds batch × kv_heads
+        // floats (validate::descales), indexed by (batch, kv head).
+        unsafe { s.launch_builder(&kern.func).arg(&fparams).launch(grid.cfg) }.cuda(format!("launching {}", c.name))?;
         Ok(())
     }
 
@@ -398,21 +468,37 @@ impl Attention {
 
 /// A TMA map of a [B, H, S, D] tensor at `ptr`: 4-D innermost first (d, seq, head,
 /// batch), boxes of one swizzle panel × `rows` rows, as the kernel's tiles and
-/// wgmma descriptors lay them out (`HopperConfig::kPanelCols`): 64 columns with
-/// the 128-byte swizzle where D is a multiple of 64, else 32 with the 64-byte
-/// one. A zero-length sequence is described as one row; the kernel issues no
-/// load or store for it.
+/// wgmma descriptors lay them out (`HopperConfig::kPanelCols`): 128 bytes with
+/// the 128-byte swizzle where a row is a multiple of 128 bytes, else 64 with
+/// the 64-byte one. A zero-length sequence is described as one row; the kernel
+/// issues no load or store for it.
 pub(super) fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Result<TmaDesc> {
     let [b, h, seq, d] = desc.dims.map(|x| x as u64);
     let [sb, sh, ss] = desc.strides.map(|x| (x * dtype.bytes()) as u64);
-    let dims = [d, seq.max(1), h, b];
-    let strides = [ss, sh, sb];
-    let (panel, swizzle) = if d % 64 == 0 {
-        (64u32, CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B)
+    let panel = if (d * dtype.bytes() as u64).is_multiple_of(128) { 128 } else { 64 };
+    encode_map(ptr, dtype, [d, seq.max(1), h, b], [ss, sh, sb], [panel / dtype.bytes() as u32, rows])
+}
+
+/// A TMA map of V transposed (`transpose_v`: [B, Hkv, D, keys] contiguous bytes,
+/// `v` V's descriptor) for the Hopper kernel's e4m3 entries: 4-D (key, d, head,
+/// batch), boxes of the entry's key tile (`block_n` bytes, one swizzle panel:
+/// `HopperConfig::kVPanelBytes`) × D.
+fn transposed_map(ptr: u64, v: &Desc, keys: usize, block_n: u32) -> Result<TmaDesc> {
+    let [b, h, _, d] = v.dims.map(|x| x as u64);
+    let keys = keys.max(16) as u64; // no keys (Sk = 0): a map the kernel never loads from
+    encode_map(ptr, Dtype::E4m3, [keys, d, h, b], [keys, keys * d, keys * d * h], [block_n, d as u32])
+}
+
+/// cuTensorMapEncodeTiled of a 4-D tensor (dims innermost first, byte strides of
+/// the outer three) in boxes of `[inner, rows]` × 1 × 1, swizzled by the box's
+/// inner bytes (128 or 64).
+fn encode_map(ptr: u64, dtype: Dtype, dims: [u64; 4], strides: [u64; 3], [inner, rows]: [u32; 2]) -> Result<TmaDesc> {
+    let swizzle = if inner as usize * dtype.bytes() == 128 {
+        CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
     } else {
-        (32, CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B)
+        CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B
     };
-    let boxes = [panel, rows, 1, 1];
+    let boxes = [inner, rows, 1, 1];
     let element_strides = [1u32; 4];
     let data_type = match dtype {
         Dtype::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,

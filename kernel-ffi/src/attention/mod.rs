@@ -247,7 +247,7 @@ impl Attention {
         match family {
             Family::Portable if q.dtype == Dtype::E4m3 => Self::launch_e4m3(s, &chosen, &grid, params, &descales)?,
             Family::Portable => Self::launch_portable(s, &chosen, &grid, &params)?,
-            Family::Hopper => self.launch_hopper(s, &chosen, &grid, [q, k, v, out], &p, params, causal)?,
+            Family::Hopper => self.launch_hopper(s, &chosen, &grid, [q, k, v, out], &p, params, causal, &descales)?,
         }
         if let Some(partials) = &partials {
             self.launch_combine(s, out.dtype, &p, chosen.plan.num_splits, partials, out, lse, None)?;

@@ -210,25 +210,20 @@ impl Family {
         format!("{family}_{}_d{head_dim}{}", precision.into().name(), scores.suffix())
     }
 
-    /// The precision of the entries that run a call of `precision`: its own,
-    /// but e4m3 inputs run dequantised to the output's dtype on the Hopper
-    /// kernel, which has no e4m3 entries, and on the portable one where it has
-    /// none for the call's scores (`native`: whether it has).
+    /// The precision of the entries that run a call of `precision`: its own
+    /// where the family has entries of it for the call's scores (`native`),
+    /// else e4m3 inputs run dequantised to the output's dtype (windows and
+    /// softcap, which no e4m3 entry compiles in).
     ///
     /// ```
     /// use kernel_ffi::{Dtype, Family, Precision};
     ///
     /// let fp8 = Precision { input: Dtype::E4m3, output: Dtype::Bf16 };
-    /// assert_eq!(Family::Portable.entry_precision(fp8, || true), fp8);
+    /// assert_eq!(Family::Hopper.entry_precision(fp8, || true), fp8);
     /// assert_eq!(Family::Portable.entry_precision(fp8, || false), Precision::from(Dtype::Bf16));
-    /// assert_eq!(Family::Hopper.entry_precision(fp8, || true), Precision::from(Dtype::Bf16));
     /// ```
     pub fn entry_precision(self, precision: Precision, native: impl FnOnce() -> bool) -> Precision {
-        if precision.input == precision.output || (self == Family::Portable && native()) {
-            precision
-        } else {
-            Precision::from(precision.output)
-        }
+        if precision.input == precision.output || native() { precision } else { Precision::from(precision.output) }
     }
 }
 

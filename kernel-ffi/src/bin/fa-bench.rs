@@ -40,7 +40,7 @@ struct Args {
     /// Shapes as B,H,S,D[,causal], varlen:B,H,HKV,S,D[,causal] or paged:B,H,HKV,S,D,PAGE; repeatable. Default: the default set.
     #[arg(long = "shape", value_parser = Shape::parse, conflicts_with = "serve")]
     shapes: Vec<Shape>,
-    /// f16, bf16 or e4m3, comma-separated (e4m3: bf16 out, descales of 1; on H100/H200 the Hopper kernel runs it dequantised where Auto takes it).
+    /// f16, bf16 or e4m3, comma-separated (e4m3: bf16 out, descales of 1).
     #[arg(long, default_value = "f16", value_delimiter = ',', value_parser = Dtype::parse)]
     dtype: Vec<Dtype>,
     /// Key splits: auto or a count (1 = unsplit).
