@@ -192,6 +192,9 @@ pub struct TestCase {
     #[serde(with = "non_finite_as_null")]
     pub lse_max_abs: f64,
     pub tol_rel_l2: f64,
+    /// The bounds of max_abs and lse_max_abs: the dtype's, or for e4m3 inputs
+    /// the widest row's, which adds the error of its scores (fa-test: a row's
+    /// bound grows with its largest scale·Σ|q·k|).
     pub tol_max_abs: f64,
     pub tol_lse: f64,
     /// Elements that came back NaN/Inf (poison not overwritten, or a blow-up).

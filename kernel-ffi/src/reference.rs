@@ -73,6 +73,40 @@ pub fn attention_on(
     (out, lse)
 }
 
+/// Per row (as [`attention`]'s LSE), the largest `scale · Σ_d |q_d · k_d|` over
+/// the keys the row sees (0 where it sees none): what the error of a score
+/// summed in low precision scales with (the Hopper kernel's e4m3 Q·Kᵀ,
+/// `check::E4M3_WGMMA_QK_EPS`). On at most `threads` threads.
+pub fn score_magnitudes_on(threads: usize, q: &HostTensor, k: &HostTensor, p: &Problem, scores: Scores) -> Vec<f64> {
+    let rows = p.batch * p.heads * p.seqlen_q;
+    let mut out = vec![0.0; rows];
+    let work = rows.saturating_mul(p.seqlen_k).saturating_mul(p.head_dim);
+    let threads = threads.min(work / WORK_PER_THREAD).clamp(1, rows.max(1));
+    let per = rows.div_ceil(threads).max(1);
+    let group = p.heads / p.kv_heads.max(1);
+    let rows_from = |first: usize, out: &mut [f64]| {
+        for (r, m) in out.iter_mut().enumerate() {
+            let row = first + r;
+            let (bh, i) = (row / p.seqlen_q, row % p.seqlen_q);
+            let (b, h) = (bh / p.heads, bh % p.heads);
+            let qo = q.desc.offset(b, h, i);
+            let q_row = &q.data[qo..qo + p.head_dim];
+            for j in scores.band.keys(i, p.seqlen_q, p.seqlen_k) {
+                let ko = k.desc.offset(b, h / group, j);
+                let key = &k.data[ko..ko + p.head_dim];
+                let sum: f64 = q_row.iter().zip(key).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
+                *m = m.max(sum * f64::from(p.scale));
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        for (c, chunk) in out.chunks_mut(per).enumerate() {
+            s.spawn(move || rows_from(c * per, chunk));
+        }
+    });
+    out
+}
+
 /// Rows `first…` of the output (row = (batch · heads + head) · Sq + query),
 /// as many as `lse` holds, into `out` and `lse`. A (batch, K/V head)'s keys and
 /// values are widened to f64 once, for every row that reads them.
@@ -255,6 +289,19 @@ mod tests {
             assert!(one.0.iter().zip(&many.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
             assert!(one.1.iter().zip(&many.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
         }
+    }
+
+    #[test]
+    fn score_magnitudes_take_absolute_products_over_the_keys_a_row_sees() {
+        // One head, Sq = 2 > Sk = 2 causal: row 0 sees key 0, row 1 keys 0 and 1.
+        let p = problem(1, 1, 2, 2);
+        let q: Vec<f32> = (0..2 * 64).map(|x| if x % 2 == 0 { 1.0 } else { -1.0 }).collect();
+        // Key 0: all 1 (q·k = 0, Σ|q·k| = 64); key 1: all −2 (Σ|q·k| = 128).
+        let k: Vec<f32> = (0..2 * 64).map(|x| if x < 64 { 1.0 } else { -2.0 }).collect();
+        let t = |data| HostTensor { desc: Desc::new([1, 1, 2, 64], Layout::Bhsd), data };
+        let m = score_magnitudes_on(3, &t(&q), &t(&k), &p, causal(true));
+        assert_eq!(m, vec![64.0 * 0.125, 128.0 * 0.125]);
+        assert_eq!(score_magnitudes_on(1, &t(&q), &t(&k), &p, causal(false)), vec![16.0, 16.0]);
     }
 
     #[test]
