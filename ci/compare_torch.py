@@ -113,8 +113,9 @@ def serving(fa_run, work):
 
 # FP8: (B, H, Hkv, Sq, Sk, D, causal, layout, out dtype, descales). fa-run reads
 # F8_E4M3 q, k, v and F32 descales; the reference is float64 over the
-# dequantised inputs rounded to bfloat16 (the Hopper kernel's route; the
-# portable e4m3 entries' exact scores meet it too), SDPA's the same bf16 inputs.
+# dequantised inputs rounded to bfloat16 (the route of calls without an e4m3
+# entry; e4m3 entries' scores, exact or FP8 wgmma's, meet it too), SDPA's the
+# same bf16 inputs.
 # Tolerances as python/tests/test_gpu.py's FP8 ones: rel L2 2.5e-2, lse 1e-2.
 FP8_CASES = [
     (2, 8, 2, 300, 700, 128, True, "bshd", "bf16", True),

@@ -10,9 +10,10 @@ q_descale=None, k_descale=None, v_descale=None) -> (out, lse)``
 * float8_e4m3fn inputs (head dims 64, 128, 256) may come with FA3's
   descales, float32 (batch, kv_heads), positive: the scores are
   q_descale · k_descale · q·kᵀ·scale, the output v_descale · softmax · v, in
-  bfloat16. They run on the portable kernel's e4m3 entries (sm_89 and sm_90;
-  no mask or causal), else dequantised to bfloat16 for the 16-bit entries (the
-  Hopper kernel on H100/H200; windows and softcap on either kernel).
+  bfloat16. They run on e4m3 entries (no mask or causal): the portable
+  kernel's (sm_89 and sm_90) and, at head dim 128, the Hopper kernel's
+  (H100/H200); else dequantised to bfloat16 for the 16-bit entries (the
+  Hopper kernel's head dims 64 and 256; windows and softcap on either kernel).
 * Any strides are passed to the kernels as they are, except that a tensor
   whose last (head_dim) stride is not 1 is first copied with ``.contiguous()``
   (as flash-attn's ``maybe_contiguous``).

@@ -165,7 +165,7 @@ impl GateArgs {
 /// `--dtype f16,bf16`: the dtypes to time.
 #[derive(Args, Clone)]
 pub struct DtypeArgs {
-    /// f16, bf16, e4m3 (the portable kernel, bf16 out), comma-separated.
+    /// f16, bf16, e4m3 (bf16 out, unit descales), comma-separated.
     #[arg(long = "dtype", default_value = "f16", value_delimiter = ',', value_parser = Dtype::parse)]
     pub dtypes: Vec<Dtype>,
 }
