@@ -532,6 +532,31 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
             }
         }
     }
+    // Long rows on one split: FP8 wgmma's truncating sums lose O along the key
+    // axis unless each tile's P·V is promoted to fp32 (15% of O at 16k keys).
+    for variant in [Variant::Portable, Variant::Hopper] {
+        for causal in [false, true] {
+            cases.push(Case {
+                dtype: Dtype::E4m3,
+                head_dim: 128,
+                causal,
+                window: Window::default(),
+                softcap: None,
+                batch: 1,
+                heads: 2,
+                kv_heads: 1,
+                seqlen_q: 64,
+                seqlen_k: 16384,
+                layout: Layout::Bhsd,
+                splits: Splits::Fixed(1),
+                lse: true,
+                scale: None,
+                gpu_reference: false,
+                fp8: Some(Fp8 { out: Dtype::Bf16, outliers: false }),
+                choice: KernelChoice { variant, ..PORTABLE },
+            });
+        }
+    }
     cases.into_iter().step_by(every.max(1)).collect()
 }
 
@@ -677,7 +702,7 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
             "{} ran {}dequantised; this case expects it {}",
             launched.kernel,
             if launched.dequantised { "" } else { "not " },
-            if dequantised { "dequantised (a window or softcap)" } else { "on an e4m3 entry" }
+            if dequantised { "dequantised (Case::dequantised)" } else { "on an e4m3 entry" }
         );
     }
     let got_bits = att.download(&out)?;
@@ -723,8 +748,8 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
     // e4m3 inputs' scores reach thousands where they carry outliers: a row's
     // scores are off by up to ε·M_i (M_i its largest scale·Σ|q·k|; ε by how the
     // entry sums Q·Kᵀ: check::E4M3_WGMMA_QK_EPS, FP32_QK_EPS), its LSE by as much
-    // and its output by a further (e^{2ε·M_i} − 1)·max|v|, at most 2·max|v| (O
-    // is an average of values: where M_i is that large, rel_l2 alone holds it).
+    // and its output by a further (e^{2ε·M_i} − 1)·max|v|; where that reaches
+    // 2·max|v| (O is an average of values), the row is left open to max_abs.
     let magnitudes = if dtype == Dtype::E4m3 {
         let (q, k) = (HostTensor { desc: qd, data: &qv }, HostTensor { desc: kd, data: &kv });
         reference::score_magnitudes_on(threads, &q, &k, &problem, scores)
@@ -738,14 +763,25 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
     };
     let lse_allowance = |i: usize| magnitudes.get(i).map_or(0.0, |m| eps * m);
     let v_max = vv.iter().fold(0.0f64, |a, &x| a.max(f64::from(x).abs()));
-    let o_allowance = |i: usize| (2.0 * lse_allowance(i)).exp_m1().min(2.0) * v_max;
-    let o_excess = got
-        .chunks(d.max(1))
-        .zip(want.chunks(d.max(1)))
-        .enumerate()
-        .map(|(i, (g, w))| g.iter().zip(w).fold(0.0f64, |a, (x, y)| a.max((x - y).abs())) - o_allowance(i))
-        .fold(0.0f64, f64::max);
-    let errs = compare(got, &want);
+    let open = |i: usize| (2.0 * lse_allowance(i)).exp_m1() >= 2.0;
+    let o_allowance = |i: usize| if open(i) { 2.0 * v_max } else { (2.0 * lse_allowance(i)).exp_m1() * v_max };
+    // Rows whose bound that leaves open keep the relative L2 tolerance among
+    // themselves, so an error confined to them still shows.
+    let (mut o_excess, mut open_diff2, mut open_ref2) = (0.0f64, 0.0, 0.0);
+    for (i, (g, w)) in got.chunks(d.max(1)).zip(want.chunks(d.max(1))).enumerate() {
+        let mut worst = 0.0f64;
+        for (x, y) in g.iter().zip(w) {
+            worst = worst.max((x - y).abs());
+            if open(i) {
+                open_diff2 += (x - y) * (x - y);
+                open_ref2 += y * y;
+            }
+        }
+        o_excess = o_excess.max(worst - o_allowance(i));
+    }
+    let open_rel_l2 = if open_ref2 > 0.0 { (open_diff2 / open_ref2).sqrt() } else { open_diff2.sqrt() };
+    let mut errs = compare(got, &want);
+    errs.rel_l2 = errs.rel_l2.max(open_rel_l2);
     let (lse_max_abs, lse_bad, lse_excess) = match &got_lse {
         Some(g) => compare_lse_within(g, &want_lse, lse_allowance),
         None => (0.0, 0, 0.0),
