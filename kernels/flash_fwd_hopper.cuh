@@ -141,6 +141,7 @@ __device__ __forceinline__ void flash_fwd_hopper(const HopperParams& hp, const D
 // by the sequence (store_item).
 template <typename T, int D, typename Mask, typename Mod>
 __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams& vp) {
+  static_assert(kElementBytes<T> == 2, "serving calls take 16-bit inputs (clear_v_tail: V in key rows)");
   using Cfg = HopperConfig<D, Mask::kEnd, 128, false>;
   const HopperSmem<Cfg> sm = hopper_start<Cfg>();
   const VarlenItem first = varlen_item<Cfg::kBlockM, Cfg::kBlockN, Mask>(vp.hp.p, vp.seq);

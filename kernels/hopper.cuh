@@ -126,11 +126,12 @@ __device__ __forceinline__ void regs_alloc() {
 
 // ---------------------------------------------------------------- wgmma --
 // Shared-memory matrix descriptor for the 128- or 64-byte swizzle (PANEL_BYTES;
-// what TMA's SWIZZLE_128B/_64B writes): rows of 64 or 32 16-bit elements, 8-row
-// atoms of 8 × PANEL_BYTES whose base must be aligned to their size. `lbo`/`sbo`
-// in bytes:
-//   K-major (Q, K): sbo = 8 × PANEL_BYTES between 8-row groups; lbo unused.
-//   MN-major (V, transposed on read): sbo = 8 × PANEL_BYTES between 8-key
+// what TMA's SWIZZLE_128B/_64B writes): rows of PANEL_BYTES (64 or 32 16-bit
+// elements, or e4m3 pairs), 8-row atoms of 8 × PANEL_BYTES whose base must be
+// aligned to their size. `lbo`/`sbo` in bytes:
+//   K-major (Q, K; e4m3 V, transposed before the kernel): sbo = 8 × PANEL_BYTES
+//   between 8-row groups; lbo unused.
+//   MN-major (16-bit V, transposed on read): sbo = 8 × PANEL_BYTES between 8-key
 //   groups, lbo = the stride between panels of the N (head-dim) extent.
 //
 // The start address is bits 0-13 (address >> 4; shared memory lies below 256 KB,

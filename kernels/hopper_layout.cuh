@@ -8,7 +8,7 @@ namespace fa {
 
 // Compile-time defines from the manifest, each chosen by same-run A/B timings on
 // an H200 (the 192-row entry's on an H100; the ledger, perf/ledger.jsonl, has them):
-// FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B;
+// FA_HOPPER_STAGES_*: K/V ring depth (shared memory: Q + 2 × stages × 128 × D × 2 B, 1 B for e4m3;
 //   FA_HOPPER_STAGES_D64_CAUSAL: the 128-row D=64 entry's, _D64_M192 the 192-row one's).
 #ifndef FA_HOPPER_STAGES_D128
 #define FA_HOPPER_STAGES_D128 2
@@ -91,6 +91,7 @@ struct HopperConfig {
   // Three consumer warpgroups (192 rows) run a persistent grid's last, partial
   // round of units as 64-row items whose key tiles they share (HopperSched::whole_units).
   static constexpr bool kSplitTail = kConsumers == 3 && kPersistent;
+  static_assert(!kFp8 || !kSplitTail, "split-tail items take the 16-bit softmax and P·V");
   static constexpr int kQBytes = kBlockM * kTileCols * 2;
   static constexpr int kKVBytes = kBlockN * kTileCols * 2;
   // e4m3 V arrives transposed (kernel-ffi's transpose_v_e4m3): a stage is D

@@ -12,9 +12,10 @@ pub fn tolerances(dtype: crate::Dtype) -> (f64, f64, f64) {
         crate::Dtype::Bf16 => (1.2e-2, 4e-2, 1e-3),
         // e4m3: P quantised to 4 significant bits, each p off by at most 2^-4
         // of itself, so O by at most 2^-4 · max |v| (fa-test's v: below 3 with
-        // its descale), and far less where the roundings cancel. Scores are
-        // exact (products of e4m3 values, fp32 sums), so the LSE keeps fp32's
-        // tolerance, and a wrong mask or scale moves it.
+        // its descale), and far less where the roundings cancel. Scores summed
+        // in fp32 are exact (products of e4m3 values), so the LSE keeps fp32's
+        // tolerance and a wrong mask or scale moves it; FP8 wgmma's sums add a
+        // row's own term (E4M3_WGMMA_QK_EPS).
         crate::Dtype::E4m3 => (2.5e-2, 1.5e-1, 1e-3),
     }
 }

@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn score_magnitudes_take_absolute_products_over_the_keys_a_row_sees() {
-        // One head, Sq = 2 > Sk = 2 causal: row 0 sees key 0, row 1 keys 0 and 1.
+        // One head, Sq = Sk = 2, causal: row 0 sees key 0, row 1 keys 0 and 1.
         let p = problem(1, 1, 2, 2);
         let q: Vec<f32> = (0..2 * 64).map(|x| if x % 2 == 0 { 1.0 } else { -1.0 }).collect();
         // Key 0: all 1 (q·k = 0, Σ|q·k| = 64); key 1: all −2 (Σ|q·k| = 128).

@@ -141,7 +141,8 @@ FP8_QK_EPS = 2.0**-10
 
 
 def score_magnitudes(q, k):
-    """(b, h, sq): scale · max over keys of Σ_d |q_d · k_d| (q (b, sq, h, d), k (b, sk, hk, d))."""
+    """(b, h, sq): scale · max over keys of Σ_d |q_d · k_d| (q (b, sq, h, d), k (b, sk, hk, d)).
+    Over every key, masked or not: a bound at least as wide as the rows' own."""
     h, hk, d = q.shape[2], k.shape[2], q.shape[3]
     qa = q.double().abs().transpose(1, 2)
     ka = k.double().abs().transpose(1, 2).repeat_interleave(h // hk, dim=1)

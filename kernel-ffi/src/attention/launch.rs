@@ -40,8 +40,8 @@ pub struct Launched {
     pub key_groups: u32,
     /// Whether its CTAs were persistent.
     pub persistent: bool,
-    /// e4m3 inputs dequantised into 16-bit scratch for it (windows and
-    /// softcap, which no e4m3 entry compiles in).
+    /// e4m3 inputs dequantised into 16-bit scratch for it, where no e4m3 entry
+    /// runs the call (windows, softcap; the Hopper kernel at head dims 64 and 256).
     pub dequantised: bool,
 }
 
@@ -270,15 +270,8 @@ impl Attention {
         // block per 128 keys × 64 columns of each (batch, head), zeros past Sk); stream-ordered
         // on `s`, freed there after the forward.
         let vt = unsafe { s.alloc::<u8>(bytes.max(16)) }.cuda("allocating V transposed")?;
-        let blocks = (keys.div_ceil(128), head_dim / 64, batch * heads);
-        let grid_dim = (
-            u32::try_from(blocks.0).map_err(|_| Error::Unsupported(format!("{name}: {rows} keys")))?,
-            blocks.1 as u32,
-            u32::try_from(blocks.2)
-                .ok()
-                .filter(|&z| z <= 65535)
-                .ok_or_else(|| Error::Unsupported(format!("{name}: batch × kv heads {} over 65535", blocks.2)))?,
-        );
+        // Keys are below 2^31 and batch × kv heads at most MAX_BATCH_HEADS (tensor::validate).
+        let grid_dim = (keys.div_ceil(128) as u32, (head_dim / 64) as u32, (batch * heads) as u32);
         if bytes == 0 {
             return Ok((vt, keys));
         }
@@ -293,8 +286,9 @@ impl Attention {
         };
         let cfg = LaunchConfig { grid_dim, block_dim: (kern.launch.threads, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: matches `transpose_v_e4m3(const TransposeParams p)` in kernels/flash_fwd_e4m3.cu.
-        // `v` was validated (rows inside its buffer, strides multiples of 16 bytes, pointer 16-byte
-        // aligned: validate::aligned; D one of E4M3_HEAD_DIMS, a multiple of 64); `vt` holds
+        // `v` was validated (rows inside its buffer and strides multiples of 16 bytes:
+        // tensor::validate; its pointer 16-byte aligned: validate::aligned; D one of
+        // E4M3_HEAD_DIMS, a multiple of 64); `vt` holds
         // B·Hkv·D·keys bytes, which the grid covers exactly (keys a multiple of 16; a block's
         // runs of 16 keys past them return) with the manifest's threads, which the kernel checks.
         unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;

@@ -211,9 +211,10 @@ impl Family {
     }
 
     /// The precision of the entries that run a call of `precision`: its own
-    /// where the family has entries of it for the call's scores (`native`),
-    /// else e4m3 inputs run dequantised to the output's dtype (windows and
-    /// softcap, which no e4m3 entry compiles in).
+    /// where the family has entries of it for the call's head dim and scores
+    /// (`native`), else e4m3 inputs run dequantised to the output's dtype
+    /// (windows and softcap, which no e4m3 entry compiles in; the Hopper kernel
+    /// at head dims 64 and 256).
     ///
     /// ```
     /// use kernel_ffi::{Dtype, Family, Precision};
