@@ -180,6 +180,13 @@ impl Shape {
         )
     }
 
+    /// Whether calls of this shape take inputs of `dtype`: serving shapes
+    /// take 16-bit inputs only (kernel-ffi refuses e4m3 serving calls), so
+    /// benches and the gate leave those pairs out.
+    pub fn takes(&self, dtype: Dtype) -> bool {
+        self.batching == Batching::Dense || dtype.is_output()
+    }
+
     /// What `parse` reads.
     pub fn spec(&self) -> String {
         let causal = if self.causal { ",causal" } else { "" };
@@ -401,6 +408,15 @@ mod tests {
             assert!(Shape::parse(bad).is_err(), "{bad}");
         }
         assert!(Shape::parse("varlen:16,32,5,8192,128").unwrap_err().contains("multiple of k/v heads"));
+    }
+
+    #[test]
+    fn serving_shapes_take_16_bit_inputs_only() {
+        let dense = Shape::dense(1, 1, 128, 64, false);
+        assert!([Dtype::F16, Dtype::Bf16, Dtype::E4m3].iter().all(|&d| dense.takes(d)));
+        for s in serving_shapes() {
+            assert!(s.takes(Dtype::F16) && s.takes(Dtype::Bf16) && !s.takes(Dtype::E4m3), "{}", s.spec());
+        }
     }
 
     #[test]

@@ -105,7 +105,7 @@ fn fraction(s: &str) -> Result<f64, String> {
 fn check_choice(manifest: &Manifest, args: &Args, shapes: &[Shape]) -> Result<()> {
     if !args.serve {
         for &dtype in &args.dtype {
-            for s in shapes {
+            for s in shapes.iter().filter(|s| s.takes(dtype)) {
                 let scores = masking(s).scores(s.seqlen, s.seqlen)?;
                 cli::check_choice(manifest, &args.choice, Precision::default_for(dtype), s.head_dim, scores)
                     .with_context(|| format!("--shape {}", s.spec()))?;
@@ -150,10 +150,15 @@ fn run() -> Result<()> {
         return serve(&att, &args, &mut flush);
     }
     let sm_count = att.device().sm_count;
-    eprintln!("fa-bench: {} on {} ({sm_count} SMs)", shapes.len() * dtypes.len(), att.device().name);
+    let taken = dtypes.iter().map(|&d| shapes.iter().filter(|s| s.takes(d)).count()).sum::<usize>();
+    eprintln!("fa-bench: {taken} on {} ({sm_count} SMs)", att.device().name);
     let mut cases = Vec::new();
     for &dtype in &dtypes {
         for shape in &shapes {
+            if !shape.takes(dtype) {
+                eprintln!("fa-bench: {} skipped: serving calls take 16-bit inputs", shape.name(dtype));
+                continue;
+            }
             let case = bench_case(&att, &args, dtype, shape, &mut flush)
                 .with_context(|| format!("benchmarking {}", shape.name(dtype)))?;
             if let Some(c) = case {

@@ -33,7 +33,7 @@ pub struct Ci {
 
 impl Ci {
     pub fn run(self, cx: &Run) -> Result<()> {
-        // The default shapes in f16 and in e4m3 (bf16 out), each against the base.
+        // The default shapes in f16 and, dense ones (Shape::takes), in e4m3 (bf16 out), each against the base.
         let gate = self.gate.options(&[Dtype::F16, Dtype::E4m3]);
         let bench = bench::Options { against: self.against, base_dir: self.base_dir, ..gate };
         ci::run(cx, &ci::Options { gpu: self.gpu, build: self.build.options(), test: self.test.options(), bench })

@@ -271,8 +271,15 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
     if !not_gated.is_empty() {
         eprintln!("gate: not in the base's default set, so not gated: {}", not_gated.join(", "));
     }
-    let cases: Vec<(&str, &str)> =
-        opts.dtypes.iter().flat_map(|d| shapes.iter().map(move |s| (s.as_str(), d.as_str()))).collect();
+    let (cases, untaken): (Vec<(&str, &str)>, Vec<_>) = opts
+        .dtypes
+        .iter()
+        .flat_map(|d| shapes.iter().map(move |s| (s.as_str(), d.as_str())))
+        .partition(|&(s, d)| takes(s, d));
+    if !untaken.is_empty() {
+        let names: Vec<String> = untaken.iter().map(|(s, d)| format!("{d} {s}")).collect();
+        eprintln!("gate: serving shapes take 16-bit inputs, so not gated: {}", names.join(", "));
+    }
     let rule = Rule::for_shapes(cases.len(), opts.budget_secs);
     let monitor = Monitor::open(device.uuid.as_deref());
     let mut coin = Coin(opts.seed);
@@ -470,6 +477,15 @@ pub fn gated_defaults(base: &[String], cand: &[String]) -> (Vec<String>, Vec<Str
     cand.iter().cloned().partition(|s| base.contains(s))
 }
 
+/// Whether a shape spec takes inputs of `dtype` (`Shape::takes`); what does
+/// not parse is kept, for the servers to refuse by name.
+pub fn takes(spec: &str, dtype: &str) -> bool {
+    match (Dtype::parse(dtype), Shape::parse(spec)) {
+        (Ok(dtype), Ok(shape)) => shape.takes(dtype),
+        _ => true,
+    }
+}
+
 /// fa-bench's case name for a shape spec and dtype (`Shape::name`), e.g.
 /// `f16-b2h16s8192d128-causal`; the spec and dtype as given where they do not parse.
 pub fn case_name(dtype: &str, spec: &str) -> String {
@@ -571,6 +587,13 @@ mod tests {
         let (gated, new) =
             gated_defaults(&v(&["1,1,32,64", "2,8,512,64"]), &v(&["1,1,32,64", "varlen:16,32,8,8192,128,causal"]));
         assert_eq!((gated, new), (v(&["1,1,32,64"]), v(&["varlen:16,32,8,8192,128,causal"])));
+    }
+
+    #[test]
+    fn e4m3_is_gated_on_dense_shapes_only() {
+        assert!(takes("2,16,8192,128,causal", "e4m3") && takes("varlen:16,32,8,8192,128,causal", "f16"));
+        assert!(!takes("varlen:16,32,8,8192,128,causal", "e4m3") && !takes("paged:64,32,8,32768,128,16", "e4m3"));
+        assert!(takes("not a shape", "e4m3"), "left for the servers to refuse by name");
     }
 
     #[test]
