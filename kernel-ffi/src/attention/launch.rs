@@ -288,9 +288,9 @@ impl Attention {
         // SAFETY: matches `transpose_v_e4m3(const TransposeParams p)` in kernels/flash_fwd_e4m3.cu.
         // `v` was validated (rows inside its buffer and strides multiples of 16 bytes:
         // tensor::validate; its pointer 16-byte aligned: validate::aligned; D one of
-        // E4M3_HEAD_DIMS, a multiple of 64); `vt` holds
-        // B·Hkv·D·keys bytes, which the grid covers exactly (keys a multiple of 16; a block's
-        // runs of 16 keys past them return) with the manifest's threads, which the kernel checks.
+        // E4M3_HEAD_DIMS, a multiple of 64); `vt` holds B·Hkv·D·keys bytes, which the grid
+        // covers exactly (keys a multiple of 16; a block's runs of 16 keys past them return)
+        // with the manifest's threads, which the kernel checks.
         unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;
         Ok((vt, keys))
     }
