@@ -36,6 +36,11 @@ namespace fa {
 #define FA_HOPPER_PERSISTENT_D128 1
 #endif
 
+// FA_HOPPER_STAGES_E4M3: the e4m3 entries' ring depth (their stages are half
+//   the bytes).
+#ifndef FA_HOPPER_STAGES_E4M3
+#define FA_HOPPER_STAGES_E4M3 3
+#endif
 #ifndef FA_HOPPER_STAGES_D64_CAUSAL
 #define FA_HOPPER_STAGES_D64_CAUSAL 2
 #endif
@@ -82,7 +87,8 @@ struct HopperConfig {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = ROWS;
   static constexpr int kBlockN = D > 128 ? 64 : 128;
-  static constexpr int kStages = kConsumers == 1   ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
+  static constexpr int kStages = kFp8              ? FA_HOPPER_STAGES_E4M3
+                                 : kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
                                  : kConsumers == 3 ? FA_HOPPER_STAGES_D64_M192
                                  : D > 128         ? 2
                                  : D == 64         ? FA_HOPPER_STAGES_D64_CAUSAL
