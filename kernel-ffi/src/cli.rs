@@ -117,7 +117,7 @@ fn entry_geometries(
                 .map(|l| (family, l.block_m, l.key_groups, l.persistent))
                 .collect::<Vec<_>>()
         };
-        out.extend(of(family.entry_precision(precision, || !of(precision).is_empty())));
+        out.extend(of(precision.run_as(|| !of(precision).is_empty())));
     }
     out
 }
@@ -179,13 +179,13 @@ mod tests {
     }
 
     #[test]
-    fn e4m3_calls_take_the_portable_e4m3_entries_or_the_hopper_16_bit_ones() {
+    fn e4m3_calls_take_e4m3_entries_or_run_dequantised_on_16_bit_ones() {
         let m = manifest();
         let fp8 = crate::Precision { input: crate::Dtype::E4m3, output: crate::Dtype::Bf16 };
         let causal = Scores { band: crate::Band::Causal, softcap: None };
         let check = |c: KernelChoice, scores| check_choice(&m, &c, fp8, 128, scores).map_err(|e| format!("{e:#}"));
         assert!(check(choice(Variant::Portable, Some(64), None, None), causal).is_ok());
-        // The Hopper kernel runs them dequantised, on its bf16 entries (windows too).
+        // The Hopper kernel runs D=128 on its e4m3 entries, windows dequantised on its bf16 ones.
         assert!(check(choice(Variant::Hopper, Some(128), None, None), causal).is_ok());
         let window = Scores { band: crate::Band::Local { left: 8, right: 0 }, softcap: None };
         assert!(check(choice(Variant::Hopper, None, None, None), window).is_ok());

@@ -42,10 +42,10 @@ impl Attention {
     }
 
     /// The precision of the loaded entries that run a call of `precision` on
-    /// `family` (`Family::entry_precision`: e4m3 inputs with no e4m3 entry run
+    /// `family` (`Precision::run_as`: e4m3 inputs with no e4m3 entry run
     /// dequantised).
     pub(super) fn entry_precision(&self, family: Family, precision: Precision, d: usize, scores: Scores) -> Precision {
-        family.entry_precision(precision, || !self.fwd_entries(family, precision, d, scores).1.is_empty())
+        precision.run_as(|| !self.fwd_entries(family, precision, d, scores).1.is_empty())
     }
 
     /// The split plan `forward` would use for this problem.
@@ -70,8 +70,7 @@ impl Attention {
         let precision = precision.into();
         let runs = self.entry_precision(family, precision, head_dim, scores);
         // Dequantised calls need the dequantisation entry too.
-        let dequantise = format!("dequantise_e4m3_{}", precision.output.name());
-        if runs.input != precision.input && !self.kernels.contains_key(&dequantise) {
+        if runs.input != precision.input && !self.kernels.contains_key(&precision.dequantise_entry()) {
             return Vec::new();
         }
         let entries = self.fwd_entries(family, runs, head_dim, scores).1;

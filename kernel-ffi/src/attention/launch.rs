@@ -11,7 +11,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::memory::{device_ptr, strides};
-use super::{Attention, Chosen, Descales, Family, Kernel, Tensor};
+use super::{Attention, Chosen, Descales, Family, Kernel, Precision, Tensor};
 use crate::error::{CudaContext, Error, Result};
 use crate::params::{
     CombineParams, DequantParams, FastDiv, FlashParams, Fp8Params, HopperFp8Params, HopperParams, HopperSched, TmaDesc,
@@ -193,7 +193,7 @@ impl Attention {
         group: usize,
         dtype: Dtype,
     ) -> Result<Tensor> {
-        let name = format!("dequantise_e4m3_{}", dtype.name());
+        let name = Precision { input: Dtype::E4m3, output: dtype }.dequantise_entry();
         let kern = self.kernels.get(&name).ok_or_else(|| {
             Error::Unsupported(format!(
                 "{name} is not loaded: e4m3 inputs run on sm_89 and sm_90, which the e4m3 and dequantisation \

@@ -209,23 +209,6 @@ impl Family {
         };
         format!("{family}_{}_d{head_dim}{}", precision.into().name(), scores.suffix())
     }
-
-    /// The precision of the entries that run a call of `precision`: its own
-    /// where the family has entries of it for the call's head dim and scores
-    /// (`native`), else e4m3 inputs run dequantised to the output's dtype
-    /// (windows and softcap, which no e4m3 entry compiles in; the Hopper kernel
-    /// at head dims 64 and 256).
-    ///
-    /// ```
-    /// use kernel_ffi::{Dtype, Family, Precision};
-    ///
-    /// let fp8 = Precision { input: Dtype::E4m3, output: Dtype::Bf16 };
-    /// assert_eq!(Family::Hopper.entry_precision(fp8, || true), fp8);
-    /// assert_eq!(Family::Portable.entry_precision(fp8, || false), Precision::from(Dtype::Bf16));
-    /// ```
-    pub fn entry_precision(self, precision: Precision, native: impl FnOnce() -> bool) -> Precision {
-        if precision.input == precision.output || native() { precision } else { Precision::from(precision.output) }
-    }
 }
 
 /// A forward call's element types, its inputs' and its output's: one dtype, or
@@ -243,6 +226,29 @@ impl Precision {
     /// own dtype, bf16 for e4m3 (FA3's).
     pub fn default_for(input: Dtype) -> Precision {
         Precision { input, output: if input.is_output() { input } else { Dtype::Bf16 } }
+    }
+
+    /// The precision of the entries that run a call of this one: its own
+    /// where a kernel has entries of it for the call's head dim and scores
+    /// (`native`), else e4m3 inputs run dequantised to the output's dtype
+    /// (windows and softcap, which no e4m3 entry compiles in; the Hopper kernel
+    /// at head dims 64 and 256).
+    ///
+    /// ```
+    /// use kernel_ffi::{Dtype, Precision};
+    ///
+    /// let fp8 = Precision { input: Dtype::E4m3, output: Dtype::Bf16 };
+    /// assert_eq!(fp8.run_as(|| true), fp8);
+    /// assert_eq!(fp8.run_as(|| false), Precision::from(Dtype::Bf16));
+    /// ```
+    pub fn run_as(self, native: impl FnOnce() -> bool) -> Precision {
+        if self.input == self.output || native() { self } else { Precision::from(self.output) }
+    }
+
+    /// `dequantise_e4m3_<output>`: the entry that turns e4m3 inputs into this
+    /// precision's output dtype for calls that run dequantised.
+    pub fn dequantise_entry(self) -> String {
+        format!("dequantise_e4m3_{}", self.output.name())
     }
 
     /// `f16`, `bf16`, or `e4m3_<output>`.
