@@ -90,7 +90,7 @@ __device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const uint32_t (&a
 
 // One 16-column step of Q·Kᵀ on mma.sync: m16n8k16 on 16-bit elements, and on
 // e4m3 pairs (a 16-bit column holds two) m16n8k32, whose fragments are the same
-// bytes (common.cuh).
+// bytes (mma_16832_e4m3).
 template <typename T>
 struct QkStep {
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

@@ -576,8 +576,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     }
     g0 += it.tiles;
     if constexpr (Descales::kScaled) {
-#pragma unroll
-      for (int i = 0; i < DT; ++i) o[i][0] *= o_factor, o[i][1] *= o_factor, o[i][2] *= o_factor, o[i][3] *= o_factor;
+      const float both_rows[2] = {o_factor, o_factor};
+      SoftmaxState<1>::rescale(o, both_rows);
     }
     store_item<Out, Cfg>(p, o_map, sm, it, cw, warp, g, t, row_lo, o, softmax);
   }
