@@ -125,8 +125,8 @@ impl Attention {
         // SAFETY: every element is written by the forward kernel before the combine reads it
         // (each split writes all its rows, including those that saw no key).
         // Stream-ordered on the call's stream: freed there after the combine read them.
-        let o = unsafe { s.alloc::<f32>(n * p.head_dim) }.cuda("allocating split partials")?;
-        let lse = unsafe { s.alloc::<f32>(n) }.cuda("allocating split LSEs")?;
+        let o = unsafe { self.scratch.alloc::<f32>(s, n * p.head_dim) }.cuda("allocating split partials")?;
+        let lse = unsafe { self.scratch.alloc::<f32>(s, n) }.cuda("allocating split LSEs")?;
         Ok(Some(Partials { o, lse }))
     }
 
@@ -205,8 +205,8 @@ impl Attention {
         let desc = Desc::new(t.desc.dims, Layout::Bshd);
         // SAFETY: every element is written by the launch below before anything reads it
         // (a thread per 16-byte chunk of every row); stream-ordered on `s`, freed there.
-        let data =
-            unsafe { s.alloc::<u8>((desc.span() * dtype.bytes()).max(16)) }.cuda("allocating dequantised inputs")?;
+        let data = unsafe { self.scratch.alloc::<u8>(s, (desc.span() * dtype.bytes()).max(16)) }
+            .cuda("allocating dequantised inputs")?;
         let chunks = desc.numel() as u64 / 16;
         if chunks == 0 {
             return Ok(Tensor { data, dtype, desc });
@@ -269,7 +269,7 @@ impl Attention {
         // SAFETY: every byte is written by the launch below before the forward reads it (a
         // block per 128 keys × 64 columns of each (batch, head), zeros past Sk); stream-ordered
         // on `s`, freed there after the forward.
-        let vt = unsafe { s.alloc::<u8>(bytes.max(16)) }.cuda("allocating V transposed")?;
+        let vt = unsafe { self.scratch.alloc::<u8>(s, bytes.max(16)) }.cuda("allocating V transposed")?;
         // Keys are below 2^31 and batch × kv heads at most MAX_BATCH_HEADS (tensor::validate).
         let grid_dim = (keys.div_ceil(128) as u32, (head_dim / 64) as u32, (batch * heads) as u32);
         if bytes == 0 {

@@ -10,7 +10,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext as Ctx, CudaModule};
 use cudarc::nvrtc::Ptx;
 
-use super::{Attention, Kernel};
+use super::{Attention, Kernel, scratch};
 use crate::device::{Gpu, Open};
 use crate::error::{CudaContext, Error, Result};
 use crate::manifest::{Manifest, is_hopper_entry};
@@ -123,6 +123,7 @@ impl Attention {
         let Loaded { kernels, modules } = load(&ctx, dir, &set, &manifest, &arch)?;
         let hopper = kernels.keys().any(|k| is_hopper_entry(k));
         Ok(Attention {
+            scratch: scratch::Scratch::new(&ctx)?,
             ctx,
             stream,
             device,

@@ -8,6 +8,7 @@
 //! - `choose`: which entry runs a call, and its split plan.
 //! - `validate`: a forward call's checks, before anything is launched.
 //! - `launch`: the forward and combine launches.
+//! - `scratch`: a call's temporaries, from a memory pool that keeps them.
 //! - `foreign`: another library's buffers and streams, borrowed for a call.
 //! - `varlen`: serving calls (`forward_varlen`): packed, dense or paged sequences.
 //! - `gpu_reference`: the fp32 GPU reference.
@@ -19,6 +20,7 @@ mod launch;
 mod load;
 mod memory;
 mod options;
+mod scratch;
 mod validate;
 mod varlen;
 
@@ -107,6 +109,8 @@ type CausalOrder = (u32, CudaSlice<u32>);
 /// # Ok::<(), kernel_ffi::Error>(())
 /// ```
 pub struct Attention {
+    /// Declared first, so dropped first: its pool goes before the context.
+    scratch: scratch::Scratch,
     ctx: Arc<Ctx>,
     stream: Arc<CudaStream>,
     device: DeviceInfo,
@@ -143,6 +147,13 @@ impl Attention {
     /// [`synchronize`](Attention::synchronize).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The bytes of device memory this `Attention` keeps for calls'
+    /// temporaries (split partials, e4m3 inputs dequantised or V transposed):
+    /// the most its calls have needed at once, held until it is dropped.
+    pub fn scratch_bytes(&self) -> Result<u64> {
+        self.scratch.reserved()
     }
 
     /// Whether the Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).

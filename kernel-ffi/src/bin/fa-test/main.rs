@@ -710,6 +710,16 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
         Some(l) => Some(att.download_lse(l, rows)?),
         None => None,
     };
+    // A call's temporaries outlive the synchronisation of the downloads, kept
+    // for the next call instead of mapped again (attention::scratch).
+    let temporaries =
+        launched.num_splits > 1 || launched.dequantised || dtype == Dtype::E4m3 && launched.family == Family::Hopper;
+    if temporaries && !launched.kernel.is_empty() && att.scratch_bytes()? == 0 {
+        anyhow::bail!(
+            "{}'s temporaries were given back at a synchronisation: the scratch pool is empty",
+            launched.kernel
+        );
+    }
 
     let problem = Problem {
         batch: b,

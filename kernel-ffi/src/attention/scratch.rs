@@ -1,0 +1,109 @@
+//! A call's temporaries (split partials, dequantised inputs, V transposed),
+//! stream-ordered, from a memory pool of the `Attention`'s own that keeps what
+//! it has grown to. The device's default pool gives its free memory back to
+//! the driver at every synchronisation (its release threshold is 0), so the
+//! first call after one mapped its scratch again, on the host, while the GPU
+//! waited, by an amount that differs from process to process.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{
+    CUdevice_attribute, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType,
+    CUmemPool_attribute, CUmemPoolProps, CUmemoryPool,
+};
+use cudarc::driver::{CudaContext as Ctx, CudaSlice, CudaStream, DeviceRepr, DriverError, result};
+
+use crate::error::{CudaContext, Result};
+
+/// The pool, where the device has memory pools; else cudarc's allocations.
+pub(super) struct Scratch {
+    pool: Option<CUmemoryPool>,
+}
+
+// SAFETY: a CUmemoryPool is a driver handle, usable from any thread.
+unsafe impl Send for Scratch {}
+// SAFETY: as above; the driver synchronises its use.
+unsafe impl Sync for Scratch {}
+
+impl Scratch {
+    /// A pool on `ctx`'s device that never gives memory back while it lives.
+    pub(super) fn new(ctx: &Ctx) -> Result<Scratch> {
+        let pools = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+            .cuda("asking whether the device has memory pools")?;
+        if pools == 0 {
+            return Ok(Scratch { pool: None });
+        }
+        // SAFETY: all-zero is CUmemPoolProps' "nothing asked" value (its reserved bytes must be 0).
+        let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location =
+            CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ctx.ordinal() as i32 };
+        ctx.bind_to_thread().cuda("making the context current")?;
+        // SAFETY: `props` is a valid CUmemPoolProps for this device.
+        let pool = unsafe { result::mem_pool::create(&props) }.cuda("creating the scratch memory pool")?;
+        let scratch = Scratch { pool: Some(pool) };
+        let mut keep = u64::MAX;
+        // SAFETY: the pool was just created; the release threshold is a u64.
+        unsafe {
+            result::mem_pool::set_attribute(
+                pool,
+                CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast::<c_void>(),
+            )
+        }
+        .cuda("keeping the scratch pool's memory across synchronisations")?;
+        Ok(scratch)
+    }
+
+    /// `len` uninitialised elements on `s`, given back to the pool in `s`'s
+    /// order when dropped.
+    ///
+    /// # Safety
+    /// As `CudaStream::alloc`: nothing may read an element before it is written.
+    pub(super) unsafe fn alloc<T: DeviceRepr>(
+        &self,
+        s: &Arc<CudaStream>,
+        len: usize,
+    ) -> std::result::Result<CudaSlice<T>, DriverError> {
+        let Some(pool) = self.pool else {
+            // SAFETY: the caller's contract.
+            return unsafe { s.alloc::<T>(len) };
+        };
+        s.context().bind_to_thread()?;
+        let bytes = (len * std::mem::size_of::<T>()).max(1);
+        // SAFETY: pool and stream are live; the memory is the caller's to initialise.
+        let ptr = unsafe { result::mem_pool::alloc_async(pool, bytes, s.cu_stream()) }?;
+        // SAFETY: `ptr` holds `len` elements of T. The device has memory pools, so cudarc frees
+        // a CudaSlice with cuMemFreeAsync, which gives a pool's allocation back to its pool.
+        Ok(unsafe { s.upgrade_device_ptr(ptr, len) })
+    }
+
+    /// The bytes the pool holds now, in use or kept (0 without a pool).
+    pub(super) fn reserved(&self) -> Result<u64> {
+        let Some(pool) = self.pool else { return Ok(0) };
+        let mut bytes = 0u64;
+        // SAFETY: the pool is live; this attribute is a u64.
+        unsafe {
+            result::mem_pool::get_attribute(
+                pool,
+                CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut bytes as *mut u64).cast::<c_void>(),
+            )
+        }
+        .cuda("reading the scratch pool's size")?;
+        Ok(bytes)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            // SAFETY: the pool is live and destroyed once; allocations still out (or frees
+            // still queued) keep its memory until they are done (cuMemPoolDestroy).
+            let _ = unsafe { result::mem_pool::destroy(pool) };
+        }
+    }
+}
