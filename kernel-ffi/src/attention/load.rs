@@ -123,7 +123,7 @@ impl Attention {
         let Loaded { kernels, modules } = load(&ctx, dir, &set, &manifest, &arch)?;
         let hopper = kernels.keys().any(|k| is_hopper_entry(k));
         Ok(Attention {
-            scratch: scratch::Scratch::new(&ctx)?,
+            scratch: scratch::Scratch::new(&ctx),
             ctx,
             stream,
             device,

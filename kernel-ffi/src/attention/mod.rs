@@ -151,7 +151,10 @@ impl Attention {
 
     /// The bytes of device memory this `Attention` keeps for calls'
     /// temporaries (split partials, e4m3 inputs dequantised or V transposed):
-    /// the most its calls have needed at once, held until it is dropped.
+    /// the most its calls have needed at once, held until it is dropped. An
+    /// error, saying why, where it has no such pool (the device has no memory
+    /// pools, or the driver refused one): its calls then take their
+    /// temporaries from the device's default pool.
     pub fn scratch_bytes(&self) -> Result<u64> {
         self.scratch.reserved()
     }

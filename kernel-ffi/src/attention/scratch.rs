@@ -14,11 +14,12 @@ use cudarc::driver::sys::{
 };
 use cudarc::driver::{CudaContext as Ctx, CudaSlice, CudaStream, DeviceRepr, DriverError, result};
 
-use crate::error::{CudaContext, Result};
+use crate::error::{CudaContext, Error, Result};
 
-/// The pool, where the device has memory pools; else cudarc's allocations.
+/// The pool, or why there is none (then cudarc's allocations, from the
+/// device's default pool).
 pub(super) struct Scratch {
-    pool: Option<CUmemoryPool>,
+    pool: std::result::Result<CUmemoryPool, String>,
 }
 
 // SAFETY: a CUmemoryPool is a driver handle, usable from any thread.
@@ -27,35 +28,10 @@ unsafe impl Send for Scratch {}
 unsafe impl Sync for Scratch {}
 
 impl Scratch {
-    /// A pool on `ctx`'s device that never gives memory back while it lives.
-    pub(super) fn new(ctx: &Ctx) -> Result<Scratch> {
-        let pools = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
-            .cuda("asking whether the device has memory pools")?;
-        if pools == 0 {
-            return Ok(Scratch { pool: None });
-        }
-        // SAFETY: all-zero is CUmemPoolProps' "nothing asked" value (its reserved bytes must be 0).
-        let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
-        props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
-        props.location =
-            CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ctx.ordinal() as i32 };
-        ctx.bind_to_thread().cuda("making the context current")?;
-        // SAFETY: `props` is a valid CUmemPoolProps for this device.
-        let pool = unsafe { result::mem_pool::create(&props) }.cuda("creating the scratch memory pool")?;
-        let scratch = Scratch { pool: Some(pool) };
-        let mut keep = u64::MAX;
-        // SAFETY: the pool was just created; the release threshold is a u64.
-        unsafe {
-            result::mem_pool::set_attribute(
-                pool,
-                CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut keep as *mut u64).cast::<c_void>(),
-            )
-        }
-        .cuda("keeping the scratch pool's memory across synchronisations")?;
-        Ok(scratch)
+    /// A pool on `ctx`'s device that never gives memory back while it lives,
+    /// where the device and driver allow one.
+    pub(super) fn new(ctx: &Ctx) -> Scratch {
+        Scratch { pool: create(ctx) }
     }
 
     /// `len` uninitialised elements on `s`, given back to the pool in `s`'s
@@ -68,7 +44,7 @@ impl Scratch {
         s: &Arc<CudaStream>,
         len: usize,
     ) -> std::result::Result<CudaSlice<T>, DriverError> {
-        let Some(pool) = self.pool else {
+        let Ok(pool) = self.pool else {
             // SAFETY: the caller's contract.
             return unsafe { s.alloc::<T>(len) };
         };
@@ -81,9 +57,16 @@ impl Scratch {
         Ok(unsafe { s.upgrade_device_ptr(ptr, len) })
     }
 
-    /// The bytes the pool holds now, in use or kept (0 without a pool).
+    /// The bytes the pool holds now, in use or kept; without a pool, why.
     pub(super) fn reserved(&self) -> Result<u64> {
-        let Some(pool) = self.pool else { return Ok(0) };
+        let pool = match &self.pool {
+            Ok(pool) => *pool,
+            Err(why) => {
+                return Err(Error::Unsupported(format!(
+                    "no scratch memory pool ({why}): calls map their temporaries again after every synchronisation"
+                )));
+            }
+        };
         let mut bytes = 0u64;
         // SAFETY: the pool is live; this attribute is a u64.
         unsafe {
@@ -100,10 +83,43 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        if let Some(pool) = self.pool.take() {
+        if let Ok(pool) = self.pool {
             // SAFETY: the pool is live and destroyed once; allocations still out (or frees
             // still queued) keep its memory until they are done (cuMemPoolDestroy).
             let _ = unsafe { result::mem_pool::destroy(pool) };
         }
     }
+}
+
+/// The pool, with its release threshold at the most a u64 holds.
+fn create(ctx: &Ctx) -> std::result::Result<CUmemoryPool, String> {
+    let pools = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+        .map_err(|e| format!("asking whether the device has memory pools: {e}"))?;
+    if pools == 0 {
+        return Err("the device has no memory pools".into());
+    }
+    // SAFETY: all-zero is CUmemPoolProps' "nothing asked" value (its reserved bytes must be 0).
+    let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    props.location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ctx.ordinal() as i32 };
+    ctx.bind_to_thread().map_err(|e| format!("making the context current: {e}"))?;
+    // SAFETY: `props` is a valid CUmemPoolProps for this device.
+    let pool = unsafe { result::mem_pool::create(&props) }.map_err(|e| format!("creating it: {e}"))?;
+    let mut keep = u64::MAX;
+    // SAFETY: the pool was just created; the release threshold is a u64.
+    let kept = unsafe {
+        result::mem_pool::set_attribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut keep as *mut u64).cast::<c_void>(),
+        )
+    };
+    if let Err(e) = kept {
+        // SAFETY: the pool was just created and has no allocations.
+        let _ = unsafe { result::mem_pool::destroy(pool) };
+        return Err(format!("setting its release threshold: {e}"));
+    }
+    Ok(pool)
 }
