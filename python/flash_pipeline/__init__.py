@@ -31,7 +31,7 @@ import torch
 
 from . import ops
 from ._args import check_window as _check_window
-from .ops import kernel_dir, supported
+from .ops import kernel_dir, release_scratch, supported
 
 try:
     from importlib.metadata import PackageNotFoundError, version as _version
@@ -48,6 +48,7 @@ __all__ = [
     "flash_attn_qkvpacked_func",
     "supported",
     "kernel_dir",
+    "release_scratch",
     "__version__",
 ]
 

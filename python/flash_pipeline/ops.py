@@ -30,8 +30,10 @@ q_descale=None, k_descale=None, v_descale=None) -> (out, lse)``
   before capturing a graph (as PyTorch asks anyway): the first call on a device
   loads the kernels, and the first causal call of a new geometry on the Hopper
   kernel uploads its schedule and waits for that copy, which a capture forbids.
-  Split-KV scratch is allocated and freed in the stream's order with CUDA's
-  stream-ordered allocator, outside PyTorch's caching allocator.
+  A call's temporaries (split-KV partials, float8 inputs dequantised or V
+  transposed) are allocated and freed in the stream's order from the
+  extension's own memory pool, outside PyTorch's caching allocator; the pool
+  keeps what calls have needed (``release_scratch`` gives it back).
 * Forward only: the registered autograd formula raises NotImplementedError
   when a backward reaches it, so no tensor ever gets a wrong gradient.
 
@@ -66,6 +68,14 @@ def _ext():
             "`cargo xtask wheel` and pip install target/wheels/flash_pipeline-*.whl"
         ) from e
     return _C
+
+
+def release_scratch() -> None:
+    """Give the memory the extension keeps for calls' temporaries back to the driver, as
+    ``torch.cuda.empty_cache()`` does for PyTorch's cached blocks (that call does not reach
+    this pool). Memory that queued work still uses stays until it is done; the next call that
+    needs temporaries allocates them again. A no-op before the first call."""
+    _ext().release_scratch()
 
 
 def supported() -> dict:

@@ -201,10 +201,22 @@ fn supported(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// Gives the memory every loaded kernel set keeps for calls' temporaries, and
+/// no call uses, back to the driver.
+#[pyfunction]
+fn release_scratch() -> PyResult<()> {
+    let map = loaded().lock().unwrap_or_else(|e| e.into_inner());
+    for att in map.values() {
+        att.trim_scratch().map_err(py_err)?;
+    }
+    Ok(())
+}
+
 #[pymodule]
 fn _C(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(forward_varlen, m)?)?;
     m.add_function(wrap_pyfunction!(supported, m)?)?;
+    m.add_function(wrap_pyfunction!(release_scratch, m)?)?;
     Ok(())
 }

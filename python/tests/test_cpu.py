@@ -647,6 +647,7 @@ def test_the_installed_extension_loads_without_torch():
         "e4m3_head_dims": [64, 128, 256],
     }
     assert (folder / "kernels" / "kernel-set.json").is_file()
+    assert ext.release_scratch() is None  # no kernel set loaded: nothing kept
     with pytest.raises(ValueError, match="unknown dtype"):
         ext.forward(1, 1, 1, 1, 0, "f32", (1, 1, 1, 8, 8, 64), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0),
                     (8, 8, 8, 8), False, (-1, -1), 0.0, None, 0, 0, str(folder / "kernels"), "bf16", (0, 0, 0))

@@ -633,6 +633,21 @@ def test_serving_num_splits():
         check_sequences(lambda i: out[c[i]:c[i + 1]], lambda i: lse[:, c[i]:c[i + 1]], qs, ks, vs, True)
 
 
+def test_release_scratch_between_split_calls():
+    """Temporaries given back between calls are allocated again: the same result."""
+    torch.manual_seed(28)
+    lens_q, lens_k = [3, 1], [4000, 1500]
+    qs = seqs_of(lens_q, 8, 128, torch.float16)
+    ks, vs = seqs_of(lens_k, 2, 128, torch.float16), seqs_of(lens_k, 2, 128, torch.float16)
+    args = (torch.cat(qs), torch.cat(ks), torch.cat(vs), offsets(lens_q), offsets(lens_k), None, None, 3, 4000,
+            None, True, 7)
+    with torch.no_grad():
+        before = torch.ops.flash_pipeline.varlen_fwd(*args)
+        fa.release_scratch()
+        after = torch.ops.flash_pipeline.varlen_fwd(*args)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+
+
 def test_serving_torch_compile_fullgraph():
     torch.manual_seed(27)
     lens = [3, 9]

@@ -151,12 +151,19 @@ impl Attention {
 
     /// The bytes of device memory this `Attention` keeps for calls'
     /// temporaries (split partials, e4m3 inputs dequantised or V transposed):
-    /// the most its calls have needed at once, held until it is dropped. An
-    /// error, saying why, where it has no such pool (the device has no memory
-    /// pools, or the driver refused one): its calls then take their
-    /// temporaries from the device's default pool.
+    /// at least the most its calls have needed at once, held until it is
+    /// dropped or [`trim_scratch`](Attention::trim_scratch). An error, saying
+    /// why, where it has no such pool (the device has no memory pools, or the
+    /// driver refused one): its calls then allocate and free their temporaries
+    /// each time. Under a CUDA graph capture they are the graph's allocations.
     pub fn scratch_bytes(&self) -> Result<u64> {
         self.scratch.reserved()
+    }
+
+    /// Gives the memory kept for calls' temporaries and not in use back to the
+    /// driver; the next call that needs some maps it again.
+    pub fn trim_scratch(&self) -> Result<()> {
+        self.scratch.trim()
     }
 
     /// Whether the Hopper kernel was loaded (an sm_90 device with sm_90a fatbins).

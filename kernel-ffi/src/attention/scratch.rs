@@ -16,9 +16,10 @@ use cudarc::driver::{CudaContext as Ctx, CudaSlice, CudaStream, DeviceRepr, Driv
 
 use crate::error::{CudaContext, Error, Result};
 
-/// The pool, or why there is none (then cudarc's allocations, from the
-/// device's default pool).
+/// The pool, or why there is none (then cudarc's allocations: from the
+/// device's default pool, or plain ones on a device without memory pools).
 pub(super) struct Scratch {
+    ctx: Arc<Ctx>,
     pool: std::result::Result<CUmemoryPool, String>,
 }
 
@@ -30,8 +31,8 @@ unsafe impl Sync for Scratch {}
 impl Scratch {
     /// A pool on `ctx`'s device that never gives memory back while it lives,
     /// where the device and driver allow one.
-    pub(super) fn new(ctx: &Ctx) -> Scratch {
-        Scratch { pool: create(ctx) }
+    pub(super) fn new(ctx: &Arc<Ctx>) -> Scratch {
+        Scratch { ctx: ctx.clone(), pool: create(ctx) }
     }
 
     /// `len` uninitialised elements on `s`, given back to the pool in `s`'s
@@ -44,17 +45,31 @@ impl Scratch {
         s: &Arc<CudaStream>,
         len: usize,
     ) -> std::result::Result<CudaSlice<T>, DriverError> {
-        let Ok(pool) = self.pool else {
+        // A stream of another context may be on a device without memory pools,
+        // whose slices cudarc frees with cuMemFree.
+        let pool = match self.pool {
+            Ok(pool) if Arc::ptr_eq(s.context(), &self.ctx) => pool,
             // SAFETY: the caller's contract.
-            return unsafe { s.alloc::<T>(len) };
+            _ => return unsafe { s.alloc::<T>(len) },
         };
         s.context().bind_to_thread()?;
-        let bytes = (len * std::mem::size_of::<T>()).max(1);
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or(DriverError(cudarc::driver::sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE))?
+            .max(1);
         // SAFETY: pool and stream are live; the memory is the caller's to initialise.
         let ptr = unsafe { result::mem_pool::alloc_async(pool, bytes, s.cu_stream()) }?;
         // SAFETY: `ptr` holds `len` elements of T. The device has memory pools, so cudarc frees
         // a CudaSlice with cuMemFreeAsync, which gives a pool's allocation back to its pool.
         Ok(unsafe { s.upgrade_device_ptr(ptr, len) })
+    }
+
+    /// Gives what the pool keeps but no allocation uses back to the driver.
+    pub(super) fn trim(&self) -> Result<()> {
+        let Ok(pool) = self.pool else { return Ok(()) };
+        self.ctx.bind_to_thread().cuda("making the context current")?;
+        // SAFETY: the pool is live; memory in use or awaiting a queued free stays.
+        unsafe { result::mem_pool::trim_to(pool, 0) }.cuda("giving the scratch pool's memory back")
     }
 
     /// The bytes the pool holds now, in use or kept; without a pool, why.
@@ -63,7 +78,7 @@ impl Scratch {
             Ok(pool) => *pool,
             Err(why) => {
                 return Err(Error::Unsupported(format!(
-                    "no scratch memory pool ({why}): calls map their temporaries again after every synchronisation"
+                    "no scratch memory pool ({why}): calls allocate their temporaries anew each time"
                 )));
             }
         };
@@ -84,6 +99,7 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         if let Ok(pool) = self.pool {
+            let _ = self.ctx.bind_to_thread();
             // SAFETY: the pool is live and destroyed once; allocations still out (or frees
             // still queued) keep its memory until they are done (cuMemPoolDestroy).
             let _ = unsafe { result::mem_pool::destroy(pool) };

@@ -711,10 +711,11 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
         None => None,
     };
     // A call's temporaries outlive the synchronisation of the downloads, kept
-    // for the next call instead of mapped again (attention::scratch).
+    // for the next call instead of mapped again (attention::scratch; where the
+    // device has no such pool, `fa-test` says why once, at the start).
     let temporaries =
         launched.num_splits > 1 || launched.dequantised || dtype == Dtype::E4m3 && launched.family == Family::Hopper;
-    if temporaries && !launched.kernel.is_empty() && att.scratch_bytes()? == 0 {
+    if temporaries && !launched.kernel.is_empty() && matches!(att.scratch_bytes(), Ok(0)) {
         anyhow::bail!(
             "{}'s temporaries were given back at a synchronisation: the scratch pool is empty",
             launched.kernel
@@ -1112,6 +1113,9 @@ fn run() -> Result<()> {
     }
     if variant == Some(Variant::Hopper) && !att.has_hopper() {
         anyhow::bail!("--variant hopper: {} has no Hopper kernel (needs sm_90)", att.device().name);
+    }
+    if let Err(e) = att.scratch_bytes() {
+        eprintln!("fa-test: not checking that calls keep their temporaries: {e}");
     }
     let (cases, skipped) = runnable_here(cases, &att);
     if !skipped.is_empty() {
