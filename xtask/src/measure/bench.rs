@@ -85,20 +85,20 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         (None, None) => None,
     };
     let dir = cx.reports().join("bench");
-    let mut payload = BenchPayload {
-        mode: String::new(),
-        runs: Vec::new(),
-        gate: None,
-        self_test: None,
-        baseline: None,
-        torch: Vec::new(),
-    };
+    let mut payload = empty_payload();
     if let Some(plant) = opts.self_test {
         payload.mode = "self-test".into();
         payload.self_test = Some(self_test(&cand, plant, opts, &dir)?);
     } else if let Some(base) = &base {
         payload.mode = "gate".into();
-        payload.gate = Some(gate::run(base, &cand, &opts.gate(), &dir)?);
+        // The verdicts are saved as they stand before Nsight Compute explains them.
+        let save_timed = |timed: &gate::GateRun| {
+            let timed = BenchPayload { mode: "gate".into(), gate: Some(timed.clone()), ..empty_payload() };
+            let report = write_reports(cx, &envelope(cx, timed))?;
+            eprintln!("gate: verdicts saved in {} (explanations follow)", report.display());
+            Ok(())
+        };
+        payload.gate = Some(gate::run(base, &cand, &opts.gate(), &dir, save_timed)?);
     }
     if (base.is_none() && opts.self_test.is_none()) || opts.vs_torch {
         plain_runs(&cand, opts, &dir, &mut payload)?;
@@ -112,27 +112,14 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     if opts.vs_torch {
         payload.torch = vs_torch(cx, &payload.runs, opts)?;
     }
-    let device = device_of(&payload);
-    let report = cx.report("bench");
-    let driver = device.as_ref().and_then(|d| d.driver.clone());
-    let device = device.as_ref().map(Device::from);
-    let mut envelope = Envelope::new(
-        "bench",
-        crate::tools::process::git_state(&cx.root),
-        Toolchain { driver, ..Toolchain::default() },
-        device,
-        payload,
-    )
-    .kernels(crate::compile::kernel_set::reported(&cx.kernels));
+    let mut envelope = envelope(cx, payload);
     if let Some(name) = &opts.baseline {
         let saved = compare::load(cx, name)?;
         let c = compare::compare(compare::Side::of(name, &saved), compare::Side::of("this run", &envelope));
         println!("\n{}", compare::render(&c));
         envelope.payload.baseline = Some(c);
     }
-    envelope.write(&report)?;
-    write_file(&cx.reports().join("bench.md"), markdown(&envelope.payload))?;
-    write_file(&cx.reports().join("bench.csv"), csv(&envelope.payload))?;
+    let report = write_reports(cx, &envelope)?;
     println!("report: {} (and bench.md, bench.csv)", report.display());
     if let Some(name) = &opts.save_baseline {
         let path = compare::locate(cx, name);
@@ -140,6 +127,40 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         println!("saved as baseline `{name}`: {}", path.display());
     }
     verdict(&envelope.payload)
+}
+
+fn empty_payload() -> BenchPayload {
+    BenchPayload {
+        mode: String::new(),
+        runs: Vec::new(),
+        gate: None,
+        self_test: None,
+        baseline: None,
+        torch: Vec::new(),
+    }
+}
+
+/// The report of `payload`: this checkout, its kernel set and the device timed.
+fn envelope(cx: &Run, payload: BenchPayload) -> Envelope<BenchPayload> {
+    let device = device_of(&payload);
+    let driver = device.as_ref().and_then(|d| d.driver.clone());
+    Envelope::new(
+        "bench",
+        crate::tools::process::git_state(&cx.root),
+        Toolchain { driver, ..Toolchain::default() },
+        device.as_ref().map(Device::from),
+        payload,
+    )
+    .kernels(crate::compile::kernel_set::reported(&cx.kernels))
+}
+
+/// bench.json (returned), bench.md and bench.csv, each replaced whole.
+fn write_reports(cx: &Run, envelope: &Envelope<BenchPayload>) -> Result<std::path::PathBuf> {
+    let report = cx.report("bench");
+    envelope.write(&report)?;
+    write_file(&cx.reports().join("bench.md"), markdown(&envelope.payload))?;
+    write_file(&cx.reports().join("bench.csv"), csv(&envelope.payload))?;
+    Ok(report)
 }
 
 fn device_of(p: &BenchPayload) -> Option<fa_schema::schema::DeviceInfo> {
@@ -196,10 +217,10 @@ fn verdict(p: &BenchPayload) -> Result<()> {
 /// Base against base, then base against a copy of itself slowed by `plant`.
 fn self_test(side: &Side, plant: f64, opts: &Options, dir: &Path) -> Result<SelfTest> {
     eprintln!("== bench --self-test: A/A");
-    let aa = gate::run(side, side, &opts.gate(), &dir.join("self-test-aa"))?;
+    let aa = gate::run(side, side, &opts.gate(), &dir.join("self-test-aa"), |_| Ok(()))?;
     eprintln!("== bench --self-test: planted {:.1}% slowdown", plant * 100.0);
     let planted_side = Side { plant, ..side.clone() };
-    let planted_run = gate::run(side, &planted_side, &opts.gate(), &dir.join("self-test-planted"))?;
+    let planted_run = gate::run(side, &planted_side, &opts.gate(), &dir.join("self-test-planted"), |_| Ok(()))?;
     Ok(SelfTest { planted: plant, shapes: self_test_shapes(&aa, &planted_run), aa, planted_run })
 }
 

@@ -429,7 +429,7 @@ fn evaluate(
         attach_torch(&mut entry.bench, torch.map_err(|e| format!("{e:#}")));
         return Ok(Verdict::Same);
     };
-    let g = gate::run(&accepted.side(cx.device.clone()), &cand, &opts.bench.gate(), &dir)?;
+    let g = gate::run(&accepted.side(cx.device.clone()), &cand, &opts.bench.gate(), &dir, |_| Ok(()))?;
     entry.bench = bench_lines(&g);
     let failures: Vec<(String, Verdict)> = g.failures().iter().map(|s| (s.name.clone(), s.verdict)).collect();
     *gated = Some(g);

@@ -254,7 +254,15 @@ impl Coin {
 }
 
 /// Runs the gate over every case; the servers are stopped on return.
-pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateRun> {
+/// `timed` gets the verdicts before Nsight Compute explains them (which can
+/// take minutes), so that a run stopped then loses none: bench saves them.
+pub fn run(
+    base: &Side,
+    cand: &Side,
+    opts: &Options,
+    dir: &Path,
+    timed: impl FnOnce(&GateRun) -> Result<()>,
+) -> Result<GateRun> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut b = Server::start(base, "base", opts, dir)?;
     let mut c = Server::start(cand, "candidate", opts, dir)?;
@@ -381,8 +389,7 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
     }
     drop(progress);
     drop((b, c));
-    profile_explained(base, cand, opts, dir, &device.compute_capability, &cases, &mut results);
-    Ok(GateRun {
+    let mut gate = GateRun {
         device,
         rule,
         seed: opts.seed,
@@ -390,7 +397,10 @@ pub fn run(base: &Side, cand: &Side, opts: &Options, dir: &Path) -> Result<GateR
         monitored: monitor.is_some(),
         shapes: results,
         not_gated,
-    })
+    };
+    timed(&gate)?;
+    profile_explained(base, cand, opts, dir, &gate.device.compute_capability, &cases, &mut gate.shapes);
+    Ok(gate)
 }
 
 /// Nsight Compute on both sides of every explained shape, after the timing (no
@@ -677,7 +687,12 @@ mod process_tests {
     fn three_percent_slower_is_caught_on_every_shape_and_identical_is_same() {
         let d = tempfile::tempdir().unwrap();
         let (base, slow) = (fake(d.path(), 1.0), fake(d.path(), 1.03));
-        let g = run(&base, &slow, &opts(), &d.path().join("slow")).unwrap();
+        let mut timed = None;
+        let g = run(&base, &slow, &opts(), &d.path().join("slow"), |t| {
+            timed = Some(t.clone());
+            Ok(())
+        })
+        .unwrap();
         assert_eq!(g.shapes.len(), 2, "the candidate's default shapes");
         for s in &g.shapes {
             assert_eq!(
@@ -696,7 +711,14 @@ mod process_tests {
             let text = s.explanation.join("\n");
             assert!(text.contains("ncu moved most: stall wait"), "{text}");
         }
-        let g = run(&base, &base, &opts(), &d.path().join("same")).unwrap();
+        // The verdicts were handed over (to be saved) before Nsight Compute ran.
+        let timed = timed.expect("the verdicts, before the profiles");
+        assert_eq!(timed.shapes.len(), g.shapes.len());
+        for (t, s) in timed.shapes.iter().zip(&g.shapes) {
+            assert_eq!((t.verdict, t.quads), (s.verdict, s.quads));
+            assert!(t.base_profile.is_none() && t.cand_profile.is_none(), "{}: profiled already", t.name);
+        }
+        let g = run(&base, &base, &opts(), &d.path().join("same"), |_| Ok(())).unwrap();
         for s in &g.shapes {
             assert_eq!(s.verdict, Verdict::Same, "{}: [{:+.4}, {:+.4}]", s.name, s.ci_low, s.ci_high);
             assert!(s.ci_low > -0.005 && s.ci_high < 0.005, "{}: wider than ±0.5%", s.name);
@@ -704,12 +726,17 @@ mod process_tests {
         // The planted side of the self-test is the same binary with --plant-slowdown.
         let planted = Side { plant: 0.03, ..base.clone() };
         let g =
-            run(&base, &planted, &Options { shapes: vec!["1,1,64,64".into()], ..opts() }, &d.path().join("p")).unwrap();
+            run(&base, &planted, &Options { shapes: vec!["1,1,64,64".into()], ..opts() }, &d.path().join("p"), |_| {
+                Ok(())
+            })
+            .unwrap();
         assert_eq!(g.shapes[0].verdict, Verdict::Regression);
         assert!(g.shapes[0].explanation.iter().any(|l| l.contains("not profiled (the self-test")));
         // Without ncu the explanation says so, and the verdict stands.
         let none = Options { ncu: Err("ncu not found".into()), ..opts() };
-        let g = run(&base, &slow, &Options { shapes: vec!["1,1,64,64".into()], ..none }, &d.path().join("n")).unwrap();
+        let g =
+            run(&base, &slow, &Options { shapes: vec!["1,1,64,64".into()], ..none }, &d.path().join("n"), |_| Ok(()))
+                .unwrap();
         assert_eq!(g.shapes[0].verdict, Verdict::Regression);
         assert!(g.shapes[0].explanation.iter().any(|l| l == "ncu: not profiled (ncu not found)"));
     }
@@ -718,7 +745,7 @@ mod process_tests {
     fn a_base_without_the_serve_protocol_is_refused_clearly() {
         let d = tempfile::tempdir().unwrap();
         let old = Side::new(data("old-fa-bench.sh"), d.path().into(), None);
-        let err = run(&old, &fake(d.path(), 1.0), &opts(), d.path()).unwrap_err();
+        let err = run(&old, &fake(d.path(), 1.0), &opts(), d.path(), |_| Ok(())).unwrap_err();
         let msg = format!("{err:#}");
         assert!(msg.contains("starting the base") && msg.contains("unexpected argument --serve"), "{msg}");
     }
