@@ -1,6 +1,6 @@
 //! A call's temporaries (split partials, dequantised inputs, V transposed),
 //! stream-ordered, from a memory pool of the `Attention`'s own that keeps what
-//! it has grown to. The device's default pool gives its free memory back to
+//! it has grown to (until `trim`). The device's default pool gives its free memory back to
 //! the driver at every synchronisation (its release threshold is 0), so the
 //! first call after one mapped its scratch again, on the host, while the GPU
 //! waited, by an amount that differs from process to process.
@@ -29,8 +29,8 @@ unsafe impl Send for Scratch {}
 unsafe impl Sync for Scratch {}
 
 impl Scratch {
-    /// A pool on `ctx`'s device that never gives memory back while it lives,
-    /// where the device and driver allow one.
+    /// A pool on `ctx`'s device that keeps its memory across synchronisations
+    /// (until `trim`), where the device and driver allow one.
     pub(super) fn new(ctx: &Arc<Ctx>) -> Scratch {
         Scratch { ctx: ctx.clone(), pool: create(ctx) }
     }
