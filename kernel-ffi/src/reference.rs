@@ -58,13 +58,11 @@ pub fn attention_on(
     let d = p.head_dim;
     let mut out = vec![0.0; rows * d];
     let mut lse = vec![f64::NEG_INFINITY; rows];
-    let work = rows.saturating_mul(p.seqlen_k).saturating_mul(d);
-    let threads = threads.min(work / WORK_PER_THREAD).clamp(1, rows.max(1));
+    let (threads, per) = row_split(threads, p);
     if threads == 1 || d == 0 {
         rows_of(q, k, v, p, scores, 0, &mut out, &mut lse);
         return (out, lse);
     }
-    let per = rows.div_ceil(threads);
     std::thread::scope(|s| {
         for (c, (o, l)) in out.chunks_mut(per * d).zip(lse.chunks_mut(per)).enumerate() {
             s.spawn(move || rows_of(q, k, v, p, scores, c * per, o, l));
@@ -78,17 +76,12 @@ pub fn attention_on(
 /// summed in low precision scales with (the Hopper kernel's e4m3 Q·Kᵀ,
 /// `check::E4M3_WGMMA_QK_EPS`). On at most `threads` threads.
 pub fn score_magnitudes_on(threads: usize, q: &HostTensor, k: &HostTensor, p: &Problem, scores: Scores) -> Vec<f64> {
-    let rows = p.batch * p.heads * p.seqlen_q;
-    let mut out = vec![0.0; rows];
-    let work = rows.saturating_mul(p.seqlen_k).saturating_mul(p.head_dim);
-    let threads = threads.min(work / WORK_PER_THREAD).clamp(1, rows.max(1));
-    let per = rows.div_ceil(threads).max(1);
+    let mut out = vec![0.0; p.batch * p.heads * p.seqlen_q];
+    let (_, per) = row_split(threads, p);
     let group = p.heads / p.kv_heads.max(1);
     let rows_from = |first: usize, out: &mut [f64]| {
         for (r, m) in out.iter_mut().enumerate() {
-            let row = first + r;
-            let (bh, i) = (row / p.seqlen_q, row % p.seqlen_q);
-            let (b, h) = (bh / p.heads, bh % p.heads);
+            let (b, h, i) = row_position(p, first + r);
             let qo = q.desc.offset(b, h, i);
             let q_row = &q.data[qo..qo + p.head_dim];
             for j in scores.band.keys(i, p.seqlen_q, p.seqlen_k) {
@@ -105,6 +98,21 @@ pub fn score_magnitudes_on(threads: usize, q: &HostTensor, k: &HostTensor, p: &P
         }
     });
     out
+}
+
+/// How many of at most `threads` threads share `p`'s rows (none with fewer
+/// than WORK_PER_THREAD multiply-adds, at least one), and rows per thread.
+fn row_split(threads: usize, p: &Problem) -> (usize, usize) {
+    let rows = p.batch * p.heads * p.seqlen_q;
+    let work = rows.saturating_mul(p.seqlen_k).saturating_mul(p.head_dim);
+    let threads = threads.min(work / WORK_PER_THREAD).clamp(1, rows.max(1));
+    (threads, rows.div_ceil(threads).max(1))
+}
+
+/// Row `row`'s (batch, head, query): row = (batch · heads + head) · Sq + query.
+fn row_position(p: &Problem, row: usize) -> (usize, usize, usize) {
+    let (bh, i) = (row / p.seqlen_q, row % p.seqlen_q);
+    (bh / p.heads, bh % p.heads, i)
 }
 
 /// Rows `first…` of the output (row = (batch · heads + head) · Sq + query),
@@ -128,9 +136,7 @@ fn rows_of(
     let (mut k64, mut v64) = (vec![0.0f64; sk * d], vec![0.0f64; sk * d]);
     let mut widened: Option<(usize, usize)> = None;
     for (r, (o, row_lse)) in out.chunks_mut(d.max(1)).zip(lse.iter_mut()).enumerate() {
-        let row = first + r;
-        let (bh, i) = (row / p.seqlen_q, row % p.seqlen_q);
-        let (b, h) = (bh / p.heads, bh % p.heads);
+        let (b, h, i) = row_position(p, first + r);
         let kvh = h / group;
         let keys = mask.band.keys(i, p.seqlen_q, sk);
         if keys.is_empty() {

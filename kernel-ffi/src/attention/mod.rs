@@ -109,7 +109,7 @@ type CausalOrder = (u32, CudaSlice<u32>);
 /// # Ok::<(), kernel_ffi::Error>(())
 /// ```
 pub struct Attention {
-    /// Declared first, so dropped first: its pool goes before the context.
+    /// Calls' temporaries (attention::scratch).
     scratch: scratch::Scratch,
     ctx: Arc<Ctx>,
     stream: Arc<CudaStream>,
