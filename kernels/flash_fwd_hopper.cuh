@@ -50,7 +50,7 @@ namespace fa {
 //              them). P·V issued after the mask instead runs under the softmax:
 //              1.5-15% slower on large shapes on an H200, as is FlashAttention-3's
 //              intra-warpgroup overlap forced behind a loop edge (perf/DECISIONS.md)
-//   ping-pong  (two consumer warpgroups, D=128) pipelined, and the warpgroups take
+//   ping-pong  (two consumer warpgroups, D ≥ 96 but e4m3 D=256) pipelined, and the warpgroups take
 //              turns issuing their wgmmas (named barriers), so one's softmax runs
 //              under the other's matrix products
 //   exp turns  (two consumer warpgroups, D=64) each warpgroup serial (Q·Kᵀ, the
@@ -59,14 +59,19 @@ namespace fa {
 //              exponentials take as long as the tile's products at full rate. At
 //              D=128 this was 10% slower causal and 1-2% slower non-causal than
 //              ping-pong; at D=64 ping-pong was 4-8% slower than exp turns.
-// In every schedule an item's later key tiles (a split tail's excepted) take their
+//   serial     (two consumer warpgroups, e4m3 D=256) each warpgroup serial
+//              (Q·Kᵀ, the softmax, P·V) and the two overlapping freely:
+//              pipelined, S would be live beside O (128 registers) and the
+//              promoted P·V's accumulator (64 a chain). Turns at each product's
+//              issue were 1-2% slower on an H200 (perf/DECISIONS.md).
+// With 16-bit inputs, in every schedule an item's later key tiles (a split tail's excepted) take their
 // exponentials against the row max kept from its earlier tiles, without the
 // tile's own max (SoftmaxState::update_kept); a warp whose sums then lack
 // headroom redoes the tile exactly, the pipelined schedules from S recomputed
 // with mma.sync (P overwrote it), exp turns from S itself. Exp turns run an
 // item's first tile through that same code, with its own max kept (first_max).
-// A serial schedule (two warpgroups overlapping only by chance) swings by 5-10%
-// with any change to the kernel's code generation, so no entry uses it.
+// With 16-bit inputs a serial schedule swings by 5-10% with any change to the
+// kernel's code generation, so no 16-bit entry uses it.
 //
 // Each CTA runs its items (hopper_item: one, or a persistent CTA's many) in
 // order. The K/V ring runs on across items (g0: ring position of an item's first
@@ -223,11 +228,10 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
   FA_EVERY_HEAD_DIM(FA_HOPPER_VARLEN_ENTRIES_D, T, DT)
 
 // One e4m3 entry: flash_fwd_hopper_e4m3_<out dtype>_d<D>[_causal], 128-row CTAs
-// (persistent as the 16-bit D=128 ones), the descales beside the 16-bit
-// entries' parameters, V transposed (HopperFp8Params). D=128 only: at D=256
-// O and its per-tile accumulator (HopperOperands::kPromote) would take 256
-// registers a thread, and at D=64, where the exponentials bound it, the
-// 16-bit entries run dequantised e4m3 inputs faster (docs/PERFORMANCE.md).
+// (D=128 persistent as the 16-bit ones; D=256 one per query block), the
+// descales beside the 16-bit entries' parameters, V transposed
+// (HopperFp8Params). No D=64: there the exponentials bound it, and the 16-bit
+// entries run dequantised e4m3 inputs faster (docs/PERFORMANCE.md).
 #define FA_HOPPER_E4M3_ENTRY(OUT, D, MASK, PERSISTENT, NAME)                                                         \
   extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, fa::MASK::kEnd, 128, PERSISTENT, 1>::kThreads, 1) \
       NAME(const __grid_constant__ fa::HopperFp8Params p) {                                                          \
@@ -235,6 +239,8 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
         p.hp, fa::E4m3Descales{p.q_descale, p.k_descale, p.v_descale});                                              \
   }
 // Every e4m3 entry with output type OUT (DT its name).
-#define FA_HOPPER_E4M3_ENTRIES(OUT, DT)                                                                \
-  FA_HOPPER_E4M3_ENTRY(OUT, 128, NoMask, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_e4m3_##DT##_d128) \
-  FA_HOPPER_E4M3_ENTRY(OUT, 128, CausalMask, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_e4m3_##DT##_d128_causal)
+#define FA_HOPPER_E4M3_ENTRIES(OUT, DT)                                                                             \
+  FA_HOPPER_E4M3_ENTRY(OUT, 128, NoMask, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_e4m3_##DT##_d128)              \
+  FA_HOPPER_E4M3_ENTRY(OUT, 128, CausalMask, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_e4m3_##DT##_d128_causal) \
+  FA_HOPPER_E4M3_ENTRY(OUT, 256, NoMask, false, flash_fwd_hopper_e4m3_##DT##_d256)                                  \
+  FA_HOPPER_E4M3_ENTRY(OUT, 256, CausalMask, false, flash_fwd_hopper_e4m3_##DT##_d256_causal)

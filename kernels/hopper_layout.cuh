@@ -55,14 +55,15 @@ template <int D, bool CAUSAL, int ROWS, bool PERSISTENT, int IN_BYTES = 2>
 struct HopperConfig {
   static_assert(D == 64 || D == 96 || D == 128 || D == 192 || D == 256, "head dim must be 64, 96, 128, 192 or 256");
   static_assert(ROWS == 64 || ROWS == 128 || (ROWS == 192 && D == 64 && !CAUSAL), "64-, 128- or 192-row CTAs");
-  // D=192 and 256: two consumer warpgroups over 64-key tiles in two stages; O is
-  // 96 or 128 floats a consumer thread. D=256 runs one CTA per query block (Q
-  // 64 KB + the rings 128 KB leave no room for a persistent entry's O staging
-  // tile).
+  // D=192 and 256: two consumer warpgroups over 64-key tiles (e4m3: 128, at
+  // half the bytes) in two stages; O is 96 or 128 floats a consumer thread.
+  // D=256 runs one CTA per query block (16-bit: Q 64 KB + the rings 128 KB
+  // leave no room for a persistent entry's O staging tile; e4m3: Q 32 KB, the
+  // rings 128 KB and its staging tile 64 KB fill shared memory).
   static_assert(D <= 128 || ROWS == 128, "D=192, 256: 128-row CTAs");
   static_assert(D != 256 || !PERSISTENT, "D=256: not persistent");
-  static_assert(IN_BYTES == 2 || (IN_BYTES == 1 && D <= 128 && D % 64 == 0 && ROWS == 128),
-                "e4m3: D=64 or 128 (the entries: 128) in 128 rows");
+  static_assert(IN_BYTES == 2 || (IN_BYTES == 1 && D % 64 == 0 && D != 192 && ROWS == 128),
+                "e4m3: D=64, 128 or 256 (the entries: 128 and 256) in 128 rows");
   static constexpr int kHeadDim = D;
   static constexpr bool kFp8 = IN_BYTES == 1;
   // Q and K tiles are kPanels swizzle panels of kPanelCols 16-bit columns (of
@@ -81,13 +82,15 @@ struct HopperConfig {
   static constexpr int kOutPanelBytes = 2 * kOutPanelCols;
   static constexpr int kOutPanels = D / kOutPanelCols;
   static constexpr int kConsumers = ROWS / 64;
-  static constexpr bool kPingPong = kConsumers == 2;
-  static constexpr bool kExpTurns = kPingPong && D == 64 && !kFp8;  // see "The consumer schedule" above
+  // See "The consumer schedule" (flash_fwd_hopper.cuh).
+  static constexpr bool kSerial = kConsumers == 2 && D > 128 && kFp8;
+  static constexpr bool kPingPong = kConsumers == 2 && !kSerial;
+  static constexpr bool kExpTurns = kPingPong && D == 64 && !kFp8;
   static constexpr int kCtasPerSm = kConsumers == 1 && D == 64 ? 2 : 1;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = ROWS;
-  static constexpr int kBlockN = D > 128 ? 64 : 128;
-  static constexpr int kStages = kFp8              ? FA_HOPPER_STAGES_E4M3
+  static constexpr int kBlockN = D > 128 && !kFp8 ? 64 : 128;
+  static constexpr int kStages = kFp8              ? (D > 128 ? 2 : FA_HOPPER_STAGES_E4M3)
                                  : kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
                                  : kConsumers == 3 ? FA_HOPPER_STAGES_D64_M192
                                  : D > 128         ? 2
@@ -107,10 +110,12 @@ struct HopperConfig {
   static constexpr int kVPanelBytes = kVTransposed ? kBlockN : kPanelBytes;
   static_assert(kVPanelBytes == 128 || kVPanelBytes == 64, "a V panel is one swizzle row");
   // Registers per thread after setmaxnreg, within 65536 per SM: 128 × 40 + 256 × 232
-  // for two consumers, 128 × 24 + 128 × 232 per CTA for one, 128 × 32 + 384 × 160
-  // for three (S, O and P of the pipelined schedule fit in 160 without spills).
-  static constexpr int kProducerRegs = kConsumers == 1 ? 24 : kConsumers == 2 ? 40 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 232;
+  // for two consumers (serial: 128 × 24 + 256 × 240, where S, O and a Q·Kᵀ
+  // chain's 32 fit without spills), 128 × 24 + 128 × 232 per CTA for one,
+  // 128 × 32 + 384 × 160 for three (S, O and P of the pipelined schedule fit
+  // in 160 without spills).
+  static constexpr int kProducerRegs = kConsumers == 1 || kSerial ? 24 : kConsumers == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kSerial ? 240 : 232;
   static_assert((128 * kProducerRegs + 128 * kConsumers * kConsumerRegs) * kCtasPerSm <= 65536, "register file");
   // Q, the K and V rings, an O staging tile (16-bit rows) where Q's tile cannot
   // be one (persistent entries: it may already hold the next item's Q; e4m3:

@@ -27,8 +27,10 @@ template <typename T, typename Cfg>
 struct HopperOperands {
   static constexpr int kPvKeys = 16;  // keys per P·V wgmma
   static constexpr bool kKeptMax = true;
-  static constexpr bool kPromote = false;  // P·V accumulates in O
-  static constexpr int kLog2PScale = 0;    // the softmax's p are 2^kLog2PScale · p (SoftmaxState::update)
+  static constexpr bool kPromote = false;        // P·V accumulates in O
+  static constexpr int kPvCols = Cfg::kHeadDim;  // O's columns per P·V chain
+  static constexpr int kQkChains = 1;            // Q·Kᵀ accumulators summed in fp32
+  static constexpr int kLog2PScale = 0;          // the softmax's p are 2^kLog2PScale · p (SoftmaxState::update)
   static constexpr int S = Cfg::kStages, BN = Cfg::kBlockN, PB = Cfg::kPanelBytes;
   template <int NT>
   __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
@@ -37,7 +39,7 @@ struct HopperOperands {
   // V's descriptor at key step kk from its stage's K descriptor: the V stage lies
   // S·kKVBytes past K's, its head-dim panels BN·PB apart (the leading offset,
   // bits 16-29); keys 16kk…16kk+15 are 16 panel rows.
-  __device__ __forceinline__ static uint64_t v_desc(const GmmaDesc& k, int kk) {
+  __device__ __forceinline__ static uint64_t v_desc(const GmmaDesc& k, int kk, int) {
     constexpr uint32_t kVFromK = S * (Cfg::kKVBytes / 16) + ((BN * PB / 16) << 16);
     return k.at(kVFromK + kk * 16 * PB / 16);
   }
@@ -51,13 +53,21 @@ struct HopperOperands {
 // accumulates with about 13 significand bits, each step truncating: on O's
 // running sum the losses grow with the key count (README, "FP8 (e4m3)
 // inputs"), so each tile's P·V lands in its own accumulator and joins O in
-// fp32 (kPromote; DeepSeek-V3's promotion), as one FMA with the tile's rescale. Q·Kᵀ keeps the truncation of its D/32
-// steps: scores within about 2^-13 of Σ|q·k| (kernel-ffi's check::E4M3_WGMMA_QK_EPS).
+// fp32 (kPromote; DeepSeek-V3's promotion), as one FMA with the tile's rescale;
+// at D=256 in two chains of 128 columns (kPvCols), one after the other into
+// the same accumulator, which at full width would take 128 registers beside
+// O's 128. Q·Kᵀ keeps the truncation of at most 4 steps (128 of D) in a
+// chain: scores within about 2^-13 of Σ|q·k| (kernel-ffi's
+// check::E4M3_WGMMA_QK_EPS); at D=256 two chains are summed in fp32
+// (kQkChains: in one chain of 8 steps, outlier channels put O's relative L2
+// error at 3.4e-2, past fa-test's 2.5e-2).
 template <typename Cfg>
 struct HopperOperands<e4m3x2, Cfg> {
   static constexpr int kPvKeys = 32;
   static constexpr bool kKeptMax = false;
   static constexpr bool kPromote = true;
+  static constexpr int kPvCols = Cfg::kHeadDim > 128 ? 128 : Cfg::kHeadDim;
+  static constexpr int kQkChains = Cfg::kHeadDim > 128 ? 2 : 1;
   static constexpr int kLog2PScale = 8;
   static constexpr int S = Cfg::kStages, VPB = Cfg::kVPanelBytes;
   static_assert(Cfg::kVTransposed, "e4m3 P·V reads V K-major");
@@ -67,10 +77,10 @@ struct HopperOperands<e4m3x2, Cfg> {
   }
   // A K descriptor's address (its leading offset is 0) moved to the V stage,
   // S·kKVBytes on, in V's swizzle: D rows of VPB bytes, 8-row groups 8·VPB
-  // apart; a 32-key step is 32 bytes along the rows.
-  __device__ __forceinline__ static uint64_t v_desc(const GmmaDesc& k, int kk) {
+  // apart; a 32-key step is 32 bytes along the rows, chunk c kPvCols rows on.
+  __device__ __forceinline__ static uint64_t v_desc(const GmmaDesc& k, int kk, int c) {
     constexpr uint32_t kHigh = GmmaDesc::high<VPB>(8 * VPB);
-    return GmmaDesc{k.lo, kHigh}.at(S * (Cfg::kKVBytes / 16) + kk * 2);
+    return GmmaDesc{k.lo, kHigh}.at(S * (Cfg::kKVBytes / 16) + kk * 2 + c * (kPvCols * VPB / 16));
   }
 };
 
@@ -127,6 +137,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
   constexpr int QK_STEPS = Cfg::kTileCols / 16, PV_STEPS = BN / Ops::kPvKeys;
   constexpr int NT = BN / 8, DT = D / 8;
+  constexpr int PV_CHUNKS = D / Ops::kPvCols, CT = Ops::kPvCols / 8;        // P·V chains, O's 8-column tiles per chain
   constexpr int PB = Cfg::kPanelBytes, PC = Cfg::kPanelCols, KP = PC / 16;  // a panel row's bytes, columns, k-steps
   constexpr bool kPersistent = Cfg::kPersistent;
   const uint32_t bar_q = sm.full_q(), empty_q = sm.empty_q(), scale_slot = sm.scale_slot();
@@ -177,8 +188,11 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     return Slot{wrap ? 0 : x.st + 1, x.phase ^ (uint32_t)wrap, wrap ? x.bar - 8 * (S - 1) : x.bar + 8,
                 x.k.plus(wrap ? 0u - (S - 1) * kStageUnits : kStageUnits)};
   };
-  auto k_desc = [&](const Slot& x, int kk) { return x.k.at(((kk / KP) * BN * PB + (kk % KP) * 32) / 16); };
-  auto v_desc = [&](const Slot& x, int kk) { return Ops::v_desc(x.k, kk); };
+  // K from the tile's key row0 on (a panel row is a key).
+  auto k_desc = [&](const Slot& x, int kk, int row0 = 0) {
+    return x.k.at(((kk / KP) * BN * PB + (kk % KP) * 32 + row0 * PB) / 16);
+  };
+  auto v_desc = [&](const Slot& x, int kk, int c) { return Ops::v_desc(x.k, kk, c); };
   auto slot_full_v = [](const Slot& x) { return x.bar + 8 * S; };
   auto slot_empty_k = [](const Slot& x) { return x.bar + 16 * S; };
   auto slot_empty_v = [](const Slot& x) { return x.bar + 24 * S; };
@@ -190,6 +204,9 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
   float correction[2];
   float s[NT][4];
   uint32_t pf[PV_STEPS][4];
+  // Where P·V lands: O itself, or (HopperOperands::kPromote) a tile's own
+  // accumulator of one chain's columns, added to O in fp32 once it has landed.
+  float o_tile[Ops::kPromote ? CT : 1][4];
   // S = Q·K_j, asynchronous: committed as its own wgmma group.
   auto issue_qk = [&](const Slot& st) {
     wgmma_fence();
@@ -197,46 +214,92 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     for (int kk = 0; kk < QK_STEPS; ++kk) wgmma_ss<T, BN>(s, q_desc(kk), k_desc(st, kk), kk > 0);
     wgmma_commit();
   };
-  // Where P·V lands: O itself, or (HopperOperands::kPromote) a tile's own
-  // accumulator, added to O in fp32 once it has landed.
-  float o_tile[Ops::kPromote ? DT : 1][4];
-  // O += P·V_j, asynchronous, P from registers (promoted: into o_tile, from zero).
-  auto issue_pv = [&](const Slot& st) {
+  // S = Q·K_j in two chains of k-steps (HopperOperands::kQkChains) summed in
+  // fp32, synchronously, half the keys at a time: each half's second chain
+  // lands beside its first (in the other half's columns of S, then in o_tile,
+  // free between P·Vs in the serial schedule), so that no more than 32
+  // registers beside S and O (128) are live.
+  constexpr int QK_CHAIN = QK_STEPS / Ops::kQkChains, HT = NT / 2;
+  static_assert(Ops::kQkChains == 1 || (Ops::kQkChains == 2 && Cfg::kSerial && CT >= HT), "two chains");
+  auto qk_chained = [&](const Slot& st) {
+    auto half = [](float(&a)[NT][4], int i) -> float(&)[HT][4] { return *reinterpret_cast<float(*)[HT][4]>(&a[i]); };
+    auto tmp = [&]() -> float(&)[HT][4] { return *reinterpret_cast<float(*)[HT][4]>(&o_tile[0]); };
+    auto chains = [&](int h, float(&first)[HT][4], float(&second)[HT][4]) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < QK_STEPS; ++kk) {
+        const uint64_t k = k_desc(st, kk, h * BN / 2);
+        if (kk < QK_CHAIN) {
+          wgmma_ss<T, BN / 2>(first, q_desc(kk), k, kk > 0);
+        } else {
+          wgmma_ss<T, BN / 2>(second, q_desc(kk), k, kk > QK_CHAIN);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(first);
+      wgmma_fence_operands(second);
+#pragma unroll
+      for (int i = 0; i < HT; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) first[i][e] += second[i][e];
+      }
+    };
+    chains(0, half(s, 0), half(s, HT));
+    chains(1, half(s, HT), tmp());
+  };
+  // O += P·V_j, asynchronous, P from registers (promoted: O's columns of chain
+  // c into o_tile, from zero).
+  auto issue_pv = [&](const Slot& st, int c = 0) {
     if constexpr (Ops::kPromote) {
       wgmma_fence_operands(o_tile);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < PV_STEPS; ++kk) wgmma_rs<T, D>(o_tile, pf[kk], v_desc(st, kk), kk > 0);
+      for (int kk = 0; kk < PV_STEPS; ++kk) wgmma_rs<T, Ops::kPvCols>(o_tile, pf[kk], v_desc(st, kk, c), kk > 0);
     } else {
       wgmma_fence_operands(o);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < PV_STEPS; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk));
+      for (int kk = 0; kk < PV_STEPS; ++kk) wgmma_rs<T, D>(o, pf[kk], v_desc(st, kk, 0));
     }
     wgmma_commit();
   };
-  // P·V from ring slot x has landed: O may be read, and the V stage is free.
-  // Promoted, O (of the tiles before x, at their max) takes x's correction
-  // (the last update's, x's own) and x's P·V: O·c + P·V, x's rescale with it.
-  auto pv_landed = [&](const Slot& x) {
+  // Chain c of a P·V has landed. Promoted, O's columns of it (of the tiles
+  // before, at their max) take the tile's correction (the last update's) and
+  // its P·V: O·c + P·V, the tile's rescale with it.
+  auto chain_landed = [&](int c) {
     wgmma_wait<0>();
     if constexpr (Ops::kPromote) {
       wgmma_fence_operands(o_tile);
 #pragma unroll
-      for (int i = 0; i < DT; ++i) {
+      for (int i = 0; i < CT; ++i) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
 #ifdef FA_PLANT_NO_RESCALE
-          o[i][e] += o_tile[i][e];  // planted: O not rescaled when a row's max grows
+          o[c * CT + i][e] += o_tile[i][e];  // planted: O not rescaled when a row's max grows
 #else
-          o[i][e] = fmaf(o[i][e], correction[e / 2], o_tile[i][e]);
+          o[c * CT + i][e] = fmaf(o[c * CT + i][e], correction[e / 2], o_tile[i][e]);
 #endif
         }
       }
     }
+  };
+  // Every chain of the P·V from ring slot x has landed: O may be read, and the
+  // V stage is free.
+  auto pv_done = [&](const Slot& x) {
     wgmma_fence_operands(o);
     mbar_arrive_warp(slot_empty_v(x));
     plant_slowdown(o[0][0]);
+  };
+  // The P·V from ring slot x, issued (issue_pv: its first chain), lands; the
+  // chains after the first are issued and land one at a time.
+  auto pv_landed = [&](const Slot& x) {
+#pragma unroll
+    for (int c = 0; c < PV_CHUNKS; ++c) {
+      if (c > 0) issue_pv(x, c);
+      chain_landed(c);
+    }
+    pv_done(x);
   };
   auto pack_p = [&] {
 #pragma unroll
@@ -497,6 +560,25 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
           softmax.update_exp_pack<T>(0, s, correction, turn_scale, pf);
           softmax.rescale(o, correction);
         }
+        mbar_wait(slot_full_v(cur), cur.phase);
+        clear_v_tail<Cfg>(it, sm, cur.st, j, cw);
+        issue_pv(cur);
+        pv_landed(cur);
+      }
+    } else if constexpr (Cfg::kSerial) {
+      // Each tile in order, Q·Kᵀ, the softmax, P·V: S and the P·V accumulator
+      // are never live together (see "serial" in flash_fwd_hopper.cuh).
+      for (int j = 0; j < live; ++j, cur = next_slot(cur)) {
+        mbar_wait(cur.bar, cur.phase);
+        if constexpr (Ops::kQkChains == 1) {
+          issue_qk(cur);
+          wgmma_wait<0>();
+        } else {
+          qk_chained(cur);
+        }
+        qk_landed(cur, j);
+        mask_softmax(j);
+        pack_p();
         mbar_wait(slot_full_v(cur), cur.phase);
         clear_v_tail<Cfg>(it, sm, cur.st, j, cw);
         issue_pv(cur);

@@ -185,8 +185,11 @@ mod tests {
         let causal = Scores { band: crate::Band::Causal, softcap: None };
         let check = |c: KernelChoice, scores| check_choice(&m, &c, fp8, 128, scores).map_err(|e| format!("{e:#}"));
         assert!(check(choice(Variant::Portable, Some(64), None, None), causal).is_ok());
-        // The Hopper kernel runs D=128 on its e4m3 entries, windows dequantised on its bf16 ones.
+        // The Hopper kernel runs D=128 and 256 on its e4m3 entries, windows dequantised on its bf16 ones.
         assert!(check(choice(Variant::Hopper, Some(128), None, None), causal).is_ok());
+        for name in ["flash_fwd_hopper_e4m3_bf16_d256", "flash_fwd_hopper_e4m3_f16_d256_causal"] {
+            assert!(m.sources.iter().flat_map(|s| &s.kernels).any(|k| k.entry == name), "{name}");
+        }
         let window = Scores { band: crate::Band::Local { left: 8, right: 0 }, softcap: None };
         assert!(check(choice(Variant::Hopper, None, None, None), window).is_ok());
         // Windows have no e4m3 entry: the portable kernel's bf16 one runs them dequantised.

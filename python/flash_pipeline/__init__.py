@@ -7,7 +7,7 @@ Supported: CUDA float16/bfloat16, head dims of ``supported()["head_dims"]``
 (64, 96, 128, 192 and 256, dense and serving calls); float8_e4m3fn in dense
 calls at head dims 64, 128 and 256, with FA3's ``q_descale``, ``k_descale``,
 ``v_descale`` and bfloat16 output (sm_89 and sm_90; what has no e4m3 entry,
-windows, softcap and the Hopper kernel's head dims 64 and 256, runs them
+windows, softcap and the Hopper kernel's head dim 64, runs them
 dequantised to bfloat16);
 causal (bottom-right aligned) or not, sliding windows
 (``window_size``, aligned as causal) and logit softcapping (``softcap``),

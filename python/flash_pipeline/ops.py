@@ -11,9 +11,9 @@ q_descale=None, k_descale=None, v_descale=None) -> (out, lse)``
   descales, float32 (batch, kv_heads), positive: the scores are
   q_descale · k_descale · q·kᵀ·scale, the output v_descale · softmax · v, in
   bfloat16. They run on e4m3 entries (no mask or causal): the portable
-  kernel's (sm_89 and sm_90) and, at head dim 128, the Hopper kernel's
+  kernel's (sm_89 and sm_90) and, at head dims 128 and 256, the Hopper kernel's
   (H100/H200); else dequantised to bfloat16 for the 16-bit entries (the
-  Hopper kernel's head dims 64 and 256; windows and softcap on either kernel).
+  Hopper kernel's head dim 64; windows and softcap on either kernel).
 * Any strides are passed to the kernels as they are, except that a tensor
   whose last (head_dim) stride is not 1 is first copied with ``.contiguous()``
   (as flash-attn's ``maybe_contiguous``).

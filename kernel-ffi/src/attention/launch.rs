@@ -41,7 +41,7 @@ pub struct Launched {
     /// Whether its CTAs were persistent.
     pub persistent: bool,
     /// e4m3 inputs dequantised into 16-bit scratch for it, where no e4m3 entry
-    /// runs the call (windows, softcap; the Hopper kernel at head dims 64 and 256).
+    /// runs the call (windows, softcap; the Hopper kernel at head dim 64).
     pub dequantised: bool,
 }
 

@@ -287,7 +287,7 @@ impl Attention {
     }
 
     /// e4m3 inputs where no e4m3 entry runs the call (windows and softcap; the
-    /// Hopper kernel at head dims 64 and 256): each is dequantised (times its descale) into 16-bit
+    /// Hopper kernel at head dim 64): each is dequantised (times its descale) into 16-bit
     /// scratch of out's dtype, which the 16-bit call on `family` then runs on
     /// (it resolves as this call did). Its entry and every rule are checked first.
     #[allow(clippy::too_many_arguments)]

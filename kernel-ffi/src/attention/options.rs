@@ -232,7 +232,7 @@ impl Precision {
     /// where a kernel has entries of it for the call's head dim and scores
     /// (`native`), else e4m3 inputs run dequantised to the output's dtype
     /// (windows and softcap, which no e4m3 entry compiles in; the Hopper kernel
-    /// at head dims 64 and 256).
+    /// at head dim 64).
     ///
     /// ```
     /// use kernel_ffi::{Dtype, Precision};

@@ -64,14 +64,14 @@ impl Case {
 
     /// Whether an e4m3 case runs dequantised to its output dtype: with a window
     /// or softcap (no e4m3 entry of either kernel has one), or on the Hopper
-    /// kernel at a head dim other than 128 (its only e4m3 entries). Stated
+    /// kernel at a head dim other than 128 and 256 (its e4m3 entries'). Stated
     /// here, apart from the library's rule, which the case checks against it.
     fn dequantised(&self) -> Result<bool> {
         let scores = self.scores()?;
         Ok(self.fp8.is_some()
             && (matches!(scores.band, kernel_ffi::Band::Local { .. })
                 || scores.softcap.is_some()
-                || (self.choice.variant == Variant::Hopper && self.head_dim != 128)))
+                || (self.choice.variant == Variant::Hopper && !matches!(self.head_dim, 128 | 256))))
     }
 
     fn shape(&self) -> ShapeRecord {
@@ -463,8 +463,8 @@ fn matrix() -> Vec<Case> {
 }
 
 /// e4m3 inputs (head dims E4M3_HEAD_DIMS, no mask or causal, f16 and bf16
-/// output) on the portable kernel's e4m3 entries and, dequantised, on the
-/// Hopper kernel: lengths off every tile, Sq ≠ Sk both ways (causal rows
+/// output) on both kernels (the Hopper kernel's D=64 dequantised): lengths
+/// off every tile, Sq ≠ Sk both ways (causal rows
 /// without keys), 1 and 0, GQA, both layouts, each split mode, and plain or
 /// outlier-heavy inputs, every case with random descales. `every`: one case in
 /// that many (the sanitize set's share; odd, so that both kernels keep cases).
@@ -533,12 +533,13 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
         }
     }
     // Long rows on one split: FP8 wgmma's truncating sums lose O along the key
-    // axis unless each tile's P·V is promoted to fp32 (15% of O at 16k keys).
-    for variant in [Variant::Portable, Variant::Hopper] {
+    // axis unless each tile's P·V is promoted to fp32 (15% of O at 16k keys);
+    // at D=256 the Hopper kernel promotes it in two chains of columns.
+    for (variant, head_dim) in [(Variant::Portable, 128), (Variant::Hopper, 128), (Variant::Hopper, 256)] {
         for causal in [false, true] {
             cases.push(Case {
                 dtype: Dtype::E4m3,
-                head_dim: 128,
+                head_dim,
                 causal,
                 window: Window::default(),
                 softcap: None,
