@@ -105,24 +105,25 @@ pub fn load(dir: &Path) -> Option<KernelSet> {
 }
 
 /// The run's kernel set: the prebuilt one in `cx.kernels`, checked against the
-/// checkout's sources, or a fresh build into it.
+/// checkout's sources (and the build's `--manifest`, where it names one), or a
+/// fresh build into it.
 pub fn prepare(cx: &Run, build: &crate::compile::Options, prebuilt: bool) -> Result<()> {
     if !prebuilt {
         return crate::compile::run(cx, build);
     }
-    let set = verify(cx)?;
+    let set = verify(cx, &build.manifest.clone().unwrap_or_else(|| cx.manifest()))?;
     eprintln!("xtask: kernels from {} (sources {})", cx.kernels.display(), &set.sources[..12.min(set.sources.len())]);
     Ok(())
 }
 
-/// The prebuilt set in `cx.kernels`, checked against the checkout's sources.
-pub fn verify(cx: &Run) -> Result<KernelSet> {
+/// The prebuilt set in `cx.kernels`, checked against `manifest` and the
+/// sources beside it, as `record` hashed them.
+pub fn verify(cx: &Run, manifest: &Path) -> Result<KernelSet> {
     let dir = &cx.kernels;
     let set = KernelSet::load(dir)
         .with_context(|| format!("rebuild it with `cargo xtask build --out-dir {}`", dir.display()))?;
-    let manifest = cx.manifest();
     let src_dir = manifest.parent().unwrap_or(Path::new("."));
-    let want = sources_hash(&manifest, src_dir, &set.defines)?;
+    let want = sources_hash(manifest, src_dir, &set.defines)?;
     if set.sources != want {
         return Err(CheckFailed(format!(
             "the kernel set in {} was built from other sources than {} (sources hash {} here, {} there); \
@@ -171,11 +172,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let cx = checkout(tmp.path());
         let src = tmp.path().join("kernels");
-        let err = format!("{:#}", verify(&cx).unwrap_err());
+        let err = format!("{:#}", verify(&cx, &cx.manifest()).unwrap_err());
         assert!(err.contains("no kernel-set.json") && err.contains("--out-dir"), "{err}");
 
         record_in(&cx, &src, &[]);
-        assert!(verify(&cx).is_ok());
+        assert!(verify(&cx, &cx.manifest()).is_ok());
 
         for (file, text) in [
             ("a.cuh", "edited header"),
@@ -186,7 +187,7 @@ mod tests {
             let before = std::fs::read(src.join(file)).ok();
             std::fs::create_dir_all(src.join(file).parent().unwrap()).unwrap();
             std::fs::write(src.join(file), text).unwrap();
-            let err = verify(&cx).unwrap_err();
+            let err = verify(&cx, &cx.manifest()).unwrap_err();
             assert!(err.downcast_ref::<CheckFailed>().is_some(), "{file}: {err:#}");
             assert!(err.to_string().contains("built from other sources"), "{err}");
             match before {
@@ -194,12 +195,31 @@ mod tests {
                 None => std::fs::remove_file(src.join(file)).unwrap(),
             }
         }
-        assert!(verify(&cx).is_ok());
+        assert!(verify(&cx, &cx.manifest()).is_ok());
 
         // A set built with a planted define is not the checkout's own build...
         record_in(&cx, &src, &["FA_PLANT=1".into()]);
-        let set = verify(&cx).unwrap();
+        let set = verify(&cx, &cx.manifest()).unwrap();
         assert_eq!(set.defines, ["FA_PLANT=1"], "…and says so in what it records");
         assert_ne!(set.sources, sources_hash(&src.join("manifest.json"), &src, &[]).unwrap());
+    }
+
+    #[test]
+    fn a_set_built_from_another_manifest_verifies_against_that_manifest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cx = checkout(tmp.path());
+        let src = tmp.path().join("kernels");
+        let other = src.join("sm90a.json");
+        std::fs::write(&other, r#"{"static_smem_limit": 49152, "archs": {}, "sources": [], "x": 1}"#).unwrap();
+        std::fs::create_dir_all(&cx.kernels).unwrap();
+        record(&cx.kernels, &Manifest::parse(EMPTY).unwrap(), &other, &src, &[]).unwrap();
+        // `--kernels DIR --manifest M` checks the set against M; without it, against the checkout's.
+        let options = |manifest| crate::compile::Options {
+            manifest,
+            ..crate::compile::Options::new(std::time::Duration::from_secs(1), 1)
+        };
+        prepare(&cx, &options(Some(other)), true).unwrap();
+        let err = prepare(&cx, &options(None), true).unwrap_err();
+        assert!(err.to_string().contains("built from other sources"), "{err:#}");
     }
 }
