@@ -2,8 +2,10 @@
 //! `-Xptxas=-v`, parse the resource report, enforce budgets, write `build.json`.
 
 pub mod budget;
+mod includes;
 pub mod kernel_set;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -146,7 +148,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
     let cuobjdump = cuobjdump_beside(&nvcc)?;
     let out_dir = opts.out_dir.clone().unwrap_or_else(|| cx.kernels.clone());
     check_out_dir(&out_dir, &cx.root, &src_dir).map_err(|e| CannotRun(format!("--out-dir: {e}")))?;
-    let headers = header_digest(&src_dir)?;
+    let headers = kernel_headers(&src_dir)?;
 
     let mut jobs = Vec::new();
     for src in &manifest.sources {
@@ -154,6 +156,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         inside(&source_path, &src_dir).map_err(|e| CannotRun(format!("source {}: {e}", src.file)))?;
         let text = fa_schema::file::read(&source_path)
             .with_context(|| format!("reading kernel source {}", source_path.display()))?;
+        let headers = headers_digest(&text, &headers);
         for arch in &src.archs {
             let gencode = &manifest.archs[arch].gencode;
             let mut args: Vec<String> = FLAGS.iter().map(|s| s.to_string()).collect();
@@ -500,17 +503,38 @@ fn cuobjdump_beside(nvcc: &Nvcc) -> Result<PathBuf> {
 
 /// Digest of every header under the sources' folder (sub-folders too, as the
 /// kernel-set hash): a header change rebuilds every unit.
-fn header_digest(dir: &Path) -> Result<Vec<u8>> {
+/// The `.cuh` and `.h` files under `dir`: path relative to it (`/`
+/// separated) and contents.
+fn kernel_headers(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
     let mut files = Vec::new();
     kernel_set::source_files(dir, &mut files)?;
     files.retain(|p| p.extension().is_some_and(|x| x == "cuh" || x == "h"));
-    files.sort();
+    files
+        .into_iter()
+        .map(|f| {
+            let name = f.strip_prefix(dir).unwrap_or(&f).components().map(|c| c.as_os_str().to_string_lossy());
+            let text = fa_schema::file::read(&f).with_context(|| format!("reading kernel header {}", f.display()))?;
+            Ok((name.collect::<Vec<_>>().join("/"), text))
+        })
+        .collect()
+}
+
+/// What a unit's cache key takes of the headers: those its `#include`
+/// closure reaches (`includes::closure`), or all of them where that closure
+/// is unknown. A header outside it can change without rebuilding the unit.
+fn headers_digest(unit: &[u8], headers: &BTreeMap<String, Vec<u8>>) -> Vec<u8> {
+    let names: Vec<&String> = match includes::closure(unit, headers) {
+        Some(reached) => headers.keys().filter(|n| reached.contains(*n)).collect(),
+        None => headers.keys().collect(),
+    };
     let mut h = Sha256::new();
-    for f in files {
-        h.update(f.strip_prefix(dir).unwrap_or(&f).as_os_str().as_encoded_bytes());
-        h.update(fa_schema::file::read(&f)?);
+    for name in names {
+        for part in [name.as_bytes(), &headers[name]] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
     }
-    Ok(h.finalize().to_vec())
+    h.finalize().to_vec()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -632,9 +656,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("sub")).unwrap();
         std::fs::write(dir.path().join("sub/h.cuh"), "a").unwrap();
-        let before = header_digest(dir.path()).unwrap();
+        let digest = |unit: &[u8]| headers_digest(unit, &kernel_headers(dir.path()).unwrap());
+        let units: [&[u8]; 2] = [b"#include \"sub/h.cuh\"\n", b"#include HEADER\n"];
+        let before = units.map(digest);
         std::fs::write(dir.path().join("sub/h.cuh"), "b").unwrap();
-        assert_ne!(header_digest(dir.path()).unwrap(), before);
+        for (unit, before) in units.into_iter().zip(before) {
+            assert_ne!(digest(unit), before, "{}", String::from_utf8_lossy(unit));
+        }
+    }
+
+    #[test]
+    fn a_header_outside_a_units_includes_leaves_its_cache_key() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("hopper.cuh"), "#include \"common.cuh\"\n").unwrap();
+        std::fs::write(dir.path().join("common.cuh"), "a").unwrap();
+        std::fs::write(dir.path().join("portable.cuh"), "a").unwrap();
+        let digest = |unit: &[u8]| headers_digest(unit, &kernel_headers(dir.path()).unwrap());
+        let (hopper, portable, unknown) =
+            (b"#include \"hopper.cuh\"\n", b"#include \"portable.cuh\"\n", b"#include X\n");
+        let before = [digest(hopper), digest(portable), digest(unknown)];
+        std::fs::write(dir.path().join("common.cuh"), "b").unwrap();
+        assert_ne!(digest(hopper), before[0], "through hopper.cuh");
+        assert_eq!(digest(portable), before[1], "portable.cuh does not include it");
+        assert_ne!(digest(unknown), before[2], "an unknown closure takes every header");
     }
 
     #[test]
