@@ -85,7 +85,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         (None, None) => None,
     };
     let dir = cx.reports().join("bench");
-    let mut payload = empty_payload();
+    let mut payload = BenchPayload::default();
     if let Some(plant) = opts.self_test {
         payload.mode = "self-test".into();
         payload.self_test = Some(self_test(&cand, plant, opts, &dir)?);
@@ -93,7 +93,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         payload.mode = "gate".into();
         // The verdicts are saved as they stand before Nsight Compute explains them.
         let save_timed = |timed: &gate::GateRun| {
-            let timed = BenchPayload { mode: "gate".into(), gate: Some(timed.clone()), ..empty_payload() };
+            let timed = BenchPayload { mode: "gate".into(), gate: Some(timed.clone()), ..BenchPayload::default() };
             let report = write_reports(cx, &envelope(cx, timed))?;
             eprintln!("gate: verdicts saved in {} (explanations follow)", report.display());
             Ok(())
@@ -127,17 +127,6 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         println!("saved as baseline `{name}`: {}", path.display());
     }
     verdict(&envelope.payload)
-}
-
-fn empty_payload() -> BenchPayload {
-    BenchPayload {
-        mode: String::new(),
-        runs: Vec::new(),
-        gate: None,
-        self_test: None,
-        baseline: None,
-        torch: Vec::new(),
-    }
 }
 
 /// The report of `payload`: this checkout, its kernel set and the device timed.
@@ -745,11 +734,9 @@ mod tests {
         assert_eq!((shapes[1].biased, shapes[1].caught), (true, false));
         let payload = |t: Option<SelfTest>, g: Option<GateRun>| BenchPayload {
             mode: "x".into(),
-            runs: vec![],
             gate: g,
             self_test: t,
-            baseline: None,
-            torch: vec![],
+            ..BenchPayload::default()
         };
         let t = SelfTest { planted: 0.03, shapes, aa: aa.clone(), planted_run: planted.clone() };
         let err = verdict(&payload(Some(t), None)).unwrap_err();

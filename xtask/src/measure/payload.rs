@@ -60,7 +60,7 @@ pub struct SelfTestShape {
 /// An A/A interval that excludes zero by more than this marks the harness biased.
 pub const BIAS_LIMIT: f64 = 0.003;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct BenchPayload {
     pub mode: String,
     pub runs: Vec<ProcessRun>,
