@@ -97,7 +97,7 @@ fn publish_build(cx: &Run, opts: &Options, report: &Path) -> Result<()> {
         return Ok(());
     }
     let payload = read_json::<Envelope<BuildPayload>>(report)?.payload;
-    let manifest_path = opts.build.manifest.clone().unwrap_or_else(|| cx.manifest());
+    let manifest_path = opts.build.manifest_path(cx);
     let text = fa_schema::file::read_text(&manifest_path)?;
     let manifest = Manifest::parse(&text).with_context(|| format!("parsing {}", manifest_path.display()))?;
     if actions {

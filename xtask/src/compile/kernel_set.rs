@@ -111,7 +111,7 @@ pub fn prepare(cx: &Run, build: &crate::compile::Options, prebuilt: bool) -> Res
     if !prebuilt {
         return crate::compile::run(cx, build);
     }
-    let set = verify(cx, &build.manifest.clone().unwrap_or_else(|| cx.manifest()))?;
+    let set = verify(cx, &build.manifest_path(cx))?;
     eprintln!("xtask: kernels from {} (sources {})", cx.kernels.display(), &set.sources[..12.min(set.sources.len())]);
     Ok(())
 }

@@ -49,6 +49,11 @@ pub struct Options {
 }
 
 impl Options {
+    /// The manifest this build reads: `manifest`, else the checkout's.
+    pub fn manifest_path(&self, cx: &Run) -> PathBuf {
+        self.manifest.clone().unwrap_or_else(|| cx.manifest())
+    }
+
     pub fn new(timeout: Duration, jobs: usize) -> Options {
         Options {
             timeout,
@@ -125,7 +130,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
         );
     }
     crate::tools::toolchain::require_host_compiler()?;
-    let manifest_path = opts.manifest.clone().unwrap_or_else(|| cx.manifest());
+    let manifest_path = opts.manifest_path(cx);
     let mut manifest = Manifest::load(&manifest_path)?;
     if let Some(only) = &opts.archs {
         manifest.sources.iter_mut().for_each(|s| s.archs.retain(|a| only.contains(a)));
