@@ -284,22 +284,18 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       }
     }
   };
-  // Every chain of the P·V from ring slot x has landed: O may be read, and the
-  // V stage is free.
-  auto pv_done = [&](const Slot& x) {
-    wgmma_fence_operands(o);
-    mbar_arrive_warp(slot_empty_v(x));
-    plant_slowdown(o[0][0]);
-  };
   // The P·V from ring slot x, issued (issue_pv: its first chain), lands; the
-  // chains after the first are issued and land one at a time.
+  // chains after the first are issued and land one at a time. Then O may be
+  // read, and the V stage is free.
   auto pv_landed = [&](const Slot& x) {
 #pragma unroll
     for (int c = 0; c < PV_CHUNKS; ++c) {
       if (c > 0) issue_pv(x, c);
       chain_landed(c);
     }
-    pv_done(x);
+    wgmma_fence_operands(o);
+    mbar_arrive_warp(slot_empty_v(x));
+    plant_slowdown(o[0][0]);
   };
   auto pack_p = [&] {
 #pragma unroll
