@@ -34,15 +34,16 @@ namespace fa {
 // shared memory) so that one CTA's prologue (Q and first-tile latency) and
 // epilogue overlap the other's main loop, and at D=128 (shared memory for one)
 // doubles the CTAs of small problems. ROWS = 128: two consumer warpgroups (D=64:
-// causal only). ROWS = 192 (non-causal D=64, persistent): three consumer
-// warpgroups in one CTA per SM, where two 64-row CTAs have registers for two;
+// causal only). ROWS = 192 (non-causal D=64 and e4m3 D=128, persistent): three
+// consumer warpgroups in one CTA per SM, where two 64-row CTAs (D=64) or one
+// 128-row CTA have registers for two;
 // a grid's partial last round of units runs as 64-row items whose key tiles the
 // warpgroups share (HopperSched::whole_units), so that it takes a third as long.
 // kernel-ffi picks between a configuration's entries per problem
-// (planner::prefer_m64, planner::prefer_wide_d64, planner::prefer_wide_causal_d64).
+// (planner::prefer_m64, planner::prefer_m192, planner::prefer_wide_causal_d64).
 //
 // The consumer schedule follows from ROWS and D:
-//   pipelined  (one or three consumer warpgroups, the three overlapping one
+//   pipelined  (one or three 16-bit consumer warpgroups, the three overlapping one
 //              another freely) tile j's Q·Kᵀ and tile j−1's P·V issued together, then tile j's
 //              softmax. With the next tile's barriers probed after the softmax,
 //              the wait for that P·V comes after about half of the exponentials,
@@ -59,11 +60,14 @@ namespace fa {
 //              exponentials take as long as the tile's products at full rate. At
 //              D=128 this was 10% slower causal and 1-2% slower non-causal than
 //              ping-pong; at D=64 ping-pong was 4-8% slower than exp turns.
-//   serial     (two consumer warpgroups, e4m3 D=256) each warpgroup serial
-//              (Q·Kᵀ, the softmax, P·V) and the two overlapping freely:
-//              pipelined, S would be live beside O (128 registers) and the
-//              promoted P·V's accumulator (64 a chain). Turns at each product's
-//              issue were 1-2% slower on an H200 (perf/DECISIONS.md).
+//   serial     (e4m3: two consumer warpgroups at D=256, three at D=128) each
+//              warpgroup serial (Q·Kᵀ, the softmax, P·V) and the warpgroups
+//              overlapping freely: pipelined, S would be live beside O and the
+//              promoted P·V's accumulator (D=256: 128 + 64 + 64 registers of
+//              240; D=128, three warpgroups: 64 + 64 + 64 of 160). Turns at each
+//              product's issue were 1-2% slower at D=256 on an H200; at D=128 the
+//              third warpgroup fills the tensor pipe that two ping-pong ones
+//              leave idle half the time (perf/DECISIONS.md).
 // With 16-bit inputs, in every schedule an item's later key tiles (a split tail's excepted) take their
 // exponentials against the row max kept from its earlier tiles, without the
 // tile's own max (SoftmaxState::update_kept); a warp whose sums then lack
@@ -227,20 +231,23 @@ __device__ __forceinline__ void flash_fwd_hopper_varlen(const HopperVarlenParams
   FA_HOPPER_ENTRY(T, 256, LocalMask, Softcap, 128, false, flash_fwd_hopper_##DT##_d256_local_softcap)                 \
   FA_EVERY_HEAD_DIM(FA_HOPPER_VARLEN_ENTRIES_D, T, DT)
 
-// One e4m3 entry: flash_fwd_hopper_e4m3_<out dtype>_d<D>[_causal], 128-row CTAs
-// (D=128 persistent as the 16-bit ones; D=256 one per query block), the
-// descales beside the 16-bit entries' parameters, V transposed
-// (HopperFp8Params). No D=64: there the exponentials bound it, and the 16-bit
-// entries run dequantised e4m3 inputs faster (docs/PERFORMANCE.md).
-#define FA_HOPPER_E4M3_ENTRY(OUT, D, MASK, PERSISTENT, NAME)                                                         \
-  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, fa::MASK::kEnd, 128, PERSISTENT, 1>::kThreads, 1) \
-      NAME(const __grid_constant__ fa::HopperFp8Params p) {                                                          \
-    fa::flash_fwd_hopper<fa::e4m3x2, D, fa::MASK, fa::NoSoftcap, 128, PERSISTENT, OUT>(                              \
-        p.hp, fa::E4m3Descales{p.q_descale, p.k_descale, p.v_descale});                                              \
+// One e4m3 entry: flash_fwd_hopper_e4m3_<out dtype>_d<D>[_causal][_m192], 128-row CTAs
+// (D=128 persistent as the 16-bit ones; D=256 one per query block) or, non-causal
+// D=128, persistent 192-row ones; the descales beside the 16-bit entries'
+// parameters, V transposed (HopperFp8Params). No D=64: there the exponentials
+// bound it, and the 16-bit entries run dequantised e4m3 inputs faster
+// (docs/PERFORMANCE.md).
+#define FA_HOPPER_E4M3_ENTRY(OUT, D, MASK, ROWS, PERSISTENT, NAME)                                                    \
+  extern "C" __global__ void __launch_bounds__(fa::HopperConfig<D, fa::MASK::kEnd, ROWS, PERSISTENT, 1>::kThreads, 1) \
+      NAME(const __grid_constant__ fa::HopperFp8Params p) {                                                           \
+    fa::flash_fwd_hopper<fa::e4m3x2, D, fa::MASK, fa::NoSoftcap, ROWS, PERSISTENT, OUT>(                              \
+        p.hp, fa::E4m3Descales{p.q_descale, p.k_descale, p.v_descale});                                               \
   }
 // Every e4m3 entry with output type OUT (DT its name).
-#define FA_HOPPER_E4M3_ENTRIES(OUT, DT)                                                                             \
-  FA_HOPPER_E4M3_ENTRY(OUT, 128, NoMask, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_e4m3_##DT##_d128)              \
-  FA_HOPPER_E4M3_ENTRY(OUT, 128, CausalMask, FA_HOPPER_PERSISTENT_CAUSAL, flash_fwd_hopper_e4m3_##DT##_d128_causal) \
-  FA_HOPPER_E4M3_ENTRY(OUT, 256, NoMask, false, flash_fwd_hopper_e4m3_##DT##_d256)                                  \
-  FA_HOPPER_E4M3_ENTRY(OUT, 256, CausalMask, false, flash_fwd_hopper_e4m3_##DT##_d256_causal)
+#define FA_HOPPER_E4M3_ENTRIES(OUT, DT)                                                                     \
+  FA_HOPPER_E4M3_ENTRY(OUT, 128, NoMask, 128, FA_HOPPER_PERSISTENT_D128, flash_fwd_hopper_e4m3_##DT##_d128) \
+  FA_HOPPER_E4M3_ENTRY(OUT, 128, NoMask, 192, true, flash_fwd_hopper_e4m3_##DT##_d128_m192)                 \
+  FA_HOPPER_E4M3_ENTRY(OUT, 128, CausalMask, 128, FA_HOPPER_PERSISTENT_CAUSAL,                              \
+                       flash_fwd_hopper_e4m3_##DT##_d128_causal)                                            \
+  FA_HOPPER_E4M3_ENTRY(OUT, 256, NoMask, 128, false, flash_fwd_hopper_e4m3_##DT##_d256)                     \
+  FA_HOPPER_E4M3_ENTRY(OUT, 256, CausalMask, 128, false, flash_fwd_hopper_e4m3_##DT##_d256_causal)

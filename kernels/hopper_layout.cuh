@@ -41,6 +41,9 @@ namespace fa {
 #ifndef FA_HOPPER_STAGES_E4M3
 #define FA_HOPPER_STAGES_E4M3 3
 #endif
+#ifndef FA_HOPPER_STAGES_E4M3_M192
+#define FA_HOPPER_STAGES_E4M3_M192 2
+#endif
 #ifndef FA_HOPPER_STAGES_D64_CAUSAL
 #define FA_HOPPER_STAGES_D64_CAUSAL 2
 #endif
@@ -54,7 +57,8 @@ namespace fa {
 template <int D, bool CAUSAL, int ROWS, bool PERSISTENT, int IN_BYTES = 2>
 struct HopperConfig {
   static_assert(D == 64 || D == 96 || D == 128 || D == 192 || D == 256, "head dim must be 64, 96, 128, 192 or 256");
-  static_assert(ROWS == 64 || ROWS == 128 || (ROWS == 192 && D == 64 && !CAUSAL), "64-, 128- or 192-row CTAs");
+  static_assert(ROWS == 64 || ROWS == 128 || (ROWS == 192 && !CAUSAL && (D == 64 || (D == 128 && IN_BYTES == 1))),
+                "64-, 128- or 192-row CTAs (192: non-causal D=64, e4m3 D=128)");
   // D=192 and 256: two consumer warpgroups over 64-key tiles (e4m3: 128, at
   // half the bytes) in two stages; O is 96 or 128 floats a consumer thread.
   // D=256 runs one CTA per query block (16-bit: Q 64 KB + the rings 128 KB
@@ -62,8 +66,8 @@ struct HopperConfig {
   // rings 128 KB and its staging tile 64 KB fill shared memory).
   static_assert(D <= 128 || ROWS == 128, "D=192, 256: 128-row CTAs");
   static_assert(D != 256 || !PERSISTENT, "D=256: not persistent");
-  static_assert(IN_BYTES == 2 || (IN_BYTES == 1 && D % 64 == 0 && D != 192 && ROWS == 128),
-                "e4m3: D=64, 128 or 256 (the entries: 128 and 256) in 128 rows");
+  static_assert(IN_BYTES == 2 || (IN_BYTES == 1 && D % 64 == 0 && D != 192 && ROWS >= 128),
+                "e4m3: D=64, 128 or 256 (the entries: 128 and 256) in 128 or 192 rows");
   static constexpr int kHeadDim = D;
   static constexpr bool kFp8 = IN_BYTES == 1;
   // Q and K tiles are kPanels swizzle panels of kPanelCols 16-bit columns (of
@@ -83,14 +87,16 @@ struct HopperConfig {
   static constexpr int kOutPanels = D / kOutPanelCols;
   static constexpr int kConsumers = ROWS / 64;
   // See "The consumer schedule" (flash_fwd_hopper.cuh).
-  static constexpr bool kSerial = kConsumers == 2 && D > 128 && kFp8;
+  static constexpr bool kSerial = kFp8 && (D > 128 || kConsumers == 3);
   static constexpr bool kPingPong = kConsumers == 2 && !kSerial;
   static constexpr bool kExpTurns = kPingPong && D == 64 && !kFp8;
   static constexpr int kCtasPerSm = kConsumers == 1 && D == 64 ? 2 : 1;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = ROWS;
   static constexpr int kBlockN = D > 128 && !kFp8 ? 64 : 128;
-  static constexpr int kStages = kFp8              ? (D > 128 ? 2 : FA_HOPPER_STAGES_E4M3)
+  static constexpr int kStages = kFp8              ? (D > 128           ? 2
+                                                      : kConsumers == 3 ? FA_HOPPER_STAGES_E4M3_M192
+                                                                        : FA_HOPPER_STAGES_E4M3)
                                  : kConsumers == 1 ? (D == 64 ? FA_HOPPER_STAGES_D64_M64 : FA_HOPPER_STAGES_D128_M64)
                                  : kConsumers == 3 ? FA_HOPPER_STAGES_D64_M192
                                  : D > 128         ? 2
@@ -100,7 +106,6 @@ struct HopperConfig {
   // Three consumer warpgroups (192 rows) run a persistent grid's last, partial
   // round of units as 64-row items whose key tiles they share (HopperSched::whole_units).
   static constexpr bool kSplitTail = kConsumers == 3 && kPersistent;
-  static_assert(!kFp8 || !kSplitTail, "split-tail items take the 16-bit softmax and P·V");
   static constexpr int kQBytes = kBlockM * kTileCols * 2;
   static constexpr int kKVBytes = kBlockN * kTileCols * 2;
   // e4m3 V arrives transposed (kernel-ffi's transpose_v_e4m3): a stage is D

@@ -340,6 +340,27 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     mbar_arrive_warp(slot_empty_v(x));
   };
 
+  // An item's softmax scale, and the factor O takes before it is stored: the
+  // inputs' descales folded in (e4m3), else the call's scale and 1.
+  struct ItemScales {
+    float softmax, out;
+  };
+  auto item_scales = [&](const auto& it) {
+    ItemScales r{scale_log2, 1.f};
+    if constexpr (Descales::kScaled) {
+      const Fp8Descale d = descales.at(it, p.kv_heads);
+      r.softmax *= d.qk;
+      r.out = d.v;
+    }
+    return r;
+  };
+  auto scale_out = [&](const ItemScales& sc) {
+    if constexpr (Descales::kScaled) {
+      const float both_rows[2] = {sc.out, sc.out};
+      SoftmaxState<1>::rescale(o, both_rows);
+    }
+  };
+
   // A split-tail item (HopperItem::split_tail): the three consumer warpgroups
   // share its 64 rows (the first warpgroup's rows of the Q tile), warpgroup cw
   // taking key tiles cw, cw + 3, … and releasing the others unread, each tile
@@ -351,6 +372,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
   // tile and stores the rows.
   auto split_tail_item = [&](const HopperItem& it, int g0, int& q_loads) {
     const int row_lo = it.m0 + 16 * warp + g;
+    const ItemScales sc = item_scales(it);
     reset_rows();
     if (it.tiles > 0) {
       mbar_wait(bar_q, q_loads & 1);
@@ -375,8 +397,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       if (j + 3 >= it.tiles) mbar_arrive_warp(empty_q);  // this warpgroup's last Q·Kᵀ
       mod.apply(s);
       mask_tile(s, it.n_begin + j * BN, it.m0, row_lo, t, it.keys(p), Mask(p, it.diag(dense_diag)));
-      softmax.update(0, s, correction, scale_log2);
-      softmax.rescale(o, correction);
+      softmax.update<Ops::kLog2PScale>(0, s, correction, sc.softmax);
+      if constexpr (!Ops::kPromote) softmax.rescale(o, correction);  // promoted: as its P·V lands
       pack_p();
       mbar_wait(slot_full_v(cur), cur.phase);
       issue_pv(cur);
@@ -419,6 +441,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     }
     named_bar_sync(NamedBarrier::Merge, 384);  // the area is free for the next item
     if (cw != 0) return;
+    scale_out(sc);
     store_item<Out, Cfg>(p, o_map, sm, it, 0, warp, g, t, row_lo, o, softmax);
   };
 
@@ -444,13 +467,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     const int row_lo = it.m0 + 64 * cw + 16 * warp + g;  // this thread's rows: row_lo, row_lo + 8
     const int wg_last_row = it.m0 + 64 * cw + 63;
     reset_rows();
-    // The item's softmax scale, and the factor O takes before it is stored.
-    float item_scale = scale_log2, o_factor = 1.f;
-    if constexpr (Descales::kScaled) {
-      const Fp8Descale d = descales.at(it, p.kv_heads);
-      item_scale *= d.qk;
-      o_factor = d.v;
-    }
+    const ItemScales sc = item_scales(it);
+    const float item_scale = sc.softmax;
 
     // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
     // they come last, and only the barrier protocol runs for them. Ping-pong needs
@@ -653,10 +671,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       release_landed(x);
     }
     g0 += it.tiles;
-    if constexpr (Descales::kScaled) {
-      const float both_rows[2] = {o_factor, o_factor};
-      SoftmaxState<1>::rescale(o, both_rows);
-    }
+    scale_out(sc);
     store_item<Out, Cfg>(p, o_map, sm, it, cw, warp, g, t, row_lo, o, softmax);
   }
   o_store_drain();

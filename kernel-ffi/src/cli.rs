@@ -110,7 +110,7 @@ fn entry_geometries(
     for &family in families {
         let of = |precision| {
             let base = family.entry_stem(precision, head_dim, scores);
-            [format!("{base}_m64"), base.clone(), format!("{base}_kg2")]
+            Family::entry_names(&base)
                 .into_iter()
                 .flat_map(|name| [name.clone(), format!("{name}_persistent")])
                 .filter_map(|name| manifest.kernel(&name).and_then(|k| k.launch))
@@ -176,6 +176,19 @@ mod tests {
         assert!(e.contains("--block-m 64 --key-groups 2"), "{e}");
         // The portable kernel's entries are not persistent.
         assert!(check(choice(Variant::Portable, None, None, Some(true)), true).is_err());
+    }
+
+    #[test]
+    fn block_m_192_names_the_e4m3_d128_three_warpgroup_entry() {
+        let m = manifest();
+        let fp8 = crate::Precision { input: crate::Dtype::E4m3, output: crate::Dtype::Bf16 };
+        let causal = Scores { band: crate::Band::Causal, softcap: None };
+        let wide = choice(Variant::Hopper, Some(192), None, None);
+        assert!(check_choice(&m, &wide, fp8, 128, Scores::default()).is_ok());
+        let e = format!("{:#}", check_choice(&m, &wide, fp8, 128, causal).unwrap_err());
+        assert!(e.contains("hopper 128 rows") && !e.contains("192 rows"), "{e}");
+        // 16-bit D=128 has no 192-row entry.
+        assert!(check_choice(&m, &wide, crate::Dtype::Bf16, 128, Scores::default()).is_err());
     }
 
     #[test]

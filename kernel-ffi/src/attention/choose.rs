@@ -84,9 +84,8 @@ impl Attention {
         out
     }
 
-    /// The loaded forward entries of a family for (dtype, head dim, scores), one-group
-    /// entries first (64 rows, 128 rows, then the two-group `_kg2`), and their
-    /// common name stem.
+    /// The loaded forward entries of a family for (dtype, head dim, scores), in
+    /// `Family::entry_names`' order, and their common name stem.
     fn fwd_entries(
         &self,
         family: Family,
@@ -95,7 +94,7 @@ impl Attention {
         scores: Scores,
     ) -> (String, Vec<(String, &Kernel)>) {
         let base = family.entry_stem(precision, head_dim, scores);
-        let loaded = [format!("{base}_m64"), base.clone(), format!("{base}_kg2")]
+        let loaded = Family::entry_names(&base)
             .into_iter()
             .filter_map(|name| self.kernels.get(&name).map(|k| (name, k)))
             .collect();
@@ -113,10 +112,11 @@ impl Attention {
     }
 
     /// The forward entry for this problem: `flash_fwd[_hopper]_<dtype>_d<D>[_causal]`
-    /// or the same with `_m64` (64-row CTAs) or `_kg2` (two key groups: 32-row CTAs
-    /// at D=64, 64-row ones at D=128), whichever is loaded. Rows per CTA: `block_m`,
-    /// or else `planner::prefer_m64` between the one-group entries (Hopper D=64:
-    /// `planner::prefer_wide_d64`, causal `planner::prefer_wide_causal_d64`); then
+    /// or the same with `_m64` (64-row CTAs), `_m192` (192-row CTAs) or `_kg2` (two
+    /// key groups: 32-row CTAs at D=64, 64-row ones at D=128), whichever is loaded.
+    /// Rows per CTA: `block_m`, or else `planner::prefer_m64` between the one-group
+    /// entries (Hopper against a 192-row entry: `planner::prefer_m192`; Hopper
+    /// causal D=64: `planner::prefer_wide_causal_d64`); then
     /// key groups: `key_groups`, or else `choose_groups`. With the entry's split
     /// plan (the twin's, where that was already made).
     pub(super) fn choose_entry(
@@ -135,12 +135,12 @@ impl Attention {
             [narrow, wide] => {
                 let r = |k: &Kernel| u64::from(k.launch.block_m);
                 let ctas = Self::work_ctas(narrow, p);
-                let m64 = if family == Family::Hopper && p.head_dim == 64 {
+                let m64 = if family == Family::Hopper && (p.head_dim == 64 || wide.launch.block_m == 192) {
                     let (units, wide_slots) = (Self::work_ctas(wide, p), slots(wide));
                     if causal {
                         !planner::prefer_wide_causal_d64(units, wide_slots, p.seqlen_k)
                     } else {
-                        !planner::prefer_wide_d64(units, wide_slots, p.seqlen_q, p.seqlen_k)
+                        !planner::prefer_m192(units, wide_slots, p.seqlen_q, p.seqlen_k)
                     }
                 } else {
                     planner::prefer_m64(causal, ctas, slots(narrow), r(narrow), slots(wide), r(wide))

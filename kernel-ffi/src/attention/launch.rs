@@ -360,7 +360,7 @@ impl Attention {
             k_descale: ptr(descales.k),
             v_descale: ptr(descales.v),
         };
-        // SAFETY: matches `flash_fwd_hopper_e4m3_<out dtype>_d<D>[_causal](const __grid_constant__
+        // SAFETY: matches `flash_fwd_hopper_e4m3_<out dtype>_d<D>[_causal][_m192](const __grid_constant__
         // HopperFp8Params p)` in kernels/flash_fwd_hopper_e4m3.cu. As the 16-bit launch above, with
         // v_map over V transposed, which `transpose_v` wrote before on this stream and which
         // outlives the launch (freed in stream order); each descale given holds batch × kv_heads

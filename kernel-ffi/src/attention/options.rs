@@ -94,8 +94,8 @@ pub struct KernelChoice {
     /// Query rows per CTA (32, 64, 128 or 192) where the kernel has several; default: the planner's choice.
     ///
     /// An `_m64` entry beside the 128-row one (the planner's rule is `planner::prefer_m64`) or,
-    /// Hopper non-causal D=64, the 192-row one (`planner::prefer_wide_d64`), and the portable
-    /// D=64 `_kg2` entry's 32 rows.
+    /// Hopper non-causal D=64 and e4m3 D=128, the 192-row one (`planner::prefer_m192`), and
+    /// the portable D=64 `_kg2` entry's 32 rows.
     #[arg(long)]
     pub block_m: Option<u32>,
     /// Key groups per CTA (1, or 2 where a `_kg2` entry is loaded); default: the planner's choice.
@@ -189,7 +189,7 @@ impl Family {
 
     /// The name stem of its forward entries for (precision, head dim, scores),
     /// `flash_fwd[_hopper]_<precision>_d<D>[_causal|_local][_softcap]`, which
-    /// `_m64` (64-row CTAs), `_kg2` (two key groups) and `_persistent` extend.
+    /// the geometries' suffixes (`entry_names`) and `_persistent` extend.
     ///
     /// ```
     /// use kernel_ffi::{Band, Dtype, Family, Precision, Scores};
@@ -208,6 +208,14 @@ impl Family {
             Family::Hopper => "flash_fwd_hopper",
         };
         format!("{family}_{}_d{head_dim}{}", precision.into().name(), scores.suffix())
+    }
+
+    /// The forward entries a stem may have, one per tile geometry, one-group
+    /// entries first, fewest rows first where the stem names: `_m64` (64 rows),
+    /// the stem itself (128 rows; Hopper non-causal D=64: 192), `_m192` (192
+    /// rows), `_kg2` (two key groups). Each may also have a `_persistent` twin.
+    pub fn entry_names(stem: &str) -> [String; 4] {
+        ["_m64", "", "_m192", "_kg2"].map(|suffix| format!("{stem}{suffix}"))
     }
 }
 

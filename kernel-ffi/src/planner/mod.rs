@@ -44,8 +44,8 @@ mod uniform;
 
 pub use grid::{LaunchGrid, Units, decodes_in_i32, whole_units};
 pub use prefer::{
-    prefer_hopper, prefer_hopper_varlen, prefer_key_groups, prefer_m64, prefer_narrow_key_groups, prefer_persistent,
-    prefer_wide_causal_d64, prefer_wide_d64,
+    prefer_hopper, prefer_hopper_varlen, prefer_key_groups, prefer_m64, prefer_m192, prefer_narrow_key_groups,
+    prefer_persistent, prefer_wide_causal_d64,
 };
 pub use schedule::causal_order;
 pub use simulate::{

@@ -46,8 +46,8 @@ pub fn prefer_hopper_varlen(max_seqlen_q: usize) -> bool {
 /// S4096 (1.9 waves of 128-row CTAs), 5% slower at B4 H16 S2048 (3.9 waves) and
 /// 11-12% at B2 H16 S8192 (7.8), which a list-scheduling model of the causal grid
 /// reproduces with 128-row CTAs 18% cheaper per row and puts the break-even
-/// between 2.2 and 2.9 waves. (Hopper D=64 chooses by `prefer_wide_d64` and
-/// `prefer_wide_causal_d64`.)
+/// between 2.2 and 2.9 waves. (Hopper D=64, and e4m3 D=128 between 128 and 192
+/// rows, choose by `prefer_m192` and `prefer_wide_causal_d64`.)
 pub fn prefer_m64(
     causal: bool,
     narrow_ctas: u64,
@@ -82,11 +82,12 @@ pub fn prefer_wide_causal_d64(wide_ctas: u64, wide_slots: u64, seqlen_k: usize) 
     seqlen_k >= 1024 && wide_ctas >= 3 * wide_slots
 }
 
-/// Whether a non-causal Hopper D=64 problem should run the 192-row entry (three
+/// Whether a non-causal Hopper problem should run the 192-row entry (three
 /// consumer warpgroups, one persistent CTA per SM, a partial last round as
-/// split-tail items: `whole_units`) rather than two 64-row CTAs per SM, from its
-/// grid of 192-row units (query blocks × batch × heads), the resident slots and
-/// the queries and keys per head. Three warpgroups hide more of each other's
+/// split-tail items: `whole_units`) rather than the narrower one (D=64: two
+/// 64-row CTAs per SM; e4m3 D=128: one 128-row CTA of two), from its grid of
+/// 192-row units (query blocks × batch × heads), the resident slots and the
+/// queries and keys per head. Three warpgroups hide more of each other's
 /// softmax than two CTAs of one, but a unit is three times as coarse: it wins
 /// from 2048 queries and keys on grids of at least four rounds, and loses where
 /// few rounds or short heads leave its coarser units, a last block's unused rows
@@ -99,7 +100,16 @@ pub fn prefer_wide_causal_d64(wide_ctas: u64, wide_slots: u64, seqlen_k: usize) 
 /// −11%; B16 H16 S1024 (11.6) −1%, B8 H16 S1024 (5.8) ±0.3%, B2 H16 S2048 (2.7)
 /// +1%, B8 H16 S512 (2.9) +2.5%, B4 H16 S1024 (2.9) +4%, and under two rounds
 /// (B4 H16 S512, B2 H8 S1024, B1 H16 S2048) 39-47% slower.
-pub fn prefer_wide_d64(wide_units: u64, wide_slots: u64, seqlen_q: usize, seqlen_k: usize) -> bool {
+///
+/// e4m3 D=128, on an H200 (`fa-bench --dtype e4m3 --variant hopper --block-m
+/// 128|192`, 2 rounds in one run), where the 128-row entry's two warpgroups
+/// leave the tensor pipe idle half the time: B4 H16 S2048 (5.3 rounds) −7%,
+/// B1 H16 S8192 (5.2) and B1 H32 S4096 (5.3) −6.7%; B8 H16 S1024 (5.8, short
+/// heads) −1%, B1 H8 S8192 (2.6) −1.5%, B2 H16 S2048, B1 H16 S4096, B4 H16 S1024,
+/// B16 H16 S1024, B32 H16 S512 and B1 H4 S16384 within ±0.5%; B1 H2 S16384 (1.3
+/// rounds) +2%, B64 H16 S256 (a 192-row block of 256 queries) +17%, B1 H16 S2048
+/// (1.3) +47%.
+pub fn prefer_m192(wide_units: u64, wide_slots: u64, seqlen_q: usize, seqlen_k: usize) -> bool {
     seqlen_q >= 2048 && seqlen_k >= 2048 && wide_units >= 4 * wide_slots
 }
 
@@ -197,9 +207,23 @@ mod tests {
     }
 
     #[test]
+    fn wide_e4m3_d128_from_2048_keys_on_four_rounds() {
+        let slots = 132; // H200, one CTA per SM either way
+        let wide = |b: u64, h: u64, s: usize| prefer_m192(b * h * (s as u64).div_ceil(192), slots, s, s);
+        assert!(wide(4, 16, 2048), "B4 H16 S2048: -7%");
+        assert!(wide(1, 16, 8192), "B1 H16 S8192: -6.7%");
+        assert!(wide(1, 32, 4096), "B1 H32 S4096: -6.7%");
+        assert!(wide(2, 16, 8192), "B2 H16 S8192: -4 to -12%");
+        assert!(!wide(1, 16, 2048), "B1 H16 S2048, 1.3 rounds: +47%");
+        assert!(!wide(1, 2, 16384), "B1 H2 S16384, 1.3 rounds: +2%");
+        assert!(!wide(64, 16, 256), "B64 H16 S256: +17%");
+        assert!(!wide(2, 16, 2048), "B2 H16 S2048: even");
+    }
+
+    #[test]
     fn wide_d64_from_2048_keys_on_four_rounds() {
         let slots = 132; // H100, one 192-row Hopper D=64 CTA per SM
-        let wide = |b: u64, h: u64, s: usize| prefer_wide_d64(b * h * (s as u64).div_ceil(192), slots, s, s);
+        let wide = |b: u64, h: u64, s: usize| prefer_m192(b * h * (s as u64).div_ceil(192), slots, s, s);
         assert!(wide(4, 16, 2048), "B4 H16 S2048: -9%");
         assert!(wide(8, 16, 2048), "B8 H16 S2048: -10%");
         assert!(wide(2, 16, 4096), "B2 H16 S4096: -10%");
@@ -210,8 +234,8 @@ mod tests {
         assert!(!wide(4, 16, 512), "B4 H16 S512: +44%");
         // B64 H16, 64 queries against 4096 keys: 1024 units, but each 192-row unit
         // would run two warpgroups of rows past the queries over every key tile.
-        assert!(!prefer_wide_d64(64 * 16, slots, 64, 4096));
-        assert!(!prefer_wide_d64(64 * 16 * 6, slots, 1024, 4096));
+        assert!(!prefer_m192(64 * 16, slots, 64, 4096));
+        assert!(!prefer_m192(64 * 16 * 6, slots, 1024, 4096));
     }
 
     #[test]

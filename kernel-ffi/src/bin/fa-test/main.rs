@@ -214,6 +214,21 @@ fn sanitize_set() -> Vec<Case> {
     }
     let mut cases = on_every_entry(cases);
     cases.extend(e4m3_cases(5));
+    // A split-tail item of the e4m3 D=128 192-row entry (133 units on up to 132 SMs).
+    cases.push(Case {
+        dtype: Dtype::E4m3,
+        head_dim: 128,
+        causal: false,
+        heads: 133,
+        kv_heads: 7,
+        seqlen_q: 100,
+        seqlen_k: 300,
+        splits: Splits::Fixed(1),
+        gpu_reference: false,
+        fp8: Some(Fp8 { out: Dtype::Bf16, outliers: false }),
+        choice: HOPPER_E4M3_M192,
+        ..sanitize_set_ref(Dtype::E4m3)
+    });
     cases
 }
 
@@ -236,6 +251,11 @@ fn on_every_entry(cases: Vec<Case>) -> Vec<Case> {
         })
         .collect()
 }
+
+/// The Hopper kernel's e4m3 D=128 192-row entry (persistent, three consumer
+/// warpgroups), pinned: the planner takes it for large grids only.
+const HOPPER_E4M3_M192: KernelChoice =
+    KernelChoice { variant: Variant::Hopper, block_m: Some(192), key_groups: Some(1), persistent: Some(true) };
 
 fn sanitize_set_ref(dtype: Dtype) -> Case {
     Case {
@@ -458,6 +478,18 @@ fn matrix() -> Vec<Case> {
         cases.push(large(dtype, 64, false, 1, 133, 7, 300, seqlen_k, Layout::Bshd, splits));
     }
     let mut cases = on_every_entry(cases);
+    // The e4m3 D=128 192-row entry's split-tail items (266 units), against the
+    // f64 reference of the dequantised inputs.
+    for (seqlen_k, splits, outliers) in
+        [(100, Splits::Fixed(1), false), (700, Splits::Fixed(1), true), (700, Splits::Fixed(2), false)]
+    {
+        cases.push(Case {
+            gpu_reference: false,
+            fp8: Some(Fp8 { out: Dtype::Bf16, outliers }),
+            choice: HOPPER_E4M3_M192,
+            ..large(Dtype::E4m3, 128, false, 1, 133, 7, 300, seqlen_k, Layout::Bshd, splits)
+        });
+    }
     cases.extend(e4m3_cases(1));
     cases
 }
@@ -499,6 +531,9 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
                     });
                     let hopper = KernelChoice { variant: Variant::Hopper, ..PORTABLE };
                     cases.push(Case { choice: hopper, ..cases[cases.len() - 1].clone() });
+                    if head_dim == 128 && !causal {
+                        cases.push(Case { choice: HOPPER_E4M3_M192, ..cases[cases.len() - 1].clone() });
+                    }
                 }
             }
         }
@@ -535,8 +570,14 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
     // Long rows on one split: FP8 wgmma's truncating sums lose O along the key
     // axis unless each tile's P·V is promoted to fp32 (15% of O at 16k keys);
     // at D=256 the Hopper kernel promotes it in two chains of columns.
-    for (variant, head_dim) in [(Variant::Portable, 128), (Variant::Hopper, 128), (Variant::Hopper, 256)] {
+    let hopper = |variant| KernelChoice { variant, ..PORTABLE };
+    for (choice, head_dim) in
+        [(PORTABLE, 128), (hopper(Variant::Hopper), 128), (HOPPER_E4M3_M192, 128), (hopper(Variant::Hopper), 256)]
+    {
         for causal in [false, true] {
+            if causal && choice.block_m == Some(192) {
+                continue;
+            }
             cases.push(Case {
                 dtype: Dtype::E4m3,
                 head_dim,
@@ -554,7 +595,7 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
                 scale: None,
                 gpu_reference: false,
                 fp8: Some(Fp8 { out: Dtype::Bf16, outliers: false }),
-                choice: KernelChoice { variant, ..PORTABLE },
+                choice,
             });
         }
     }
