@@ -288,4 +288,27 @@ mod tests {
         assert!(err.contains("`wgmma`") && err.contains("auto, portable or hopper"), "{err}");
         assert_eq!(Variant::default(), Variant::Auto);
     }
+
+    #[test]
+    fn hopper_entries_rows_and_threads_follow_their_names() {
+        // A launch whose threads disagree with the entry's consumers traps on the
+        // GPU (hopper_start); this catches a manifest entry declared wrong here.
+        let m = crate::manifest::Manifest::parse(include_str!("../../../kernels/manifest.json")).unwrap();
+        let mut seen = 0;
+        for k in m.sources.iter().flat_map(|s| &s.kernels) {
+            let Some(stem) = k.entry.strip_prefix("flash_fwd_hopper_") else { continue };
+            let stem = stem.strip_suffix("_persistent").unwrap_or(stem);
+            let launch = k.launch.unwrap();
+            let rows = if stem.ends_with("_m64") {
+                64
+            } else if stem.ends_with("_m192") || matches!(stem, "f16_d64" | "bf16_d64") {
+                192
+            } else {
+                128
+            };
+            assert_eq!((launch.block_m, launch.threads), (rows, 128 * (rows / 64 + 1)), "{}", k.entry);
+            seen += 1;
+        }
+        assert!(seen > 100, "{seen} Hopper entries");
+    }
 }
