@@ -118,7 +118,8 @@ struct HopperConfig {
   // for two consumers (serial: 128 × 24 + 256 × 240, where S, O and a Q·Kᵀ
   // chain's 32 fit without spills), 128 × 24 + 128 × 232 per CTA for one,
   // 128 × 32 + 384 × 160 for three (S, O and P of the pipelined schedule fit
-  // in 160 without spills).
+  // in 160 without spills; serial e4m3: 128 × 24 + 384 × 160, O, and S or the
+  // promoted P·V's accumulator).
   static constexpr int kProducerRegs = kConsumers == 1 || kSerial ? 24 : kConsumers == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kSerial ? 240 : 232;
   static_assert((128 * kProducerRegs + 128 * kConsumers * kConsumerRegs) * kCtasPerSm <= 65536, "register file");

@@ -163,7 +163,8 @@ impl Attention {
             .find(|(_, k)| rows.is_none_or(|m| k.launch.block_m == m) && groups.is_none_or(|g| k.launch.key_groups == g))
             .ok_or_else(|| {
                 if found.is_empty() {
-                    Error::MissingKernels(format!("entry {base} (or {base}_m64, {base}_kg2) is not in the loaded fatbins"))
+                    let names = Family::entry_names(&base).join(", ");
+                    Error::MissingKernels(format!("no entry of {names} is in the loaded fatbins"))
                 } else {
                     let shown = |x: Option<u32>| x.map_or_else(|| "any".to_string(), |v| v.to_string());
                     Error::Invalid(format!(

@@ -480,14 +480,17 @@ fn matrix() -> Vec<Case> {
     let mut cases = on_every_entry(cases);
     // The e4m3 D=128 192-row entry's split-tail items (266 units), against the
     // f64 reference of the dequantised inputs.
-    for (seqlen_k, splits, outliers) in
-        [(100, Splits::Fixed(1), false), (700, Splits::Fixed(1), true), (700, Splits::Fixed(2), false)]
-    {
+    for (seqlen_k, splits, outliers, out, layout, scale) in [
+        (100, Splits::Fixed(1), false, Dtype::Bf16, Layout::Bshd, None),
+        (700, Splits::Fixed(1), true, Dtype::F16, Layout::Bhsd, Some(0.3)),
+        (700, Splits::Fixed(2), false, Dtype::Bf16, Layout::Bshd, None),
+    ] {
         cases.push(Case {
+            scale,
             gpu_reference: false,
-            fp8: Some(Fp8 { out: Dtype::Bf16, outliers }),
+            fp8: Some(Fp8 { out, outliers }),
             choice: HOPPER_E4M3_M192,
-            ..large(Dtype::E4m3, 128, false, 1, 133, 7, 300, seqlen_k, Layout::Bshd, splits)
+            ..large(Dtype::E4m3, 128, false, 1, 133, 7, 300, seqlen_k, layout, splits)
         });
     }
     cases.extend(e4m3_cases(1));
@@ -1068,7 +1071,7 @@ fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCa
             Some(format!("{} is not sm_90: no Hopper kernel", att.device().name))
         } else if let Item::Dense(d) = &c
             && d.dtype == Dtype::E4m3
-            && !has_geometry(att, d)
+            && !has_geometry(att, &Case { choice: KernelChoice { variant: d.choice.variant, ..PORTABLE }, ..d.clone() })
         {
             Some(format!("{} has no e4m3 entries (built for sm_89 and sm_90)", att.device().name))
         } else if let Item::Dense(d) = &c
