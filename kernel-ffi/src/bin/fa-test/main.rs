@@ -500,11 +500,11 @@ fn matrix() -> Vec<Case> {
 /// e4m3 inputs (head dims E4M3_HEAD_DIMS, no mask or causal, f16 and bf16
 /// output) on both kernels (the Hopper kernel's D=64 dequantised): lengths
 /// off every tile, Sq ≠ Sk both ways (causal rows
-/// without keys), 1 and 0, GQA, both layouts, each split mode, and plain or
+/// without keys), 1 and 0 (queries, and keys), GQA, both layouts, each split mode, and plain or
 /// outlier-heavy inputs, every case with random descales. `every`: one case in
 /// that many (the sanitize set's share; odd, so that both kernels keep cases).
 fn e4m3_cases(every: usize) -> Vec<Case> {
-    let lengths = [(1, 1), (1, 77), (65, 130), (200, 513), (130, 64), (0, 10), (300, 300), (513, 1000)];
+    let lengths = [(1, 1), (1, 77), (65, 130), (200, 513), (130, 64), (0, 10), (10, 0), (300, 300), (513, 1000)];
     let gqa = [(2, 2), (4, 1), (6, 2)];
     let mut cases = Vec::new();
     for (oi, out) in [Dtype::Bf16, Dtype::F16].into_iter().enumerate() {
