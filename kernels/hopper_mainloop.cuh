@@ -361,6 +361,14 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     }
   };
 
+  // The tile's scores to P against the exact running max at softmax scale
+  // `scale`; O takes the correction now, or (promoted) as the tile's P·V lands
+  // (chain_landed).
+  auto exact_update = [&](float scale) {
+    softmax.update<Ops::kLog2PScale>(0, s, correction, scale);
+    if constexpr (!Ops::kPromote) softmax.rescale(o, correction);
+  };
+
   // A split-tail item (HopperItem::split_tail): the three consumer warpgroups
   // share its 64 rows (the first warpgroup's rows of the Q tile), warpgroup cw
   // taking key tiles cw, cw + 3, … and releasing the others unread, each tile
@@ -397,8 +405,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       if (j + 3 >= it.tiles) mbar_arrive_warp(empty_q);  // this warpgroup's last Q·Kᵀ
       mod.apply(s);
       mask_tile(s, it.n_begin + j * BN, it.m0, row_lo, t, it.keys(p), Mask(p, it.diag(dense_diag)));
-      softmax.update<Ops::kLog2PScale>(0, s, correction, sc.softmax);
-      if constexpr (!Ops::kPromote) softmax.rescale(o, correction);  // promoted: as its P·V lands
+      exact_update(sc.softmax);
       pack_p();
       mbar_wait(slot_full_v(cur), cur.phase);
       issue_pv(cur);
@@ -468,7 +475,6 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     const int wg_last_row = it.m0 + 64 * cw + 63;
     reset_rows();
     const ItemScales sc = item_scales(it);
-    const float item_scale = sc.softmax;
 
     // Causal: tiles entirely right of this warpgroup's diagonal contribute nothing;
     // they come last, and only the barrier protocol runs for them. Ping-pong needs
@@ -492,7 +498,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     auto needs_exact = [&] { return !Ops::kKeptMax || (Mask::kBegin && softmax.any_unseen(0)); };
     auto mask_softmax = [&](int j) {
       mask(j);
-      softmax.update<Ops::kLog2PScale>(0, s, correction, item_scale);
+      softmax.update<Ops::kLog2PScale>(0, s, correction, sc.softmax);
     };
     // Tile j's S has landed: its K stage is free, and after the item's last
     // Q·Kᵀ (persistent) so is Q.
@@ -631,7 +637,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
         wgmma_fence_operands(s);
         mask(j);
         const bool exact = needs_exact();
-        const bool kept = !exact && softmax.update_kept(0, s, item_scale);
+        const bool kept = !exact && softmax.update_kept(0, s, sc.softmax);
         // S_j stays in registers unless a kept max can fail (recompute_s reads the K stage).
         if (kept || !Ops::kKeptMax) qk_landed(cur, j);
         next = next_slot(cur);
@@ -646,8 +652,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
               mask(j);
             }
           }
-          softmax.update<Ops::kLog2PScale>(0, s, correction, item_scale);
-          if constexpr (!Ops::kPromote) softmax.rescale(o, correction);  // promoted: as its P·V lands
+          exact_update(sc.softmax);
           pack_p();
           if constexpr (Ops::kKeptMax) qk_landed(cur, j);
         }
