@@ -506,10 +506,8 @@ fn cuobjdump_beside(nvcc: &Nvcc) -> Result<PathBuf> {
     if beside.is_file() { Ok(beside) } else { toolchain::cuda_tool("cuobjdump") }
 }
 
-/// Digest of every header under the sources' folder (sub-folders too, as the
-/// kernel-set hash): a header change rebuilds every unit.
-/// The `.cuh` and `.h` files under `dir`: path relative to it (`/`
-/// separated) and contents.
+/// The `.cuh` and `.h` files under `dir` (sub-folders too, as the kernel-set
+/// hash): path relative to it (`/` separated) and contents.
 fn kernel_headers(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
     let mut files = Vec::new();
     kernel_set::source_files(dir, &mut files)?;
