@@ -21,6 +21,8 @@ use kernel_ffi::{
 /// Cases run the portable kernel, on the planner's entry, until `on_every_entry` names one.
 const PORTABLE: KernelChoice =
     KernelChoice { variant: Variant::Portable, block_m: None, key_groups: None, persistent: None };
+/// The Hopper kernel, on the planner's entry.
+const HOPPER: KernelChoice = KernelChoice { variant: Variant::Hopper, ..PORTABLE };
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -255,7 +257,7 @@ fn on_every_entry(cases: Vec<Case>) -> Vec<Case> {
 /// The Hopper kernel's e4m3 D=128 192-row entry (persistent, three consumer
 /// warpgroups), pinned: the planner takes it for large grids only.
 const HOPPER_E4M3_M192: KernelChoice =
-    KernelChoice { variant: Variant::Hopper, block_m: Some(192), key_groups: Some(1), persistent: Some(true) };
+    KernelChoice { block_m: Some(192), key_groups: Some(1), persistent: Some(true), ..HOPPER };
 
 fn sanitize_set_ref(dtype: Dtype) -> Case {
     Case {
@@ -532,8 +534,7 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
                         fp8: Some(Fp8 { out, outliers: i % 2 == 1 }),
                         choice: PORTABLE,
                     });
-                    let hopper = KernelChoice { variant: Variant::Hopper, ..PORTABLE };
-                    cases.push(Case { choice: hopper, ..cases[cases.len() - 1].clone() });
+                    cases.push(Case { choice: HOPPER, ..cases[cases.len() - 1].clone() });
                     if head_dim == 128 && !causal {
                         cases.push(Case { choice: HOPPER_E4M3_M192, ..cases[cases.len() - 1].clone() });
                     }
@@ -573,10 +574,7 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
     // Long rows on one split: FP8 wgmma's truncating sums lose O along the key
     // axis unless each tile's P·V is promoted to fp32 (15% of O at 16k keys);
     // at D=256 the Hopper kernel promotes it in two chains of columns.
-    let hopper = |variant| KernelChoice { variant, ..PORTABLE };
-    for (choice, head_dim) in
-        [(PORTABLE, 128), (hopper(Variant::Hopper), 128), (HOPPER_E4M3_M192, 128), (hopper(Variant::Hopper), 256)]
-    {
+    for (choice, head_dim) in [(PORTABLE, 128), (HOPPER, 128), (HOPPER_E4M3_M192, 128), (HOPPER, 256)] {
         for causal in [false, true] {
             if causal && choice.block_m == Some(192) {
                 continue;
@@ -1071,11 +1069,11 @@ fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCa
             Some(format!("{} is not sm_90: no Hopper kernel", att.device().name))
         } else if let Item::Dense(d) = &c
             && d.dtype == Dtype::E4m3
-            && !has_geometry(att, &Case { choice: KernelChoice { variant: d.choice.variant, ..PORTABLE }, ..d.clone() })
+            && !has_geometry(att, d, &KernelChoice { variant: d.choice.variant, ..PORTABLE })
         {
             Some(format!("{} has no e4m3 entries (built for sm_89 and sm_90)", att.device().name))
         } else if let Item::Dense(d) = &c
-            && !has_geometry(att, d)
+            && !has_geometry(att, d, &d.choice)
         {
             Some(
                 "it pins a tile geometry (block_m, key groups, persistence) this build's manifest does not configure"
@@ -1092,15 +1090,15 @@ fn runnable_here(cases: Vec<Item>, att: &Attention) -> (Vec<Item>, Vec<SkippedCa
     (kept, skipped)
 }
 
-/// Whether the kernel set has an entry of the case's pinned geometry.
-fn has_geometry(att: &Attention, c: &Case) -> bool {
-    c.choice.variant.family().is_none_or(|family| {
+/// Whether the kernel set has an entry of `choice`'s geometry for the case's problem.
+fn has_geometry(att: &Attention, c: &Case, choice: &KernelChoice) -> bool {
+    choice.variant.family().is_none_or(|family| {
         let Ok(scores) = c.scores() else { return true }; // the case reports the error
         let loaded = att.geometries(family, c.precision(), c.head_dim, scores);
         loaded.iter().any(|&(m, g, pers)| {
-            c.choice.block_m.is_none_or(|cm| cm == m)
-                && c.choice.key_groups.is_none_or(|cg| cg == g)
-                && c.choice.persistent.is_none_or(|cp| cp == pers)
+            choice.block_m.is_none_or(|cm| cm == m)
+                && choice.key_groups.is_none_or(|cg| cg == g)
+                && choice.persistent.is_none_or(|cp| cp == pers)
         })
     })
 }
