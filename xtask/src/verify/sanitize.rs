@@ -152,16 +152,46 @@ pub struct ToolRun {
     pub setup_s: Option<f64>,
 }
 
-/// Correctness cases fa-test ran under a tool, and how many failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Correctness cases fa-test ran under a tool, how many failed, and enough to
+/// run those again: the first few failed cases' names and the inputs' seed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tally {
     pub cases: usize,
     pub failed: usize,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_cases: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
 }
 
 impl Tally {
+    /// Failed cases named at most.
+    const NAMED: usize = 4;
+
     pub fn of(run: &TestRun) -> Tally {
-        Tally { cases: run.cases.len(), failed: run.cases.iter().filter(|c| !c.passed).count() }
+        let failed: Vec<&str> = run.cases.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect();
+        Tally {
+            cases: run.cases.len(),
+            failed: failed.len(),
+            failed_cases: failed.iter().take(Self::NAMED).map(|n| n.to_string()).collect(),
+            seed: Some(run.seed),
+        }
+    }
+
+    /// "N of M cases failed under TOOL", with the cases and how to run them again.
+    fn failures(&self, tool: &str) -> String {
+        let mut line = format!("{} of {} cases failed under {tool}", self.failed, self.cases);
+        if let Some(first) = self.failed_cases.first() {
+            let more = self.failed - self.failed_cases.len().min(self.failed);
+            line += &format!(": {}", self.failed_cases.join(", "));
+            if more > 0 {
+                line += &format!(" and {more} more");
+            }
+            if let Some(seed) = self.seed {
+                line += &format!(" (again: fa-test --seed {seed} --filter {first})");
+            }
+        }
+        line
     }
 }
 
@@ -193,10 +223,10 @@ impl ToolRun {
         if self.errors() > 0 {
             v.push(format!("{tool} reported {} error(s)", self.errors()));
         }
-        match self.tests {
+        match &self.tests {
             None => v.push(format!("fa-test wrote no results under {tool} (see {})", self.log.display())),
             Some(t) if t.cases == 0 => v.push(format!("fa-test ran no case under {tool}")),
-            Some(t) if t.failed > 0 => v.push(format!("{} of {} cases failed under {tool}", t.failed, t.cases)),
+            Some(t) if t.failed > 0 => v.push(t.failures(tool)),
             Some(_) => {}
         }
         if self.exit_code != Some(0) && v.is_empty() {
@@ -578,7 +608,7 @@ mod tests {
         assert_eq!(runs.iter().map(|r| r.tool).collect::<Vec<_>>()[..3], [Tool::Memcheck; 3]);
         assert!(runs.iter().all(|r| r.clean()), "{runs:?}");
         for tool in [Tool::Memcheck, Tool::Racecheck] {
-            let ran: usize = runs.iter().filter(|r| r.tool == tool).map(|r| r.tests.unwrap().cases).sum();
+            let ran: usize = runs.iter().filter(|r| r.tool == tool).map(|r| r.tests.as_ref().unwrap().cases).sum();
             assert_eq!(ran, 10, "{tool:?}: every case once");
         }
         assert!(runs.iter().any(|r| r.part.as_deref() == Some("2/3")));
@@ -590,16 +620,41 @@ mod tests {
     }
 
     #[test]
+    fn failed_cases_are_named_with_the_seed_that_repeats_them() {
+        let case = |name: &str, passed| fa_schema::schema::TestCase { name: name.into(), passed, ..Default::default() };
+        let names = ["a-hopper", "b", "c", "d", "e"];
+        let mut cases: Vec<_> = names.iter().map(|n| case(n, false)).collect();
+        cases.push(case("fine", true));
+        let device = fa_schema::schema::DeviceInfo {
+            name: "H200".into(),
+            compute_capability: "9.0".into(),
+            sm_count: 132,
+            driver: None,
+            uuid: None,
+        };
+        let t = Tally::of(&TestRun { device, seed: 381, setup_s: 0.0, cases, skipped: vec![] });
+        assert_eq!((t.cases, t.failed, t.failed_cases.len()), (6, 5, Tally::NAMED));
+        let quiet = Some(Summary { errors: 0, warnings: 0, leaked_bytes: 0 });
+        assert_eq!(
+            run(quiet, Some(t), 1).problems(),
+            [
+                "5 of 6 cases failed under racecheck: a-hopper, b, c, d and 1 more (again: fa-test --seed 381 --filter a-hopper)"
+            ]
+        );
+    }
+
+    #[test]
     fn clean_needs_cases_that_ran_and_passed() {
         let quiet = Some(Summary { errors: 0, warnings: 0, leaked_bytes: 0 });
-        let ran = Some(Tally { cases: 40, failed: 0 });
-        assert!(run(quiet, ran, 0).clean());
+        let tally = |cases, failed| Some(Tally { cases, failed, failed_cases: vec![], seed: None });
+        let ran = tally(40, 0);
+        assert!(run(quiet, ran.clone(), 0).clean());
         // The sanitizer's summary alone proves nothing about the kernels.
         assert!(run(quiet, None, 0).problems()[0].contains("no results"));
-        assert!(run(quiet, Some(Tally { cases: 0, failed: 0 }), 0).problems()[0].contains("no case"));
-        assert!(run(quiet, Some(Tally { cases: 40, failed: 2 }), 1).problems()[0].contains("2 of 40"));
-        assert!(run(quiet, ran, 3).problems()[0].contains("exited with Some(3)"));
-        assert!(run(None, ran, 0).problems()[0].contains("no summary"));
+        assert!(run(quiet, tally(0, 0), 0).problems()[0].contains("no case"));
+        assert!(run(quiet, tally(40, 2), 1).problems()[0].contains("2 of 40"));
+        assert!(run(quiet, ran.clone(), 3).problems()[0].contains("exited with Some(3)"));
+        assert!(run(None, ran.clone(), 0).problems()[0].contains("no summary"));
         let found = Some(Summary { errors: 5, warnings: 0, leaked_bytes: 0 });
         assert_eq!(run(found, ran, 0).problems(), ["racecheck reported 5 error(s)"]);
     }
@@ -623,7 +678,10 @@ mod tests {
 
         // With the XML unread, a quiet summary and passing cases still fail.
         let quiet = Some(Summary { errors: 0, warnings: 0, leaked_bytes: 0 });
-        let unread = ToolRun { xml_error: Some(err), ..run(quiet, Some(Tally { cases: 40, failed: 0 }), 0) };
+        let unread = ToolRun {
+            xml_error: Some(err),
+            ..run(quiet, Some(Tally { cases: 40, failed: 0, failed_cases: vec![], seed: None }), 0)
+        };
         assert!(!unread.clean());
         assert!(unread.problems()[0].starts_with("racecheck: compute-sanitizer saved no readable XML"));
     }
