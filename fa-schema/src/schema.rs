@@ -183,10 +183,8 @@ pub struct TestCase {
     pub lse: bool,
     /// `cpu-f64` or `gpu-f32`.
     pub reference: String,
-    /// Relative L2 error of the output; for e4m3 inputs the larger of the whole
-    /// output's and that of the rows whose max_abs bound their scores' error
-    /// leaves open. NaN (JSON null) when the case could not run, infinite when
-    /// the output was not finite.
+    /// Relative L2 error of the output. NaN (JSON null) when the case could
+    /// not run, infinite when the output was not finite.
     #[serde(with = "non_finite_as_null")]
     pub rel_l2: f64,
     #[serde(with = "non_finite_as_null")]

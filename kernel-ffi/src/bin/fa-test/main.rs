@@ -819,23 +819,16 @@ fn run_case(att: &Attention, case: &Case, rng: &mut Rng, threads: usize) -> Resu
     let v_max = vv.iter().fold(0.0f64, |a, &x| a.max(f64::from(x).abs()));
     let open = |i: usize| (2.0 * lse_allowance(i)).exp_m1() >= 2.0;
     let o_allowance = |i: usize| if open(i) { 2.0 * v_max } else { (2.0 * lse_allowance(i)).exp_m1() * v_max };
-    // Rows whose bound that leaves open keep the relative L2 tolerance among
-    // themselves, so an error confined to them still shows.
-    let (mut o_excess, mut open_diff2, mut open_ref2) = (0.0f64, 0.0, 0.0);
+    // A row whose bound that leaves open is held to 2·max|v| (O is an average
+    // of values) and counts in the whole output's relative L2; not to a
+    // relative L2 among such rows alone: within its score error two of its
+    // keys can trade places, and one such row of 28 put them at 2.9e-2.
+    let mut o_excess = 0.0f64;
     for (i, (g, w)) in got.chunks(d.max(1)).zip(want.chunks(d.max(1))).enumerate() {
-        let mut worst = 0.0f64;
-        for (x, y) in g.iter().zip(w) {
-            worst = worst.max((x - y).abs());
-            if open(i) {
-                open_diff2 += (x - y) * (x - y);
-                open_ref2 += y * y;
-            }
-        }
+        let worst = g.iter().zip(w).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
         o_excess = o_excess.max(worst - o_allowance(i));
     }
-    let open_rel_l2 = if open_ref2 > 0.0 { (open_diff2 / open_ref2).sqrt() } else { open_diff2.sqrt() };
-    let mut errs = compare(got, &want);
-    errs.rel_l2 = errs.rel_l2.max(open_rel_l2);
+    let errs = compare(got, &want);
     let (lse_max_abs, lse_bad, lse_excess) = match &got_lse {
         Some(g) => compare_lse_within(g, &want_lse, lse_allowance),
         None => (0.0, 0, 0.0),
