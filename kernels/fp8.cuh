@@ -38,6 +38,21 @@ __device__ __forceinline__ void p_fragment_e4m3(uint32_t (&pf)[4], const float (
   }
 }
 
+// Whether no value of P's e4m3 fragments reached 448 (0x7e: a p saturated, or
+// rounded up to the largest finite value) or is NaN (0x7f). P holds no sign
+// bits (p ≥ 0), so adding 2 to each byte carries into no other and sets bit 7
+// exactly where a byte is 0x7e or more.
+template <int N>
+__device__ __forceinline__ bool p_unsaturated(const uint32_t (&pf)[N][4]) {
+  uint32_t any = 0;
+#pragma unroll
+  for (int kk = 0; kk < N; ++kk) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) any |= pf[kk][i] + 0x02020202u;
+  }
+  return (any & 0x80808080u) == 0;
+}
+
 // The dequantisation factors of one (batch, K/V head), at index i of the
 // [B, Hkv] arrays; 1 where an array is not given. qk joins the softmax scale,
 // v (with 2^-8, P's offset) scales O.

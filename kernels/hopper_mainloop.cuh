@@ -47,9 +47,12 @@ struct HopperOperands {
 // e4m3: Q·Kᵀ in k32 steps over the same descriptors (32 bytes a step); P·V in
 // 32-key steps, P as e4m3 A fragments in the accumulators' key order
 // (p_fragment_e4m3), V a transposed stage in that order (Cfg::kVTransposed),
-// K-major; the exact softmax every tile, whose p ≤ 1 keep 2^8 · p in e4m3's
-// range (the kept max lets p reach kHeadroom); the 2^8 of P's quantisation
-// (fp8.cuh) is in the exponent (kLog2PScale), not a multiply. FP8 wgmma
+// K-major. P is quantised as 2^kLog2PScale · p (fp8.cuh), the factor in the
+// exponent, not a multiply. The pipelined schedule takes the exact softmax
+// every tile, whose p ≤ 1 keep 2^8 · p in e4m3's range (the 16-bit kept max
+// lets p reach kHeadroom). The serial schedule keeps the max (exp_pack_kept):
+// its p may reach 2^kLog2Headroom · 1.75 before 2^6 · p saturates, and every
+// p below 2^-16 (e^-11 under the row max) still reaches P. FP8 wgmma
 // accumulates with about 13 significand bits, each step truncating: on O's
 // running sum the losses grow with the key count (README, "FP8 (e4m3)
 // inputs"), so each tile's P·V lands in its own accumulator and joins O in
@@ -64,16 +67,53 @@ struct HopperOperands {
 template <typename Cfg>
 struct HopperOperands<e4m3x2, Cfg> {
   static constexpr int kPvKeys = 32;
-  static constexpr bool kKeptMax = false;
+  static constexpr bool kKeptMax = false;  // the pipelined schedule's: exact every tile
   static constexpr bool kPromote = true;
   static constexpr int kPvCols = Cfg::kHeadDim > 128 ? 128 : Cfg::kHeadDim;
   static constexpr int kQkChains = Cfg::kHeadDim > 128 ? 2 : 1;
-  static constexpr int kLog2PScale = 8;
+  // Headroom for the serial schedule's kept max where it fits (192-row CTAs);
+  // at D=256, s kept beside O's 128 registers spilled in the key loop.
+  static constexpr int kLog2Headroom = Cfg::kSerial && Cfg::kHeadDim <= 128 ? 2 : 0;
+  static constexpr int kLog2PScale = 8 - kLog2Headroom;
   static constexpr int S = Cfg::kStages, VPB = Cfg::kVPanelBytes;
   static_assert(Cfg::kVTransposed, "e4m3 P·V reads V K-major");
   template <int NT>
   __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
     p_fragment_e4m3(pf, s, kk, 1.f);
+  }
+  // The serial schedule's kept max: tile scores s to P against the max kept
+  // from earlier tiles, without the tile's own row max (its reduction, 64 FMNMX
+  // a thread and two shuffles, came before every exponential), packed as they
+  // land; s stays, so that a tile the warp turns down is redone exactly from
+  // it. The verdict is P's own (p_unsaturated), not the sums' (commit_kept's):
+  // at 2^6 · p a 32-key sum may pass 448 where no p does.
+  template <int NT>
+  __device__ __forceinline__ static bool exp_pack_kept(SoftmaxState<1>& sm, const float (&s)[NT][4], float scale_log2,
+                                                       uint32_t (&pf)[NT / 4][4]) {
+    static_assert(kLog2Headroom > 0, "p past 1 needs headroom below 448");
+    const float base[2] = {exp_base(sm.row_max[0][0]), exp_base(sm.row_max[0][1])};
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < NT / 4; ++kk) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // p_fragment_e4m3's order: row i % 2, 16-key half i / 2
+        const float(&lo)[4] = s[4 * kk + 2 * (i / 2)];
+        const float(&hi)[4] = s[4 * kk + 2 * (i / 2) + 1];
+        const int r = i % 2;
+        const float a = fast_exp2(fmaf(lo[2 * r], scale_log2, -base[r]));
+        const float b = fast_exp2(fmaf(lo[2 * r + 1], scale_log2, -base[r]));
+        const float c = fast_exp2(fmaf(hi[2 * r], scale_log2, -base[r]));
+        const float d = fast_exp2(fmaf(hi[2 * r + 1], scale_log2, -base[r]));
+        sum[r] += a + b;
+        sum[r] += c + d;
+        pf[kk][i] = pack_e4m3x4(a, b, c, d);
+      }
+    }
+#ifdef FA_PLANT_KEPT_SATURATES
+    return sm.commit_kept_if(0, sum, true);  // planted: tiles past the headroom kept, their p saturated
+#else
+    return sm.commit_kept_if(0, sum, p_unsaturated(pf));
+#endif
   }
   // A K descriptor's address (its leading offset is 0) moved to the V stage,
   // S·kKVBytes on, in V's swizzle: D rows of VPB bytes, 8-row groups 8·VPB
@@ -587,7 +627,10 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       }
     } else if constexpr (Cfg::kSerial) {
       // Each tile in order, Q·Kᵀ, the softmax, P·V: S and the P·V accumulator
-      // are never live together (see "serial" in flash_fwd_hopper.cuh).
+      // are never live together (see "serial" in flash_fwd_hopper.cuh). With
+      // headroom (HopperOperands::exp_pack_kept), an item's first tile and a
+      // tile the warp turns down take the exact update, and a kept tile leaves
+      // O's correction at 1.
       for (int j = 0; j < live; ++j, cur = next_slot(cur)) {
         mbar_wait(cur.bar, cur.phase);
         if constexpr (Ops::kQkChains == 1) {
@@ -597,8 +640,18 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
           qk_chained(cur);
         }
         qk_landed(cur, j);
-        mask_softmax(j);
-        pack_p();
+        mask(j);
+        bool kept = false;
+        if constexpr (Ops::kLog2Headroom > 0) {
+          const bool exact = j == 0 || (Mask::kBegin && softmax.any_unseen(0));
+          kept = !exact && Ops::exp_pack_kept(softmax, s, sc.softmax, pf);
+        }
+        if (kept) {
+          correction[0] = correction[1] = 1.f;
+        } else {
+          exact_update(sc.softmax);
+          pack_p();
+        }
         mbar_wait(slot_full_v(cur), cur.phase);
         clear_v_tail<Cfg>(it, sm, cur.st, j, cw);
         issue_pv(cur);

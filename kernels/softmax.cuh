@@ -127,7 +127,12 @@ struct SoftmaxState {
   // The warp's verdict on a kept-max tile, and its sums where it holds. A row
   // that had seen only masked keys was shifted by 0 (exp_base): its max now.
   __device__ __forceinline__ bool commit_kept(int mt, const float (&sum)[2]) {
-    const bool fits = __all_sync(0xffffffffu, !(sum[0] > kHeadroom) && !(sum[1] > kHeadroom));
+    return commit_kept_if(mt, sum, !(sum[0] > kHeadroom) && !(sum[1] > kHeadroom));
+  }
+  // The same with this thread's own verdict, where p have a bound other than
+  // their sums' (e4m3's: p_unsaturated).
+  __device__ __forceinline__ bool commit_kept_if(int mt, const float (&sum)[2], bool mine) {
+    const bool fits = __all_sync(0xffffffffu, mine);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       row_max[mt][r] = fits ? exp_base(row_max[mt][r]) : row_max[mt][r];

@@ -509,6 +509,26 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
     let lengths = [(1, 1), (1, 77), (65, 130), (200, 513), (130, 64), (0, 10), (10, 0), (300, 300), (513, 1000)];
     let gqa = [(2, 2), (4, 1), (6, 2)];
     let mut cases = Vec::new();
+    // What the groups after the first share but their own fields.
+    let plain = Case {
+        dtype: Dtype::E4m3,
+        head_dim: 128,
+        causal: false,
+        window: Window::default(),
+        softcap: None,
+        batch: 1,
+        heads: 2,
+        kv_heads: 2,
+        seqlen_q: 0,
+        seqlen_k: 0,
+        layout: Layout::Bhsd,
+        splits: Splits::Fixed(1),
+        lse: true,
+        scale: None,
+        gpu_reference: false,
+        fp8: Some(Fp8 { out: Dtype::Bf16, outliers: false }),
+        choice: PORTABLE,
+    };
     for (oi, out) in [Dtype::Bf16, Dtype::F16].into_iter().enumerate() {
         for head_dim in E4M3_HEAD_DIMS {
             for causal in [false, true] {
@@ -550,23 +570,18 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
         {
             for variant in [Variant::Portable, Variant::Hopper] {
                 cases.push(Case {
-                    dtype: Dtype::E4m3,
                     head_dim,
                     causal,
                     window,
                     softcap,
                     batch: 2,
                     heads: 4,
-                    kv_heads: 2,
                     seqlen_q: 130,
                     seqlen_k: 200 + 37 * i,
                     layout: Layout::Bshd,
                     splits: Splits::Auto,
-                    lse: true,
-                    scale: None,
-                    gpu_reference: false,
-                    fp8: Some(Fp8 { out: Dtype::Bf16, outliers: false }),
                     choice: KernelChoice { variant, ..PORTABLE },
+                    ..plain.clone()
                 });
             }
         }
@@ -579,24 +594,28 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
             if causal && choice.block_m == Some(192) {
                 continue;
             }
+            cases.push(Case { head_dim, causal, kv_heads: 1, seqlen_q: 64, seqlen_k: 16384, choice, ..plain.clone() });
+        }
+    }
+    // Scores far above a row's first key tile (scale 1: about 12 log2 units a
+    // standard deviation): the 192-row entry's kept max turns tiles down and
+    // redoes them exactly (HopperOperands::exp_pack_kept); the others take the
+    // exact max every tile.
+    for (choice, head_dim, causal) in
+        [(HOPPER_E4M3_M192, 128, false), (HOPPER, 128, false), (HOPPER, 128, true), (HOPPER, 256, false)]
+    {
+        for (i, out) in [Dtype::Bf16, Dtype::F16].into_iter().enumerate() {
             cases.push(Case {
-                dtype: Dtype::E4m3,
                 head_dim,
                 causal,
-                window: Window::default(),
-                softcap: None,
-                batch: 1,
-                heads: 2,
-                kv_heads: 1,
-                seqlen_q: 64,
-                seqlen_k: 16384,
-                layout: Layout::Bhsd,
-                splits: Splits::Fixed(1),
-                lse: true,
-                scale: None,
-                gpu_reference: false,
-                fp8: Some(Fp8 { out: Dtype::Bf16, outliers: false }),
+                batch: 1 + i,
+                kv_heads: 2 - i,
+                seqlen_q: 400,
+                seqlen_k: 700,
+                scale: Some(1.0),
+                fp8: Some(Fp8 { out, outliers: i == 1 }),
                 choice,
+                ..plain.clone()
             });
         }
     }
