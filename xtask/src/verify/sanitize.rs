@@ -188,7 +188,7 @@ impl Tally {
                 line += &format!(" and {more} more");
             }
             if let Some(seed) = self.seed {
-                line += &format!(" (again: fa-test --seed {seed} --filter {first})");
+                line += &format!(" (again: fa-test --set sanitize --seed {seed} --filter {first})");
             }
         }
         line
@@ -638,7 +638,7 @@ mod tests {
         assert_eq!(
             run(quiet, Some(t), 1).problems(),
             [
-                "5 of 6 cases failed under racecheck: a-hopper, b, c, d and 1 more (again: fa-test --seed 381 --filter a-hopper)"
+                "5 of 6 cases failed under racecheck: a-hopper, b, c, d and 1 more (again: fa-test --set sanitize --seed 381 --filter a-hopper)"
             ]
         );
     }
