@@ -16,6 +16,8 @@ namespace fa {
 // P (p ≤ 1) is quantised as 2^8 · p, FA3's offset: e4m3 keeps 3 significand
 // bits down to 2^-6, so p ≥ 2^-14 keeps them and p < 2^-18 flushes to 0 (about
 // e^-12.5 below the row max), where unscaled p would lose them under 2^-6.
+// (The Hopper kernel's offset is its operands' kLog2PScale: 6 where it keeps
+// the row max.)
 constexpr float kE4m3PScale = 256.f;
 
 // The key of P·V's k index `k` within its 16-key half (0 … 15).

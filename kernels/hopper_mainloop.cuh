@@ -48,11 +48,12 @@ struct HopperOperands {
 // 32-key steps, P as e4m3 A fragments in the accumulators' key order
 // (p_fragment_e4m3), V a transposed stage in that order (Cfg::kVTransposed),
 // K-major. P is quantised as 2^kLog2PScale · p (fp8.cuh), the factor in the
-// exponent, not a multiply. The pipelined schedule takes the exact softmax
-// every tile, whose p ≤ 1 keep 2^8 · p in e4m3's range (the 16-bit kept max
-// lets p reach kHeadroom). The serial schedule keeps the max (exp_pack_kept):
-// its p may reach 2^kLog2Headroom · 1.75 before 2^6 · p saturates, and every
-// p below 2^-16 (e^-11 under the row max) still reaches P. FP8 wgmma
+// exponent, not a multiply. The exact softmax every tile keeps p ≤ 1, so
+// 2^8 · p stays in e4m3's range (the 16-bit kept max lets p reach kHeadroom).
+// The 192-row entries keep the max (exp_pack_kept): their p may reach
+// 2^kLog2Headroom · 1.75 before 2^6 · p saturates; p below 2^-12 lose
+// significand bits and p at or below 2^-16 (e^-11 under the row max) flush to
+// 0 (2^-14 and 2^-18 at 2^8). FP8 wgmma
 // accumulates with about 13 significand bits, each step truncating: on O's
 // running sum the losses grow with the key count (README, "FP8 (e4m3)
 // inputs"), so each tile's P·V lands in its own accumulator and joins O in
@@ -67,7 +68,7 @@ struct HopperOperands {
 template <typename Cfg>
 struct HopperOperands<e4m3x2, Cfg> {
   static constexpr int kPvKeys = 32;
-  static constexpr bool kKeptMax = false;  // the pipelined schedule's: exact every tile
+  static constexpr bool kKeptMax = false;  // not the 16-bit kept max (update_kept): see kLog2Headroom
   static constexpr bool kPromote = true;
   static constexpr int kPvCols = Cfg::kHeadDim > 128 ? 128 : Cfg::kHeadDim;
   static constexpr int kQkChains = Cfg::kHeadDim > 128 ? 2 : 1;
@@ -82,8 +83,8 @@ struct HopperOperands<e4m3x2, Cfg> {
     p_fragment_e4m3(pf, s, kk, 1.f);
   }
   // The serial schedule's kept max: tile scores s to P against the max kept
-  // from earlier tiles, without the tile's own row max (its reduction, 64 FMNMX
-  // a thread and two shuffles, came before every exponential), packed as they
+  // from earlier tiles, without the tile's own row max (its reduction, 70
+  // FMNMX and 4 shuffles a thread, came before every exponential), packed as they
   // land; s stays, so that a tile the warp turns down is redone exactly from
   // it. The verdict is P's own (p_unsaturated), not the sums' (commit_kept's):
   // at 2^6 · p a 32-key sum may pass 448 where no p does.
