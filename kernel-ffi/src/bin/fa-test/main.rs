@@ -509,7 +509,7 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
     let lengths = [(1, 1), (1, 77), (65, 130), (200, 513), (130, 64), (0, 10), (10, 0), (300, 300), (513, 1000)];
     let gqa = [(2, 2), (4, 1), (6, 2)];
     let mut cases = Vec::new();
-    // What the groups after the first share but their own fields.
+    // What every group shares but its own fields.
     let plain = Case {
         dtype: Dtype::E4m3,
         head_dim: 128,
@@ -536,11 +536,8 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
                     let r = i + oi + usize::from(causal);
                     let (heads, kv_heads) = gqa[r % 3];
                     cases.push(Case {
-                        dtype: Dtype::E4m3,
                         head_dim,
                         causal,
-                        window: Window::default(),
-                        softcap: None,
                         batch: 1 + r % 2,
                         heads,
                         kv_heads,
@@ -550,9 +547,8 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
                         splits: [Splits::Fixed(1), Splits::Fixed(3), Splits::Auto][r % 3],
                         lse: r % 2 == 0,
                         scale: (i % 3 == 0).then_some(0.3),
-                        gpu_reference: false,
                         fp8: Some(Fp8 { out, outliers: i % 2 == 1 }),
-                        choice: PORTABLE,
+                        ..plain.clone()
                     });
                     cases.push(Case { choice: HOPPER, ..cases[cases.len() - 1].clone() });
                     if head_dim == 128 && !causal {
