@@ -182,7 +182,7 @@ impl Tally {
     fn failures(&self, tool: &str) -> String {
         let mut line = format!("{} of {} cases failed under {tool}", self.failed, self.cases);
         if let Some(first) = self.failed_cases.first() {
-            let more = self.failed - self.failed_cases.len().min(self.failed);
+            let more = self.failed.saturating_sub(self.failed_cases.len());
             line += &format!(": {}", self.failed_cases.join(", "));
             if more > 0 {
                 line += &format!(" and {more} more");
