@@ -185,20 +185,50 @@ pub fn explain(base: Launch, cand: Launch) -> Vec<String> {
 
 /// How many moved metrics the profile line names.
 const PROFILE_MOVES: usize = 4;
+/// A duration change (fraction) past which the clock line asks whether the
+/// cycles moved with it.
+const CLOCK_CHECK: f64 = 0.02;
 
 /// Nsight Compute's side of an explanation: each side's kernel launch on the
 /// shape, profiled in the same run. The duration; the metrics that moved most
 /// (throughputs, issue, tensor pipe and occupancy by their relative change; a
 /// stall reason by its change as a share of the base's stalls, so a rare reason
 /// that doubles does not outrank a common one that grows); and the candidate's
-/// top stall reasons.
+/// top stall reasons. Where the duration moved and the SM cycles did not as
+/// much, a line says the clock moved: ncu leaves the clocks alone.
 pub fn profile_lines(base: &Profiled, cand: &Profiled) -> Vec<String> {
     let mut lines = Vec::new();
-    let dur = match (base.duration_us, cand.duration_us) {
-        (Some(b), Some(c)) if b > 0.0 => format!("{b:.1} → {c:.1} µs ({:+.1}%)", (c / b - 1.0) * 100.0),
-        _ => "n/a".into(),
+    let change = |b: Option<f64>, c: Option<f64>| match (b, c) {
+        (Some(b), Some(c)) if b > 0.0 => Some((b, c, c / b - 1.0)),
+        _ => None,
     };
-    lines.push(format!("ncu: {} → {}: duration {dur}", base.kernel, cand.kernel));
+    let dur = change(base.duration_us, cand.duration_us);
+    let cycles = change(base.sm_cycles, cand.sm_cycles);
+    let mut head = format!(
+        "ncu: {} → {}: duration {}",
+        base.kernel,
+        cand.kernel,
+        dur.map_or("n/a".into(), |(b, c, d)| format!("{b:.1} → {c:.1} µs ({:+.1}%)", d * 100.0))
+    );
+    if let Some((b, c, d)) = cycles {
+        head += &format!("; SM cycles {:.3} → {:.3} M ({:+.1}%)", b / 1e6, c / 1e6, d * 100.0);
+    }
+    let clocks = base.clock_ghz().zip(cand.clock_ghz());
+    if let Some((b, c)) = clocks {
+        head += &format!(" at {b:.2} → {c:.2} GHz");
+    }
+    lines.push(head);
+    if let (Some((.., d)), Some((.., k)), Some((b, c))) = (dur, cycles, clocks)
+        && d.abs() >= CLOCK_CHECK
+        && k.abs() < d.abs() / 2.0
+    {
+        lines.push(format!(
+            "ncu: the duration moved {:+.1}% and the SM cycles {:+.1}%: the SM clock moved ({b:.2} → {c:.2} GHz), \
+             not the launch's work",
+            d * 100.0,
+            k * 100.0
+        ));
+    }
     let pct = |name: &str, b: Option<f64>, c: Option<f64>| -> Option<(f64, String)> {
         let (b, c) = (b?, c?);
         let moved = (c - b) / b.max(1.0);
@@ -361,6 +391,41 @@ mod tests {
         assert_eq!(lines[2], "ncu top stalls (candidate, warps/issue): wait 2.50, gmma 2.00, membar 0.02");
         // Identical profiles: nothing moved.
         assert_eq!(profile_lines(&base, &base)[1], "ncu: no metric moved by 1% or more");
+    }
+
+    #[test]
+    fn a_duration_that_moved_with_the_clock_alone_is_said_to() {
+        // ncu leaves the clocks alone: the same launch's cycles at two clocks
+        // (the 192-row e4m3 entry at B2 H16 S8192 runs 1.89 M cycles a launch).
+        let at = |us: f64, cycles: f64| Profiled { sm_cycles: Some(cycles), ..profiled(us, 40.0, &[("wait", 1.7)]) };
+        let (base, slow) = (at(1056.9, 1.896e6), at(1140.0, 1.900e6));
+        let lines = profile_lines(&base, &slow);
+        assert!(lines[0].ends_with("; SM cycles 1.896 → 1.900 M (+0.2%) at 1.79 → 1.67 GHz"), "{lines:?}");
+        assert_eq!(
+            lines[1],
+            "ncu: the duration moved +7.9% and the SM cycles +0.2%: the SM clock moved (1.79 → 1.67 GHz), \
+             not the launch's work"
+        );
+        // Cycles that moved with the duration: the launch's work, no clock line.
+        let lines = profile_lines(&base, &at(1140.0, 2.045e6));
+        assert!(lines[0].contains("(+7.9%) at 1.79 → 1.79 GHz"), "{lines:?}");
+        assert_eq!(lines[1], "ncu: no metric moved by 1% or more", "{lines:?}");
+        // A small change is not asked about.
+        assert!(!profile_lines(&base, &at(1070.0, 1.896e6)).iter().any(|l| l.contains("clock moved")));
+    }
+
+    #[test]
+    fn real_launches_at_two_clocks_are_told_apart_from_a_change_in_work() {
+        // The same kernels profiled at base clocks and at the bench's: every
+        // launch of the two large shapes took longer at base clocks in about
+        // the same cycles.
+        let base = crate::measure::profile::tests::clock_profiles("base");
+        let bench = crate::measure::profile::tests::clock_profiles("none");
+        for (b, c) in base.iter().zip(&bench).take(2) {
+            let lines = profile_lines(&b.launches[0], &c.launches[0]);
+            assert!(lines[1].starts_with("ncu: the duration moved -"), "{lines:?}");
+            assert!(lines[1].ends_with("GHz), not the launch's work"), "{lines:?}");
+        }
     }
 
     fn launch<'a>(entry: &'a EntryRecord, num_splits: u32, ctas: u64, facts: &'a Facts) -> Launch<'a> {

@@ -28,6 +28,9 @@ use fa_schema::schema::ListedCase;
 /// Metrics every sm_80+ chip has (checked against `ncu --query-metrics` for gh100 and ad104).
 pub const METRICS: &[&str] = &[
     "gpu__time_duration.sum",
+    // The SM clock's cycles over the launch: a duration that moves without them
+    // moved with the clock (Launch::clock_ghz), not with the kernel's work.
+    "sm__cycles_elapsed.avg",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed",
     "lts__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -99,6 +102,9 @@ pub struct Options {
 pub struct Launch {
     pub kernel: String,
     pub duration_us: Option<f64>,
+    /// SM cycles elapsed over the launch (the average SM's).
+    #[serde(default)]
+    pub sm_cycles: Option<f64>,
     pub sm_throughput_pct: Option<f64>,
     pub dram_throughput_pct: Option<f64>,
     #[serde(default)]
@@ -151,6 +157,14 @@ impl Launch {
         self.stalls_ranked().first().copied()
     }
 
+    /// The SM clock over the launch, in GHz: its cycles over its duration.
+    pub fn clock_ghz(&self) -> Option<f64> {
+        match (self.sm_cycles, self.duration_us) {
+            (Some(c), Some(us)) if us > 0.0 => Some(c / (us * 1e3)),
+            _ => None,
+        }
+    }
+
     fn from_row(row: &Row, units: &BTreeMap<String, String>, requested: &[&str]) -> Launch {
         let duration = "gpu__time_duration.sum";
         let to_us = match units.get(duration).map(String::as_str) {
@@ -158,6 +172,14 @@ impl Launch {
             Some("ms" | "msecond") => 1e3,
             Some("s" | "second") => 1e6,
             _ => 1e-3, // ns, ncu's default
+        };
+        let cycles = "sm__cycles_elapsed.avg";
+        let per_cycle = match units.get(cycles).map(String::as_str) {
+            Some("cycle" | "") | None => Some(1.0),
+            Some("Kcycle") => Some(1e3),
+            Some("Mcycle") => Some(1e6),
+            Some("Gcycle") => Some(1e9),
+            Some(_) => None, // a unit not known to be cycles: absent, not misread
         };
         let smem =
             match (row.num("launch__shared_mem_per_block_static"), row.num("launch__shared_mem_per_block_dynamic")) {
@@ -167,6 +189,7 @@ impl Launch {
         Launch {
             kernel: row.kernel.clone(),
             duration_us: row.num(duration).map(|v| v * to_us),
+            sm_cycles: per_cycle.and_then(|k| row.num(cycles).map(|v| v * k)),
             sm_throughput_pct: row.num("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
             dram_throughput_pct: row.num("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
             l2_throughput_pct: row.num("lts__throughput.avg.pct_of_peak_sustained_elapsed"),
@@ -184,7 +207,11 @@ impl Launch {
             limit_warps: row.num("launch__occupancy_limit_warps"),
             sm_count: row.num("launch__sm_count"),
             stalls: requested.iter().filter_map(|m| Some((stall_reason(m)?.to_string(), row.num(m)?))).collect(),
-            missing: requested.iter().filter(|m| row.num(m).is_none()).map(|m| m.to_string()).collect(),
+            missing: requested
+                .iter()
+                .filter(|m| row.num(m).is_none() || (**m == cycles && per_cycle.is_none()))
+                .map(|m| m.to_string())
+                .collect(),
         }
     }
 }
@@ -275,6 +302,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
                     s.shape.clone(),
                     l.kernel.clone(),
                     l.duration_us.map_or("n/a".into(), |x| format!("{x:.1}")),
+                    l.clock_ghz().map_or("n/a".into(), |x| format!("{x:.2}")),
                     pct(l.sm_throughput_pct),
                     pct(l.dram_throughput_pct),
                     pct(l.achieved_occupancy_pct),
@@ -298,6 +326,7 @@ pub fn run(cx: &Run, opts: &Options) -> Result<()> {
                 "shape",
                 "kernel",
                 "us",
+                "GHz",
                 "SM",
                 "DRAM",
                 "occ",
@@ -428,6 +457,7 @@ pub(crate) mod tests {
         Launch {
             kernel: "flash_fwd_f16_d64".into(),
             duration_us: Some(10.0),
+            sm_cycles: Some(17_800.0),
             sm_throughput_pct: None,
             dram_throughput_pct: None,
             l2_throughput_pct: None,
@@ -495,6 +525,29 @@ pub(crate) mod tests {
         shape_profiles(&t, &metrics_for("9.0"), &shapes, None)
     }
 
+    /// `xtask profile` on an H200 (the f16 Hopper entries) at the bench's
+    /// clocks (`none`) and at base clocks (`base`): the same launches' shapes.
+    pub(crate) fn clock_profiles(clocks: &str) -> Vec<ShapeProfile> {
+        let path = format!("{}/tests/data/h200/ncu-raw-profile-clocks-{clocks}.log", env!("CARGO_MANIFEST_DIR"));
+        let t = ncu::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let shapes = ["2,16,8192,128".to_string(), "4,16,2048,64".into(), "1,1,512,64".into()];
+        shape_profiles(&t, &metrics_for("9.0"), &shapes, None)
+    }
+
+    #[test]
+    fn every_launch_has_its_cycles_and_clock() {
+        for (clocks, ghz) in [("none", 1.5..2.0), ("base", 1.2..1.5)] {
+            let p = clock_profiles(clocks);
+            let big = &p[0].launches[0];
+            assert_eq!(big.kernel, "flash_fwd_hopper_f16_d128");
+            assert!(big.clock_ghz().is_some_and(|g| ghz.contains(&g)), "{clocks}: {:?}", big.clock_ghz());
+            for l in p.iter().flat_map(|s| &s.launches) {
+                assert!(l.missing.is_empty(), "{clocks} {}: {:?}", l.kernel, l.missing);
+                assert!(l.sm_cycles.is_some_and(|c| c > 1e3), "{clocks} {}: {:?}", l.kernel, l.sm_cycles);
+            }
+        }
+    }
+
     #[test]
     fn the_explanation_metrics_from_a_real_gate_run() {
         // Every shape's launch with its stalls, issue and tensor-pipe activity.
@@ -505,7 +558,9 @@ pub(crate) mod tests {
             let l = &s.launches[0];
             assert!(l.kernel.starts_with("flash_fwd"), "{}", l.kernel);
             assert_eq!(l.stalls.len(), 18, "{}: {:?}", l.kernel, l.stalls.keys());
-            assert!(l.missing.is_empty(), "{}: {:?}", l.kernel, l.missing);
+            // The run predates the cycles metric: its only absence.
+            assert_eq!(l.missing, ["sm__cycles_elapsed.avg"], "{}", l.kernel);
+            assert_eq!((l.sm_cycles, l.clock_ghz()), (None, None));
             assert!(l.issue_active_pct.is_some_and(|x| x > 0.0 && x <= 100.0));
             assert!(l.l2_throughput_pct.is_some());
         }
