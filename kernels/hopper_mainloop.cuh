@@ -31,6 +31,7 @@ struct HopperOperands {
   static constexpr int kPvCols = Cfg::kHeadDim;  // O's columns per P·V chain
   static constexpr int kQkChains = 1;            // Q·Kᵀ accumulators summed in fp32
   static constexpr int kLog2PScale = 0;          // the softmax's p are 2^kLog2PScale · p (SoftmaxState::update)
+  static constexpr int kLog2Headroom = 0;        // e4m3's kept max only (exp_pack_kept)
   static constexpr int S = Cfg::kStages, BN = Cfg::kBlockN, PB = Cfg::kPanelBytes;
   template <int NT>
   __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
@@ -72,9 +73,9 @@ struct HopperOperands<e4m3x2, Cfg> {
   static constexpr bool kPromote = true;
   static constexpr int kPvCols = Cfg::kHeadDim > 128 ? 128 : Cfg::kHeadDim;
   static constexpr int kQkChains = Cfg::kHeadDim > 128 ? 2 : 1;
-  // Headroom for the serial schedule's kept max where it fits (192-row CTAs);
-  // at D=256, s kept beside O's 128 registers spilled in the key loop.
-  static constexpr int kLog2Headroom = Cfg::kSerial && Cfg::kHeadDim <= 128 ? 2 : 0;
+  // Headroom for the kept max where it fits (D=128); at D=256, s kept beside
+  // O's 128 registers spilled in the key loop.
+  static constexpr int kLog2Headroom = Cfg::kHeadDim <= 128 ? 2 : 0;
   static constexpr int kLog2PScale = 8 - kLog2Headroom;
   static constexpr int S = Cfg::kStages, VPB = Cfg::kVPanelBytes;
   static_assert(Cfg::kVTransposed, "e4m3 P·V reads V K-major");
@@ -698,17 +699,29 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
         k_ready = mbar_test(next.bar, next.phase);
         v_ready = mbar_test(slot_full_v(cur), cur.phase);
         pv_landed(prev);
-        if (Ops::kKeptMax) pack_p();  // redone below where the tile is not kept
-        if (!kept) {                  // the exact update: without headroom, from this warp's S_j again (P overwrote it)
-          if constexpr (Ops::kKeptMax) {
-            if (!exact) {
-              recompute_s(cur);
-              mask(j);
-            }
+        if constexpr (Ops::kLog2Headroom > 0) {
+          // e4m3's kept max (exp_pack_kept), once P·V(j−1) has landed: its P
+          // was that product's operand. A tile the warp turns down takes the
+          // exact update from S_j, which the packing left in place.
+          if (!(Mask::kBegin && softmax.any_unseen(0)) && Ops::exp_pack_kept(softmax, s, sc.softmax, pf)) {
+            correction[0] = correction[1] = 1.f;
+          } else {
+            exact_update(sc.softmax);
+            pack_p();
           }
-          exact_update(sc.softmax);
-          pack_p();
-          if constexpr (Ops::kKeptMax) qk_landed(cur, j);
+        } else {
+          if (Ops::kKeptMax) pack_p();  // redone below where the tile is not kept
+          if (!kept) {                  // the exact update: without headroom, from this warp's S_j again (P overwrote it)
+            if constexpr (Ops::kKeptMax) {
+              if (!exact) {
+                recompute_s(cur);
+                mask(j);
+              }
+            }
+            exact_update(sc.softmax);
+            pack_p();
+            if constexpr (Ops::kKeptMax) qk_landed(cur, j);
+          }
         }
       }
       if (live > 0) {
