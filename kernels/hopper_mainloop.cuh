@@ -49,9 +49,9 @@ struct HopperOperands {
 // 32-key steps, P as e4m3 A fragments in the accumulators' key order
 // (p_fragment_e4m3), V a transposed stage in that order (Cfg::kVTransposed),
 // K-major. P is quantised as 2^kLog2PScale · p (fp8.cuh), the factor in the
-// exponent, not a multiply. The exact softmax every tile keeps p ≤ 1, so
-// 2^8 · p stays in e4m3's range (the 16-bit kept max lets p reach kHeadroom).
-// The 192-row entries keep the max (exp_pack_kept): their p may reach
+// exponent, not a multiply. At D=256 the exact softmax every tile keeps p ≤ 1,
+// so 2^8 · p stays in e4m3's range (the 16-bit kept max lets p reach
+// kHeadroom). The D=128 entries keep the max (exp_pack_kept): their p may reach
 // 2^kLog2Headroom · 1.75 before 2^6 · p saturates; p below 2^-12 lose
 // significand bits and p at or below 2^-16 (e^-11 under the row max) flush to
 // 0 (2^-14 and 2^-18 at 2^8). FP8 wgmma
@@ -83,7 +83,7 @@ struct HopperOperands<e4m3x2, Cfg> {
   __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
     p_fragment_e4m3(pf, s, kk, 1.f);
   }
-  // The serial schedule's kept max: tile scores s to P against the max kept
+  // The kept max (D=128, both schedules): tile scores s to P against the max kept
   // from earlier tiles, without the tile's own row max (its reduction, 70
   // FMNMX and 4 shuffles a thread, came before every exponential), packed as they
   // land; s stays, so that a tile the warp turns down is redone exactly from
@@ -711,7 +711,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
           }
         } else {
           if (Ops::kKeptMax) pack_p();  // redone below where the tile is not kept
-          if (!kept) {                  // the exact update: without headroom, from this warp's S_j again (P overwrote it)
+          if (!kept) {  // the exact update: without headroom, from this warp's S_j again (P overwrote it)
             if constexpr (Ops::kKeptMax) {
               if (!exact) {
                 recompute_s(cur);

@@ -211,7 +211,9 @@ pub fn profile_lines(base: &Profiled, cand: &Profiled) -> Vec<String> {
         dur.map_or("n/a".into(), |(b, c, d)| format!("{b:.1} → {c:.1} µs ({:+.1}%)", d * 100.0))
     );
     if let Some((b, c, d)) = cycles {
-        head += &format!("; SM cycles {:.3} → {:.3} M ({:+.1}%)", b / 1e6, c / 1e6, d * 100.0);
+        // In the base's scale: thousands below a million, with a digit that moves.
+        let (unit, div, digits) = if b < 1e6 { ("K", 1e3, 1) } else { ("M", 1e6, 3) };
+        head += &format!("; SM cycles {:.digits$} → {:.digits$} {unit} ({:+.1}%)", b / div, c / div, d * 100.0);
     }
     let clocks = base.clock_ghz().zip(cand.clock_ghz());
     if let Some((b, c)) = clocks {
@@ -412,6 +414,9 @@ mod tests {
         assert_eq!(lines[1], "ncu: no metric moved by 1% or more", "{lines:?}");
         // A small change is not asked about.
         assert!(!profile_lines(&base, &at(1070.0, 1.896e6)).iter().any(|l| l.contains("clock moved")));
+        // A short launch's cycles in thousands (a gate run's causal 8k-key e4m3 shape).
+        let lines = profile_lines(&at(29.0, 52_140.0), &at(28.4, 51_000.0));
+        assert!(lines[0].ends_with("; SM cycles 52.1 → 51.0 K (-2.2%) at 1.80 → 1.80 GHz"), "{lines:?}");
     }
 
     #[test]
