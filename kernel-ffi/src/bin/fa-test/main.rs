@@ -594,9 +594,9 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
         }
     }
     // Scores far above a row's first key tile (scale 1: about 12 log2 units a
-    // standard deviation): the 192-row entry's kept max turns tiles down and
-    // redoes them exactly (HopperOperands::exp_pack_kept); the others take the
-    // exact max every tile.
+    // standard deviation): the Hopper D=128 entries' kept max, in both
+    // schedules, turns tiles down and redoes them exactly
+    // (HopperOperands::exp_pack_kept); D=256 takes the exact max every tile.
     for (choice, head_dim, causal) in
         [(HOPPER_E4M3_M192, 128, false), (HOPPER, 128, false), (HOPPER, 128, true), (HOPPER, 256, false)]
     {
@@ -614,6 +614,12 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
                 ..plain.clone()
             });
         }
+    }
+    // Causal rows that see no key (Sq > Sk) over several key tiles: past the
+    // first, the D=128 entries' kept max runs on rows still at −∞ (their P 0,
+    // their LSE −∞).
+    for (choice, head_dim) in [(PORTABLE, 128), (HOPPER, 128), (HOPPER, 256)] {
+        cases.push(Case { head_dim, causal: true, seqlen_q: 700, seqlen_k: 300, choice, ..plain.clone() });
     }
     cases.into_iter().step_by(every.max(1)).collect()
 }
