@@ -57,7 +57,8 @@ __device__ __forceinline__ bool p_unsaturated(const uint32_t (&pf)[N][4]) {
 
 // The dequantisation factors of one (batch, K/V head), at index i of the
 // [B, Hkv] arrays; 1 where an array is not given. qk joins the softmax scale,
-// v (with 2^-8, P's offset) scales O.
+// v scales O (the portable kernel's with P's 2^-8 offset besides; the Hopper
+// kernel's offset lives in the row max, so O / l cancels it).
 struct Fp8Descale {
   float qk, v;
   __device__ __forceinline__ Fp8Descale(const float* q, const float* k, const float* vd, int i) {

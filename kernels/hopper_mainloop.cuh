@@ -536,7 +536,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     // no key yet at max −inf; the kept-max update would shift them by 0 and
     // could lose a later tile to underflow, so a warp with such a row takes the
     // exact update (SoftmaxState::update_kept). Warp-uniform.
-    // Operands without the kept max (HopperOperands) take it every tile.
+    // Operands without the 16-bit kept max (HopperOperands::kKeptMax) take it
+    // here every tile; e4m3's keeps its own (exp_pack_kept) further on.
     auto needs_exact = [&] { return !Ops::kKeptMax || (Mask::kBegin && softmax.any_unseen(0)); };
     auto mask_softmax = [&](int j) {
       mask(j);
@@ -693,7 +694,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
         mask(j);
         const bool exact = needs_exact();
         const bool kept = !exact && softmax.update_kept(0, s, sc.softmax);
-        // S_j stays in registers unless a kept max can fail (recompute_s reads the K stage).
+        // The 16-bit kept max may need the K stage again (recompute_s: its P
+        // overwrites S_j); e4m3 redoes a tile from S_j in registers.
         if (kept || !Ops::kKeptMax) qk_landed(cur, j);
         next = next_slot(cur);
         k_ready = mbar_test(next.bar, next.phase);

@@ -185,17 +185,18 @@ pub fn explain(base: Launch, cand: Launch) -> Vec<String> {
 
 /// How many moved metrics the profile line names.
 const PROFILE_MOVES: usize = 4;
-/// A duration change (fraction) past which the clock line asks whether the
-/// cycles moved with it.
-const CLOCK_CHECK: f64 = 0.02;
+/// An SM clock change (fraction) between the two launches past which their
+/// durations are not comparable and the profile says to compare cycles.
+const CLOCK_MOVED: f64 = 0.02;
 
 /// Nsight Compute's side of an explanation: each side's kernel launch on the
 /// shape, profiled in the same run. The duration; the metrics that moved most
 /// (throughputs, issue, tensor pipe and occupancy by their relative change; a
 /// stall reason by its change as a share of the base's stalls, so a rare reason
 /// that doubles does not outrank a common one that grows); and the candidate's
-/// top stall reasons. Where the duration moved and the SM cycles did not as
-/// much, a line says the clock moved: ncu leaves the clocks alone.
+/// top stall reasons. ncu leaves the clocks alone: where the SM clock moved
+/// between the launches, a line says so and gives the change in cycles, the
+/// launch's work at any clock.
 pub fn profile_lines(base: &Profiled, cand: &Profiled) -> Vec<String> {
     let mut lines = Vec::new();
     let change = |b: Option<f64>, c: Option<f64>| match (b, c) {
@@ -221,14 +222,14 @@ pub fn profile_lines(base: &Profiled, cand: &Profiled) -> Vec<String> {
     }
     lines.push(head);
     if let (Some((.., d)), Some((.., k)), Some((b, c))) = (dur, cycles, clocks)
-        && d.abs() >= CLOCK_CHECK
-        && k.abs() < d.abs() / 2.0
+        && (c / b - 1.0).abs() >= CLOCK_MOVED
     {
         lines.push(format!(
-            "ncu: the duration moved {:+.1}% and the SM cycles {:+.1}%: the SM clock moved ({b:.2} → {c:.2} GHz), \
-             not the launch's work",
-            d * 100.0,
-            k * 100.0
+            "ncu: the SM clock moved {b:.2} → {c:.2} GHz ({:+.1}%): compare the SM cycles ({:+.1}%), not the \
+             durations ({:+.1}%)",
+            (c / b - 1.0) * 100.0,
+            k * 100.0,
+            d * 100.0
         ));
     }
     let pct = |name: &str, b: Option<f64>, c: Option<f64>| -> Option<(f64, String)> {
@@ -396,24 +397,29 @@ mod tests {
     }
 
     #[test]
-    fn a_duration_that_moved_with_the_clock_alone_is_said_to() {
+    fn a_clock_that_moved_between_the_launches_is_said_to() {
         // ncu leaves the clocks alone: the same launch's cycles at two clocks
         // (the 192-row e4m3 entry at B2 H16 S8192 runs 1.89 M cycles a launch).
         let at = |us: f64, cycles: f64| Profiled { sm_cycles: Some(cycles), ..profiled(us, 40.0, &[("wait", 1.7)]) };
-        let (base, slow) = (at(1056.9, 1.896e6), at(1140.0, 1.900e6));
-        let lines = profile_lines(&base, &slow);
+        let base = at(1056.9, 1.896e6);
+        let lines = profile_lines(&base, &at(1140.0, 1.900e6));
         assert!(lines[0].ends_with("; SM cycles 1.896 → 1.900 M (+0.2%) at 1.79 → 1.67 GHz"), "{lines:?}");
         assert_eq!(
             lines[1],
-            "ncu: the duration moved +7.9% and the SM cycles +0.2%: the SM clock moved (1.79 → 1.67 GHz), \
-             not the launch's work"
+            "ncu: the SM clock moved 1.79 → 1.67 GHz (-7.1%): compare the SM cycles (+0.2%), not the durations (+7.9%)"
         );
-        // Cycles that moved with the duration: the launch's work, no clock line.
+        // Work and clock both moved: the cycles carry the work's share.
+        let lines = profile_lines(&base, &at(1141.5, 1.970e6));
+        assert!(lines[1].contains("(-3.8%): compare the SM cycles (+3.9%), not the durations (+8.0%)"), "{lines:?}");
+        // Cycles that moved with the duration at one clock: no clock line.
         let lines = profile_lines(&base, &at(1140.0, 2.045e6));
         assert!(lines[0].contains("(+7.9%) at 1.79 → 1.79 GHz"), "{lines:?}");
         assert_eq!(lines[1], "ncu: no metric moved by 1% or more", "{lines:?}");
-        // A small change is not asked about.
+        // A clock within 2%: not said.
         assert!(!profile_lines(&base, &at(1070.0, 1.896e6)).iter().any(|l| l.contains("clock moved")));
+        // No cycles (an older report): neither cycles nor clock.
+        let lines = profile_lines(&profiled(1056.9, 40.0, &[]), &at(1140.0, 1.9e6));
+        assert!(lines[0].ends_with("(+7.9%)") && !lines[1].contains("clock"), "{lines:?}");
         // A short launch's cycles in thousands (a gate run's causal 8k-key e4m3 shape).
         let lines = profile_lines(&at(29.0, 52_140.0), &at(28.4, 51_000.0));
         assert!(lines[0].ends_with("; SM cycles 52.1 → 51.0 K (-2.2%) at 1.80 → 1.80 GHz"), "{lines:?}");
@@ -421,15 +427,16 @@ mod tests {
 
     #[test]
     fn real_launches_at_two_clocks_are_told_apart_from_a_change_in_work() {
-        // The same kernels profiled at base clocks and at the bench's: every
-        // launch of the two large shapes took longer at base clocks in about
-        // the same cycles.
+        // The same kernels profiled at base clocks and at the bench's: the two
+        // large shapes' launches took longer at base clocks in about the same
+        // cycles (+0.9% and +1.8% at the bench's).
         let base = crate::measure::profile::tests::clock_profiles("base");
         let bench = crate::measure::profile::tests::clock_profiles("none");
         for (b, c) in base.iter().zip(&bench).take(2) {
             let lines = profile_lines(&b.launches[0], &c.launches[0]);
-            assert!(lines[1].starts_with("ncu: the duration moved -"), "{lines:?}");
-            assert!(lines[1].ends_with("GHz), not the launch's work"), "{lines:?}");
+            assert!(lines[1].starts_with("ncu: the SM clock moved 1.3"), "{lines:?}");
+            assert!(lines[1].contains("compare the SM cycles (+"), "{lines:?}");
+            assert!(lines[1].ends_with("not the durations (-14.0%)") || b.shape != "2,16,8192,128", "{lines:?}");
         }
     }
 

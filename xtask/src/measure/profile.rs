@@ -160,7 +160,7 @@ impl Launch {
     /// The SM clock over the launch, in GHz: its cycles over its duration.
     pub fn clock_ghz(&self) -> Option<f64> {
         match (self.sm_cycles, self.duration_us) {
-            (Some(c), Some(us)) if us > 0.0 => Some(c / (us * 1e3)),
+            (Some(c), Some(us)) if us > 0.0 && c > 0.0 => Some(c / (us * 1e3)),
             _ => None,
         }
     }
@@ -532,6 +532,24 @@ pub(crate) mod tests {
         let t = ncu::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
         let shapes = ["2,16,8192,128".to_string(), "4,16,2048,64".into(), "1,1,512,64".into()];
         shape_profiles(&t, &metrics_for("9.0"), &shapes, None)
+    }
+
+    #[test]
+    fn cycles_are_read_in_their_unit_and_an_unknown_unit_is_missing() {
+        let launch = |unit: &str| {
+            let csv = format!(
+                "\"ID\",\"Kernel Name\",\"gpu__time_duration.sum\",\"sm__cycles_elapsed.avg\"\n\
+                 \"\",\"\",\"ns\",\"{unit}\"\n\"0\",\"flash_fwd_f16_d64\",\"1,000,000\",\"1.5\"\n"
+            );
+            let t = ncu::parse(&csv).unwrap();
+            Launch::from_row(&t.rows[0], &t.units, &["gpu__time_duration.sum", "sm__cycles_elapsed.avg"])
+        };
+        let l = launch("Mcycle");
+        assert_eq!((l.duration_us, l.sm_cycles, l.clock_ghz()), (Some(1000.0), Some(1.5e6), Some(1.5)));
+        assert_eq!(launch("Kcycle").sm_cycles, Some(1500.0));
+        let odd = launch("cycle/second");
+        assert_eq!((odd.sm_cycles, odd.clock_ghz()), (None, None));
+        assert_eq!(odd.missing, ["sm__cycles_elapsed.avg"]);
     }
 
     #[test]

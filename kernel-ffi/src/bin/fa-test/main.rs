@@ -615,9 +615,9 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
             });
         }
     }
-    // Causal rows that see no key (Sq > Sk) over several key tiles: past the
-    // first, the D=128 entries' kept max runs on rows still at −∞ (their P 0,
-    // their LSE −∞).
+    // Causal Sq > Sk over several key tiles: items of rows that see no key
+    // (one tile at most, the exact update), and items of two and three tiles
+    // whose later tiles take the D=128 entries' kept max across the diagonal.
     for (choice, head_dim) in [(PORTABLE, 128), (HOPPER, 128), (HOPPER, 256)] {
         cases.push(Case { head_dim, causal: true, seqlen_q: 700, seqlen_k: 300, choice, ..plain.clone() });
     }
