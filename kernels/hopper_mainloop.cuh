@@ -538,10 +538,26 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     // exact update (SoftmaxState::update_kept). Warp-uniform.
     // Operands without the 16-bit kept max (HopperOperands::kKeptMax) take it
     // here every tile; e4m3's keeps its own (exp_pack_kept) further on.
-    auto needs_exact = [&] { return !Ops::kKeptMax || (Mask::kBegin && softmax.any_unseen(0)); };
+    auto unseen = [&] { return Mask::kBegin && softmax.any_unseen(0); };
+    auto needs_exact = [&] { return !Ops::kKeptMax || unseen(); };
     auto mask_softmax = [&](int j) {
       mask(j);
       softmax.update<Ops::kLog2PScale>(0, s, correction, sc.softmax);
+    };
+    // Tile j's P: with e4m3's headroom (HopperOperands::kLog2Headroom)
+    // against the kept max (exp_pack_kept), leaving O's correction at 1,
+    // unless the tile is an item's first, a row has seen no key, or the warp
+    // turns it down; then, as without headroom, the exact update from S,
+    // which the packing left in place.
+    auto kept_or_exact = [&](int j) {
+      if constexpr (Ops::kLog2Headroom > 0) {
+        if (j > 0 && !unseen() && Ops::exp_pack_kept(softmax, s, sc.softmax, pf)) {
+          correction[0] = correction[1] = 1.f;
+          return;
+        }
+      }
+      exact_update(sc.softmax);
+      pack_p();
     };
     // Tile j's S has landed: its K stage is free, and after the item's last
     // Q·Kᵀ (persistent) so is Q.
@@ -644,17 +660,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
         }
         qk_landed(cur, j);
         mask(j);
-        bool kept = false;
-        if constexpr (Ops::kLog2Headroom > 0) {
-          const bool exact = j == 0 || (Mask::kBegin && softmax.any_unseen(0));
-          kept = !exact && Ops::exp_pack_kept(softmax, s, sc.softmax, pf);
-        }
-        if (kept) {
-          correction[0] = correction[1] = 1.f;
-        } else {
-          exact_update(sc.softmax);
-          pack_p();
-        }
+        kept_or_exact(j);
         mbar_wait(slot_full_v(cur), cur.phase);
         clear_v_tail<Cfg>(it, sm, cur.st, j, cw);
         issue_pv(cur);
@@ -702,15 +708,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
         v_ready = mbar_test(slot_full_v(cur), cur.phase);
         pv_landed(prev);
         if constexpr (Ops::kLog2Headroom > 0) {
-          // e4m3's kept max (exp_pack_kept), once P·V(j−1) has landed: its P
-          // was that product's operand. A tile the warp turns down takes the
-          // exact update from S_j, which the packing left in place.
-          if (!(Mask::kBegin && softmax.any_unseen(0)) && Ops::exp_pack_kept(softmax, s, sc.softmax, pf)) {
-            correction[0] = correction[1] = 1.f;
-          } else {
-            exact_update(sc.softmax);
-            pack_p();
-          }
+          kept_or_exact(j);  // once P·V(j−1) has landed: its P was that product's operand
         } else {
           if (Ops::kKeptMax) pack_p();  // redone below where the tile is not kept
           if (!kept) {  // the exact update: without headroom, from this warp's S_j again (P overwrote it)
