@@ -216,18 +216,18 @@ pub fn profile_lines(base: &Profiled, cand: &Profiled) -> Vec<String> {
         let (unit, div, digits) = if b < 1e6 { ("K", 1e3, 1) } else { ("M", 1e6, 3) };
         head += &format!("; SM cycles {:.digits$} → {:.digits$} {unit} ({:+.1}%)", b / div, c / div, d * 100.0);
     }
-    let clocks = base.clock_ghz().zip(cand.clock_ghz());
-    if let Some((b, c)) = clocks {
+    let clocks = change(base.clock_ghz(), cand.clock_ghz());
+    if let Some((b, c, _)) = clocks {
         head += &format!(" at {b:.2} → {c:.2} GHz");
     }
     lines.push(head);
-    if let (Some((.., d)), Some((.., k)), Some((b, c))) = (dur, cycles, clocks)
-        && (c / b - 1.0).abs() >= CLOCK_MOVED
+    if let (Some((.., d)), Some((.., k)), Some((b, c, g))) = (dur, cycles, clocks)
+        && g.abs() >= CLOCK_MOVED
     {
         lines.push(format!(
             "ncu: the SM clock moved {b:.2} → {c:.2} GHz ({:+.1}%): compare the SM cycles ({:+.1}%), not the \
              durations ({:+.1}%)",
-            (c / b - 1.0) * 100.0,
+            g * 100.0,
             k * 100.0,
             d * 100.0
         ));
