@@ -301,8 +301,8 @@ impl Shape {
 }
 
 /// The default set: the seed's small shapes, the large ones, a windowed, a
-/// softcapped and a head-dim-256 one, and two serving batches (a ragged causal prefill and a
-/// paged decode).
+/// softcapped and two head-dim-256 ones (causal and not), and two serving
+/// batches (a ragged causal prefill and a paged decode).
 pub fn default_shapes() -> Vec<Shape> {
     let s = Shape::dense;
     let mut v: Vec<Shape> = [32, 64, 128, 256, 512].iter().map(|&n| s(1, 1, n, 64, false)).collect();
@@ -320,6 +320,7 @@ pub fn default_shapes() -> Vec<Shape> {
         // Mistral's sliding window on a long sequence; Gemma 2's softcap and head dim.
         Shape { window: Some(4096), ..s(1, 16, 32768, 128, true) },
         Shape { softcap: Some(50), ..s(2, 16, 4096, 128, true) },
+        s(2, 8, 4096, 256, false),
         s(2, 8, 4096, 256, true),
     ]);
     v.extend(serving_shapes());
@@ -429,6 +430,8 @@ mod tests {
             "f16-b2h16s8192d128-causal",
             "f16-b8h32s1024d64-causal",
             "f16-b1h4s2048d64-causal",
+            "f16-b2h8s4096d256",
+            "f16-b2h8s4096d256-causal",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }
