@@ -32,6 +32,7 @@ struct HopperOperands {
   static constexpr int kQkChains = 1;            // Q·Kᵀ accumulators summed in fp32
   static constexpr int kLog2PScale = 0;          // the softmax's p are 2^kLog2PScale · p (SoftmaxState::update)
   static constexpr int kLog2Headroom = 0;        // e4m3's kept max only (exp_pack_kept)
+  static constexpr bool kRedoFromK = false;      // e4m3's kept max only
   static constexpr int S = Cfg::kStages, BN = Cfg::kBlockN, PB = Cfg::kPanelBytes;
   template <int NT>
   __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
@@ -49,12 +50,10 @@ struct HopperOperands {
 // 32-key steps, P as e4m3 A fragments in the accumulators' key order
 // (p_fragment_e4m3), V a transposed stage in that order (Cfg::kVTransposed),
 // K-major. P is quantised as 2^kLog2PScale · p (fp8.cuh), the factor in the
-// exponent, not a multiply. At D=256 the exact softmax every tile keeps p ≤ 1,
-// so 2^8 · p stays in e4m3's range (the 16-bit kept max lets p reach
-// kHeadroom). The D=128 entries keep the max (exp_pack_kept): their p may reach
-// 2^kLog2Headroom · 1.75 before 2^6 · p saturates; p below 2^-12 lose
-// significand bits and p at or below 2^-16 (e^-11 under the row max) flush to
-// 0 (2^-14 and 2^-18 at 2^8). FP8 wgmma
+// exponent, not a multiply. The entries keep the row max (exp_pack_kept; the
+// 16-bit kept max lets p reach kHeadroom): p may reach 2^kLog2Headroom · 1.75
+// before 2^6 · p saturates; p below 2^-12 lose significand bits and p at or
+// below 2^-16 (e^-11 under the row max) flush to 0. FP8 wgmma
 // accumulates with about 13 significand bits, each step truncating: on O's
 // running sum the losses grow with the key count (README, "FP8 (e4m3)
 // inputs"), so each tile's P·V lands in its own accumulator and joins O in
@@ -73,9 +72,11 @@ struct HopperOperands<e4m3x2, Cfg> {
   static constexpr bool kPromote = true;
   static constexpr int kPvCols = Cfg::kHeadDim > 128 ? 128 : Cfg::kHeadDim;
   static constexpr int kQkChains = Cfg::kHeadDim > 128 ? 2 : 1;
-  // Headroom for the kept max where it fits (D=128); at D=256, s kept beside
-  // O's 128 registers spilled in the key loop.
-  static constexpr int kLog2Headroom = Cfg::kHeadDim <= 128 ? 2 : 0;
+  // Headroom for the kept max. At D=256 a tile turned down computes S again
+  // from its K stage (kRedoFromK: recompute_s, a warp's own mma.sync), as S
+  // kept beside O's 128 registers spilled in the key loop.
+  static constexpr int kLog2Headroom = 2;
+  static constexpr bool kRedoFromK = Cfg::kHeadDim > 128;
   static constexpr int kLog2PScale = 8 - kLog2Headroom;
   static constexpr int S = Cfg::kStages, VPB = Cfg::kVPanelBytes;
   static_assert(Cfg::kVTransposed, "e4m3 P·V reads V K-major");
@@ -362,8 +363,16 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       for (int np = 0; np < BN / 16; ++np) {
         uint32_t b[4];
         ldmatrix_x4(b, swizzled(k_tile, BN * PB, 16 * np + lane % 8 + (lane / 16) * 8, 16 * kk + ((lane / 8) % 2) * 8));
-        QkStep<T>::mma(s[2 * np], a, b[0], b[1]);
-        QkStep<T>::mma(s[2 * np + 1], a, b[2], b[3]);
+        if constexpr (Ops::kQkChains > 1) {  // each step's products summed in fp32, not in the MMA's accumulator
+          float lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
+          QkStep<T>::mma(lo, a, b[0], b[1]);
+          QkStep<T>::mma(hi, a, b[2], b[3]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[2 * np][e] += lo[e], s[2 * np + 1][e] += hi[e];
+        } else {
+          QkStep<T>::mma(s[2 * np], a, b[0], b[1]);
+          QkStep<T>::mma(s[2 * np + 1], a, b[2], b[3]);
+        }
       }
     }
   };
@@ -548,12 +557,19 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
     // against the kept max (exp_pack_kept), leaving O's correction at 1,
     // unless the tile is an item's first, a row has seen no key, or the warp
     // turns it down; then, as without headroom, the exact update from S,
-    // which the packing left in place.
-    auto kept_or_exact = [&](int j) {
+    // which the packing left in place or (kRedoFromK) the warp computes again
+    // from K stage x.
+    auto kept_or_exact = [&](int j, const Slot& x) {
       if constexpr (Ops::kLog2Headroom > 0) {
-        if (j > 0 && !unseen() && Ops::exp_pack_kept(softmax, s, sc.softmax, pf)) {
-          correction[0] = correction[1] = 1.f;
-          return;
+        if (j > 0 && !unseen()) {
+          if (Ops::exp_pack_kept(softmax, s, sc.softmax, pf)) {
+            correction[0] = correction[1] = 1.f;
+            return;
+          }
+          if constexpr (Ops::kRedoFromK) {
+            recompute_s(x);
+            mask(j);
+          }
         }
       }
       exact_update(sc.softmax);
@@ -649,7 +665,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
       // are never live together (see "serial" in flash_fwd_hopper.cuh). With
       // headroom (HopperOperands::exp_pack_kept), an item's first tile and a
       // tile the warp turns down take the exact update, and a kept tile leaves
-      // O's correction at 1.
+      // O's correction at 1. A tile redone from its K stage (kRedoFromK)
+      // holds the stage until its P.
       for (int j = 0; j < live; ++j, cur = next_slot(cur)) {
         mbar_wait(cur.bar, cur.phase);
         if constexpr (Ops::kQkChains == 1) {
@@ -658,9 +675,10 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
         } else {
           qk_chained(cur);
         }
-        qk_landed(cur, j);
+        if constexpr (!Ops::kRedoFromK) qk_landed(cur, j);
         mask(j);
-        kept_or_exact(j);
+        kept_or_exact(j, cur);
+        if constexpr (Ops::kRedoFromK) qk_landed(cur, j);
         mbar_wait(slot_full_v(cur), cur.phase);
         clear_v_tail<Cfg>(it, sm, cur.st, j, cw);
         issue_pv(cur);
@@ -708,7 +726,7 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
         v_ready = mbar_test(slot_full_v(cur), cur.phase);
         pv_landed(prev);
         if constexpr (Ops::kLog2Headroom > 0) {
-          kept_or_exact(j);  // once P·V(j−1) has landed: its P was that product's operand
+          kept_or_exact(j, cur);  // once P·V(j−1) has landed: its P was that product's operand
         } else {
           if (Ops::kKeptMax) pack_p();  // redone below where the tile is not kept
           if (!kept) {  // the exact update: without headroom, from this warp's S_j again (P overwrote it)

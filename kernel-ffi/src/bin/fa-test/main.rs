@@ -594,12 +594,16 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
         }
     }
     // Scores far above a row's first key tile (scale 1: about 12 log2 units a
-    // standard deviation): the Hopper D=128 entries' kept max, in both
-    // schedules, turns tiles down and redoes them exactly
-    // (HopperOperands::exp_pack_kept); D=256 takes the exact max every tile.
-    for (choice, head_dim, causal) in
-        [(HOPPER_E4M3_M192, 128, false), (HOPPER, 128, false), (HOPPER, 128, true), (HOPPER, 256, false)]
-    {
+    // standard deviation): the Hopper entries' kept max, in both schedules,
+    // turns tiles down and redoes them exactly (HopperOperands::exp_pack_kept;
+    // at D=256 from S computed again, kRedoFromK).
+    for (choice, head_dim, causal) in [
+        (HOPPER_E4M3_M192, 128, false),
+        (HOPPER, 128, false),
+        (HOPPER, 128, true),
+        (HOPPER, 256, false),
+        (HOPPER, 256, true),
+    ] {
         for (i, out) in [Dtype::Bf16, Dtype::F16].into_iter().enumerate() {
             cases.push(Case {
                 head_dim,
@@ -617,7 +621,7 @@ fn e4m3_cases(every: usize) -> Vec<Case> {
     }
     // Causal Sq > Sk over several key tiles: items of rows that see no key
     // (one tile at most, the exact update), and items of two and three tiles
-    // whose later tiles take the D=128 entries' kept max across the diagonal.
+    // whose later tiles take the kept max across the diagonal.
     for (choice, head_dim) in [(PORTABLE, 128), (HOPPER, 128), (HOPPER, 256)] {
         cases.push(Case { head_dim, causal: true, seqlen_q: 700, seqlen_k: 300, choice, ..plain.clone() });
     }
