@@ -84,12 +84,13 @@ struct HopperOperands<e4m3x2, Cfg> {
   __device__ __forceinline__ static void p_fragment(uint32_t (&pf)[4], const float (&s)[NT][4], int kk) {
     p_fragment_e4m3(pf, s, kk, 1.f);
   }
-  // The kept max (D=128, both schedules): tile scores s to P against the max kept
+  // The kept max (every schedule): tile scores s to P against the max kept
   // from earlier tiles, without the tile's own row max (its reduction, 70
   // FMNMX and 4 shuffles a thread, came before every exponential), packed as they
   // land; s stays, so that a tile the warp turns down is redone exactly from
-  // it. The verdict is P's own (p_unsaturated), not the sums' (commit_kept's):
-  // at 2^6 · p a 32-key sum may pass 448 where no p does.
+  // it (at D=256 from S computed again: kRedoFromK). The verdict is P's own
+  // (p_unsaturated), not the sums' (commit_kept's): at 2^6 · p a 32-key sum
+  // may pass 448 where no p does.
   template <int NT>
   __device__ __forceinline__ static bool exp_pack_kept(SoftmaxState<1>& sm, const float (&s)[NT][4], float scale_log2,
                                                        uint32_t (&pf)[NT / 4][4]) {
@@ -264,6 +265,8 @@ __device__ __forceinline__ void hopper_consumer(const FlashParams& p, const TmaD
   // registers beside S and O (128) are live.
   constexpr int QK_CHAIN = QK_STEPS / Ops::kQkChains, HT = NT / 2;
   static_assert(Ops::kQkChains == 1 || (Ops::kQkChains == 2 && Cfg::kSerial && CT >= HT), "two chains");
+  // The redo from the K stage holds it until the verdict, as only the serial loop does.
+  static_assert(!Ops::kRedoFromK || (Cfg::kSerial && !Cfg::kSplitTail), "redo from K: serial, whole items");
   auto qk_chained = [&](const Slot& st) {
     auto half = [](float(&a)[NT][4], int i) -> float(&)[HT][4] { return *reinterpret_cast<float(*)[HT][4]>(&a[i]); };
     auto tmp = [&]() -> float(&)[HT][4] { return *reinterpret_cast<float(*)[HT][4]>(&o_tile[0]); };
