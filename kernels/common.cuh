@@ -155,10 +155,11 @@ __device__ __forceinline__ uint32_t dynamic_smem_size() {
 
 // ------------------------------------------- programmatic dependent launch --
 // A split launch's combine is launched as a programmatic dependent of the
-// forward kernel (sm_90+; both are no-ops on older archs and where the next
-// launch is an ordinary one). Each forward CTA lets it launch as soon as it has
-// started, so the combine's CTAs take the SM slots forward CTAs free and wait
-// there; the combine waits for the whole forward grid and its writes.
+// forward kernel, and the Hopper e4m3 entry of transpose_v_e4m3 (sm_90+; both
+// are no-ops on older archs and where the next launch is an ordinary one). Each
+// CTA of the first lets the next launch as soon as it has started, so the
+// dependent's CTAs take the SM slots it frees; the dependent waits for the
+// whole grid and its writes where it reads them.
 __device__ __forceinline__ void launch_dependents() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

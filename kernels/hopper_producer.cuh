@@ -2,7 +2,10 @@
 // an item's Q, and key tile j of an item into ring position g once the tile
 // there before it has been read (e4m3 V from its transposed copy,
 // HopperConfig::kVTransposed) — and, before the CTA barrier, initialises the
-// mbarriers and loads the first item's Q and first tiles.
+// mbarriers and loads the first item's Q and first tiles. The transposed copy
+// is written by the launch before (transpose_v_e4m3), of which an e4m3 launch
+// is the programmatic dependent: its first V load waits for that grid, its Q
+// and K loads do not.
 #pragma once
 
 #include "hopper.cuh"
@@ -28,20 +31,23 @@ struct HopperProducer {
       tma_load_4d(sm.q + c * BM * Cfg::kPanelBytes, &hp.q_map, sm.full_q(), c * Cfg::kPanelElems, at.x, at.y, at.z);
   }
 
-  // Key tile j (`keys`: where an item's tiles lie, key_tiles) into ring position g.
-  template <typename Keys>
-  __device__ __forceinline__ void load_kv(const Keys& keys, int g, int j) const {
+  // The K of the key tile at `at` (Keys::at) into ring position g.
+  __device__ __forceinline__ void load_k(int3 at, int g) const {
     const int st = g % S;
-    const int3 at = keys.at(j);
     if (g >= S) mbar_wait(sm.empty_k(st), ((g / S) - 1) & 1);
     mbar_expect_tx(sm.full_k(st), Cfg::kKVBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
       tma_load_4d(sm.k + st * Cfg::kKVBytes + c * BN * Cfg::kPanelBytes, &hp.k_map, sm.full_k(st), c * Cfg::kPanelElems,
                   at.x, at.y, at.z);
+  }
+  // Its V.
+  __device__ __forceinline__ void load_v(int3 at, int g) const {
+    const int st = g % S;
     if (g >= S) mbar_wait(sm.empty_v(st), ((g / S) - 1) & 1);
     mbar_expect_tx(sm.full_v(st), Cfg::kKVBytes);
     if constexpr (Cfg::kVTransposed) {
+      if (g == 0) wait_for_prerequisites();  // the CTA's first V: the transposed copy is written
       // Vᵀ (d, key): the tile's keys of every head-dim row, one panel.
       tma_load_4d(sm.v + st * Cfg::kKVBytes, &hp.v_map, sm.full_v(st), at.x, 0, at.y, at.z);
     } else {
@@ -50,6 +56,13 @@ struct HopperProducer {
         tma_load_4d(sm.v + st * Cfg::kKVBytes + c * BN * Cfg::kPanelBytes, &hp.v_map, sm.full_v(st),
                     c * Cfg::kPanelElems, at.x, at.y, at.z);
     }
+  }
+  // Key tile j (`keys`: where an item's tiles lie, key_tiles) into ring position g.
+  template <typename Keys>
+  __device__ __forceinline__ void load_kv(const Keys& keys, int g, int j) const {
+    const int3 at = keys.at(j);
+    load_k(at, g);
+    load_v(at, g);
   }
 
   // Thread 0, before the CTA barrier: every mbarrier, exp turns' scale, and the
@@ -72,7 +85,12 @@ struct HopperProducer {
       tma_prefetch_desc(&hp.v_map);
       load_q(first);
       const auto keys = key_tiles<BN>(first);
-      for (int j = 0; j < early; ++j) load_kv(keys, j, j);
+      if constexpr (Cfg::kVTransposed) {  // the Ks before the first V's wait
+        for (int j = 0; j < early; ++j) load_k(keys.at(j), j);
+        for (int j = 0; j < early; ++j) load_v(keys.at(j), j);
+      } else {
+        for (int j = 0; j < early; ++j) load_kv(keys, j, j);
+      }
     }
   }
 

@@ -246,6 +246,7 @@ __device__ __forceinline__ void transpose_v_e4m3(const TransposeParams& p) {
   auto row = [](int k) { return k * kRowWords + 4 * (k / 16); };
   __shared__ __align__(16) uint32_t tile[kKeys * kRowWords + 4 * (kKeys / 16)];
   if (blockDim.x != kTransposeThreads) __trap();  // the manifest's launch geometry: a mismatch is a build bug
+  launch_dependents();                            // the Hopper e4m3 entry, whose V loads wait for this grid
   const int key0 = blockIdx.x * kKeys, col0 = blockIdx.y * kCols;
   const int bh = blockIdx.z, b = bh / p.heads, h = bh % p.heads;
   const unsigned char* src = static_cast<const unsigned char*>(p.src) + b * p.batch_stride + h * p.head_stride + col0;

@@ -8,7 +8,7 @@ use cudarc::driver::sys::{
 };
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::memory::{device_ptr, strides};
 use super::{Attention, Chosen, Descales, Family, Kernel, Precision, Tensor};
@@ -259,8 +259,7 @@ impl Attention {
     /// e4m3 `v` ([B, Hkv, Sk, D]) transposed into new scratch for the Hopper
     /// kernel's e4m3 entries, enqueued on `s`: [B, Hkv, D, keys] contiguous,
     /// keys = Sk rounded up to 16, each 16 keys in P's order (`transpose_v_e4m3`).
-    /// Returns it and keys.
-    fn transpose_v(&self, s: &Arc<CudaStream>, v: &Tensor) -> Result<(CudaSlice<u8>, usize)> {
+    fn transpose_v(&self, s: &Arc<CudaStream>, v: &Tensor) -> Result<TransposedV> {
         let name = "transpose_v_e4m3";
         let kern = self.kernel(name)?;
         let [batch, heads, rows, head_dim] = v.desc.dims;
@@ -273,7 +272,7 @@ impl Attention {
         // Keys are below 2^31 and batch × kv heads at most MAX_BATCH_HEADS (tensor::validate).
         let grid_dim = (keys.div_ceil(128) as u32, (head_dim / 64) as u32, (batch * heads) as u32);
         if bytes == 0 {
-            return Ok((vt, keys));
+            return Ok(TransposedV { data: vt, keys, launched: false });
         }
         let params = TransposeParams {
             src: device_ptr(&v.data, s),
@@ -292,7 +291,7 @@ impl Attention {
         // covers exactly (keys a multiple of 16; a block's runs of 16 keys past them return)
         // with the manifest's threads, which the kernel checks.
         unsafe { s.launch_builder(&kern.func).arg(&params).launch(cfg) }.cuda(format!("launching {name}"))?;
-        Ok((vt, keys))
+        Ok(TransposedV { data: vt, keys, launched: true })
     }
 
     /// A Hopper entry takes the portable entries' parameters with TMA maps of
@@ -320,7 +319,7 @@ impl Attention {
         let map = |t: &Tensor, rows: u32| tensor_map(device_ptr(&t.data, s), t.dtype, &t.desc, rows);
         let transposed = if v.dtype == Dtype::E4m3 { Some(self.transpose_v(s, v)?) } else { None };
         let v_map = match &transposed {
-            Some((vt, keys)) => transposed_map(device_ptr(vt, s), &v.desc, *keys, kern.launch.block_n)?,
+            Some(vt) => transposed_map(device_ptr(&vt.data, s), &v.desc, vt.keys, kern.launch.block_n)?,
             None => map(v, kern.launch.block_n)?,
         };
         let hparams = HopperParams {
@@ -360,13 +359,63 @@ impl Attention {
             k_descale: ptr(descales.k),
             v_descale: ptr(descales.v),
         };
+        // Behind the transpose, as its programmatic dependent: the CTAs start while it runs,
+        // their Q and K loads with them, and the first V load waits for its grid (the
+        // producer's griddepcontrol.wait). Not behind any other launch, whose inputs the early
+        // loads might read before they are written.
+        let dependent = transposed.as_ref().is_some_and(|vt| vt.launched);
         // SAFETY: matches `flash_fwd_hopper_e4m3_<out dtype>_d<D>[_causal][_m192](const __grid_constant__
         // HopperFp8Params p)` in kernels/flash_fwd_hopper_e4m3.cu. As the 16-bit launch above, with
-        // v_map over V transposed, which `transpose_v` wrote before on this stream and which
-        // outlives the launch (freed in stream order); each descale given holds batch × kv_heads
-        // floats (validate::descales), indexed by (batch, kv head).
-        unsafe { s.launch_builder(&kern.func).arg(&fparams).launch(grid.cfg) }.cuda(format!("launching {}", c.name))?;
-        Ok(())
+        // v_map over V transposed, which `transpose_v` wrote before on this stream (as its
+        // dependent, read only after waiting for that grid) and which outlives the launch (freed
+        // in stream order); each descale given holds batch × kv_heads floats
+        // (validate::descales), indexed by (batch, kv head).
+        unsafe { self.launch_one(s, &kern.func, grid.cfg, &fparams, dependent, &c.name) }
+    }
+
+    /// Launches `func`, whose one parameter is `param`, on `s` with `cfg`;
+    /// `dependent`, where the arch has it (`dependent_launch`), as the
+    /// programmatic dependent of the launch before it on `s`: its CTAs may
+    /// start while that grid drains, and wait for it where the kernel says
+    /// (griddepcontrol.wait).
+    ///
+    /// # Safety
+    /// `param` is `func`'s one parameter, and the launch is sound for `func`
+    /// with `cfg` (the caller's SAFETY comment says why), reading what the
+    /// launch before writes only after waiting for it where `dependent`.
+    unsafe fn launch_one<P>(
+        &self,
+        s: &CudaStream,
+        func: &CudaFunction,
+        cfg: LaunchConfig,
+        param: &P,
+        dependent: bool,
+        name: &str,
+    ) -> Result<()> {
+        let mut attr = cu::CUlaunchAttribute {
+            id: cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: cu::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+        };
+        let config = cu::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: s.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(dependent && self.dependent_launch),
+        };
+        let mut args = [(&raw const *param).cast_mut().cast::<std::ffi::c_void>()];
+        self.ctx.bind_to_thread().cuda("binding the context")?;
+        // SAFETY: the caller's; `args` points at `param`, which the driver copies before
+        // returning, and `attr` outlives the call.
+        unsafe { cu::cuLaunchKernelEx(&config, func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .cuda(format!("launching {name}"))
     }
 
     /// Merges the splits' partials into `out` and `lse` (its device address, 0 for none).
@@ -405,35 +454,17 @@ impl Attention {
         };
         // Where the combine waits for the forward grid (griddepcontrol.wait, sm_90 on), it is
         // launched as its programmatic dependent: its CTAs may start while the forward drains.
-        let mut attr = cu::CUlaunchAttribute {
-            id: cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value: cu::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+        let cfg = LaunchConfig {
+            grid_dim: ((p.rows() as u32).div_ceil(rows_per_block), 1, 1),
+            block_dim: (comb.launch.threads, 1, 1),
+            shared_mem_bytes: 0,
         };
-        let config = cu::CUlaunchConfig {
-            gridDimX: (p.rows() as u32).div_ceil(rows_per_block),
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: comb.launch.threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: s.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(self.dependent_launch),
-        };
-        let mut args = [(&raw const cparams).cast_mut().cast::<std::ffi::c_void>()];
-        self.ctx.bind_to_thread().cuda("binding the context")?;
-        // SAFETY: matches `flash_combine_<dtype>_d<D>(const CombineParams p)`, whose one argument
-        // `args` points at (the driver copies it before returning; `attr` outlives the call). It
-        // reads splits·rows(·D) partials the forward launch wrote before it on the stream (as a
+        // SAFETY: matches `flash_combine_<dtype>_d<D>(const CombineParams p)`. It reads
+        // splits·rows(·D) partials the forward launch wrote before it on the stream (as a
         // dependent launch, after waiting for that grid) and writes `out` rows validated as for
         // that launch; packed, only rows some sequence covers (cu_seqlens_q holds seqs + 1
         // offsets, each clamped to the rows), which that launch wrote.
-        unsafe { cu::cuLaunchKernelEx(&config, comb.func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
-            .cuda(format!("launching {cname}"))?;
-        Ok(())
+        unsafe { self.launch_one(s, &comb.func, cfg, &cparams, true, &cname) }
     }
 
     /// The device address and row length of a persistent causal launch's schedule
@@ -471,6 +502,15 @@ pub(super) fn tensor_map(ptr: u64, dtype: Dtype, desc: &Desc, rows: u32) -> Resu
     let [sb, sh, ss] = desc.strides.map(|x| (x * dtype.bytes()) as u64);
     let panel = if (d * dtype.bytes() as u64).is_multiple_of(128) { 128 } else { 64 };
     encode_map(ptr, dtype, [d, seq.max(1), h, b], [ss, sh, sb], [panel / dtype.bytes() as u32, rows])
+}
+
+/// V transposed for the Hopper kernel's e4m3 entries (`Attention::transpose_v`):
+/// its scratch, its keys (Sk rounded up to 16), and whether a launch wrote it
+/// (none where it is empty).
+struct TransposedV {
+    data: CudaSlice<u8>,
+    keys: usize,
+    launched: bool,
 }
 
 /// A TMA map of V transposed (`transpose_v`: [B, Hkv, D, keys] contiguous bytes,
