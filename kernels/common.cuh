@@ -155,11 +155,11 @@ __device__ __forceinline__ uint32_t dynamic_smem_size() {
 
 // ------------------------------------------- programmatic dependent launch --
 // A split launch's combine is launched as a programmatic dependent of the
-// forward kernel, and the Hopper e4m3 entry of transpose_v_e4m3 (sm_90+; both
-// are no-ops on older archs and where the next launch is an ordinary one). Each
-// CTA of the first lets the next launch as soon as it has started, so the
-// dependent's CTAs take the SM slots it frees; the dependent waits for the
-// whole grid and its writes where it reads them.
+// forward kernel, and the Hopper e4m3 entry as one of transpose_v_e4m3 (sm_90+;
+// both calls are no-ops on older archs and where the next launch is an ordinary
+// one). Each CTA of the first grid lets the next launch as soon as it has
+// started, so the dependent's CTAs take the SM slots it frees; the dependent
+// waits for the whole grid and its writes before it reads them.
 __device__ __forceinline__ void launch_dependents() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
