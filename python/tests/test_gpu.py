@@ -764,7 +764,7 @@ def draw_length(rng, most, zero=False):
 
 
 def draw_call(i):
-    """The call of case i: a dict of what it takes, all from random.Random((FUZZ_SEED, i))."""
+    """The call of case i: a dict of what it takes, all from random.Random(f"{FUZZ_SEED}-{i}")."""
     rng = random.Random(f"{FUZZ_SEED}-{i}")
     hk, kinds = rng.choice([1, 2, 4, 8]), ["dense", "dense", "varlen", "kvcache", "paged"]
     c = dict(kind=rng.choice(kinds), dtype=rng.choice(["float16", "bfloat16"]), d=rng.choice(fa.supported()["head_dims"]),
