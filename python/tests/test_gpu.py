@@ -194,6 +194,16 @@ def dequantised(x8, descale, heads):
     return (x8.float() * per_head[:, None, :, None]).bfloat16().double()
 
 
+def fp8_inputs(b, h, hk, sq, sk, d):
+    """q8, k8, v8 drawn N(0,1) and cast to float8_e4m3fn, descales (b, hk) from [0.5, 2), and the
+    q, k, v dequantised (dequantised)."""
+    q8 = rand(b, sq, h, d, dtype=torch.float32).to(torch.float8_e4m3fn)
+    k8, v8 = (rand(b, sk, hk, d, dtype=torch.float32).to(torch.float8_e4m3fn) for _ in range(2))
+    qd, kd, vd = (torch.rand(b, hk, device=DEV) * 1.5 + 0.5 for _ in range(3))
+    deq = (dequantised(q8, qd, h), dequantised(k8, kd, hk), dequantised(v8, vd, hk))
+    return (q8, k8, v8), (qd, kd, vd), deq
+
+
 def needs_fp8():
     if torch.cuda.get_device_capability() not in ((8, 9), (9, 0)):
         pytest.skip("e4m3 entries are built for sm_89 and sm_90")
@@ -207,14 +217,11 @@ def test_fp8_matches_reference_of_dequantised_inputs(shape, causal, d):
     needs_fp8()
     b, h, hk, sq, sk = shape
     torch.manual_seed(d + sq)
-    q8 = rand(b, sq, h, d, dtype=torch.float32).to(torch.float8_e4m3fn)
-    k8, v8 = (rand(b, sk, hk, d, dtype=torch.float32).to(torch.float8_e4m3fn) for _ in range(2))
-    qd, kd, vd = (torch.rand(b, hk, device=DEV) * 1.5 + 0.5 for _ in range(3))
+    (q8, k8, v8), (qd, kd, vd), (qr, kr, vr) = fp8_inputs(b, h, hk, sq, sk, d)
     out, lse, _ = fa.flash_attn_func(
         q8, k8, v8, causal=causal, return_attn_probs=True, q_descale=qd, k_descale=kd, v_descale=vd
     )
     assert out.shape == q8.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
-    qr, kr, vr = dequantised(q8, qd, h), dequantised(k8, kd, hk), dequantised(v8, vd, hk)
     ref_out, ref_lse = reference(qr, kr, vr, causal)
     assert_fp8_out(out, ref_out, reference(qr, kr, vr, causal, p_e4m3=True)[0], qr, kr, vr)
     assert_fp8_lse(lse, ref_lse, qr, kr)
@@ -790,8 +797,10 @@ def draw_call(i):
         c["sq"] = rng.choice([1, 1, rng.randint(2, 16)])
         c["splits"] = rng.choice([0, 1, 3])
         c["page"] = rng.choice([1, 16, 64, 100, 256]) if c["kind"] == "paged" else None
-    pairs = c["h"] * (c["b"] * c["sq"] * c["sk"] if c["kind"] == "dense" else
-                      sum(q * k for q, k in zip(c.get("lens_q", [c.get("sq")] * 9), c["lens_k"])))
+    if c["kind"] == "dense":
+        pairs = c["h"] * c["b"] * c["sq"] * c["sk"]
+    else:  # a cache's calls: seqlen_q rows a sequence
+        pairs = c["h"] * sum(q * k for q, k in zip(c.get("lens_q") or [c["sq"]] * len(c["lens_k"]), c["lens_k"]))
     if pairs > SCORES:  # fewer heads, then fewer kv heads
         c["h"] = max(c["hk"], c["h"] // -(-pairs // int(SCORES)) // c["hk"] * c["hk"])
     return c
@@ -809,12 +818,9 @@ def test_random_calls_match_reference(i):
         if c["kind"] == "dense" and c["fp8"]:
             needs_fp8()
             b, sq, sk = c["b"], c["sq"], c["sk"]
-            q8 = rand(b, sq, h, d, dtype=torch.float32).to(torch.float8_e4m3fn)
-            k8, v8 = (rand(b, sk, hk, d, dtype=torch.float32).to(torch.float8_e4m3fn) for _ in range(2))
-            qd, kd, vd = (torch.rand(b, hk, device=DEV) * 1.5 + 0.5 for _ in range(3))
+            (q8, k8, v8), (qd, kd, vd), (qr, kr, vr) = fp8_inputs(b, h, hk, sq, sk, d)
             out, lse, _ = fa.flash_attn_func(q8, k8, v8, return_attn_probs=True, q_descale=qd, k_descale=kd,
                                              v_descale=vd, **kw)
-            qr, kr, vr = dequantised(q8, qd, h), dequantised(k8, kd, hk), dequantised(v8, vd, hk)
             ref_out, ref_lse = reference(qr, kr, vr, c["causal"], c["scale"], **mask)
             floor_out = reference(qr, kr, vr, c["causal"], c["scale"], p_e4m3=True, **mask)[0]
             scaled = qr * (1.0 if c["scale"] is None else c["scale"] * d**0.5)
